@@ -1,0 +1,360 @@
+// Package wharfmigrate creates and upgrades the Wharf outbox schema.
+//
+// Migrations are numbered up/down SQL files embedded in the binary and recorded
+// in <schema>.schema_migrations. Teams that run their own migration tool can
+// print the SQL with [Migrator.SQL] (or `wharf migrate print`).
+package wharfmigrate
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// DefaultSchema is the schema Wharf uses when none is configured.
+const DefaultSchema = "wharf"
+
+// Lanes is the number of lanes the outbox spreads keys over (fixed by migration 1).
+const Lanes = 64
+
+var schemaRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateSchema checks that name is a plain lowercase SQL identifier, so it can
+// be used unquoted and means the same thing in every client.
+func ValidateSchema(name string) error {
+	if !schemaRE.MatchString(name) || strings.HasPrefix(name, "pg_") {
+		return fmt.Errorf("invalid schema name %q: use 1-63 lowercase letters, digits and underscores, starting with a letter or underscore, not starting with pg_", name)
+	}
+	return nil
+}
+
+// NotifyChannel is the LISTEN/NOTIFY channel the outbox trigger notifies.
+func NotifyChannel(schema string) string { return schema + "_outbox" }
+
+// Migration is one numbered schema change.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string
+	Down    string
+}
+
+// Status is a migration and when it was applied (zero when pending).
+type Status struct {
+	Migration
+	AppliedAt time.Time
+}
+
+// Migrator applies the embedded migrations to one schema.
+type Migrator struct {
+	schema     string
+	migrations []Migration
+}
+
+// New returns a migrator for schema ("" means DefaultSchema).
+func New(schema string) (*Migrator, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	ms, err := load(schema)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{schema: schema, migrations: ms}, nil
+}
+
+// Latest is the highest migration version this build knows.
+func (m *Migrator) Latest() int { return m.migrations[len(m.migrations)-1].Version }
+
+// Migrations returns the embedded migrations, in version order, with the
+// schema name filled in.
+func (m *Migrator) Migrations() []Migration { return append([]Migration(nil), m.migrations...) }
+
+var fileRE = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.(up|down)\.sql$`)
+
+func load(schema string) ([]Migration, error) {
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := map[int]*Migration{}
+	r := strings.NewReplacer("{{schema}}", schema, "{{channel}}", NotifyChannel(schema))
+	for _, e := range entries {
+		parts := fileRE.FindStringSubmatch(e.Name())
+		if parts == nil {
+			return nil, fmt.Errorf("wharfmigrate: bad migration file name %q", e.Name())
+		}
+		v, _ := strconv.Atoi(parts[1])
+		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		if err != nil {
+			return nil, err
+		}
+		mg := byVersion[v]
+		if mg == nil {
+			mg = &Migration{Version: v, Name: parts[2]}
+			byVersion[v] = mg
+		}
+		if parts[3] == "up" {
+			mg.Up = r.Replace(string(body))
+		} else {
+			mg.Down = r.Replace(string(body))
+		}
+	}
+	var out []Migration
+	for _, mg := range byVersion {
+		if mg.Up == "" || mg.Down == "" {
+			return nil, fmt.Errorf("wharfmigrate: migration %d needs both up and down files", mg.Version)
+		}
+		out = append(out, *mg)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i, mg := range out {
+		if mg.Version != i+1 {
+			return nil, fmt.Errorf("wharfmigrate: migration versions must be 1..n without gaps, found %d at position %d", mg.Version, i+1)
+		}
+	}
+	return out, nil
+}
+
+// Conn is what the migrator needs: a *pgx.Conn, *pgxpool.Pool or *pgxpool.Conn.
+type Conn interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Up applies every pending migration, each in its own transaction, and returns
+// the versions applied. Concurrent migrators serialise on an advisory lock.
+func (m *Migrator) Up(ctx context.Context, conn Conn) ([]int, error) {
+	return m.run(ctx, conn, func(applied int) []step {
+		var steps []step
+		for _, mg := range m.migrations {
+			if mg.Version > applied {
+				steps = append(steps, step{mg: mg, up: true})
+			}
+		}
+		return steps
+	})
+}
+
+// Down reverts the n most recently applied migrations (all of them when n <= 0)
+// and returns the versions reverted. Reverting migration 1 drops the outbox and
+// every message in it.
+func (m *Migrator) Down(ctx context.Context, conn Conn, n int) ([]int, error) {
+	return m.run(ctx, conn, func(applied int) []step {
+		var steps []step
+		for i := len(m.migrations) - 1; i >= 0; i-- {
+			mg := m.migrations[i]
+			if mg.Version <= applied && (n <= 0 || len(steps) < n) {
+				steps = append(steps, step{mg: mg, up: false})
+			}
+		}
+		return steps
+	})
+}
+
+type step struct {
+	mg Migration
+	up bool
+}
+
+func (m *Migrator) run(ctx context.Context, conn Conn, plan func(applied int) []step) ([]int, error) {
+	var done []int
+	for {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return done, fmt.Errorf("wharfmigrate: %w", err)
+		}
+		next, err := m.stepTx(ctx, tx, plan)
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return done, err
+		}
+		if next == nil {
+			return done, tx.Rollback(ctx)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return done, fmt.Errorf("wharfmigrate: commit migration %d: %w", next.mg.Version, err)
+		}
+		done = append(done, next.mg.Version)
+	}
+}
+
+// stepTx applies the first step of the plan computed under the lock, so two
+// migrators running at once never apply the same migration twice.
+func (m *Migrator) stepTx(ctx context.Context, tx pgx.Tx, plan func(applied int) []step) (*step, error) {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "wharfmigrate:"+m.schema); err != nil {
+		return nil, fmt.Errorf("wharfmigrate: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+m.schema+`;
+CREATE TABLE IF NOT EXISTS `+m.schema+`.schema_migrations (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("wharfmigrate: create version table: %w", err)
+	}
+	applied, err := m.appliedVersion(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	steps := plan(applied)
+	if len(steps) == 0 {
+		return nil, nil
+	}
+	s := steps[0]
+	body := s.mg.Down
+	if s.up {
+		body = s.mg.Up
+	}
+	if _, err := tx.Exec(ctx, body); err != nil {
+		return nil, fmt.Errorf("wharfmigrate: migration %d_%s %s: %w", s.mg.Version, s.mg.Name, direction(s.up), err)
+	}
+	q := `INSERT INTO ` + m.schema + `.schema_migrations (version) VALUES ($1)`
+	if !s.up {
+		q = `DELETE FROM ` + m.schema + `.schema_migrations WHERE version = $1`
+	}
+	if _, err := tx.Exec(ctx, q, s.mg.Version); err != nil {
+		return nil, fmt.Errorf("wharfmigrate: record migration %d: %w", s.mg.Version, err)
+	}
+	if !s.up && s.mg.Version == 1 {
+		// Everything Wharf created is gone: leave no empty schema behind, but
+		// never drop one that holds someone else's objects.
+		if _, err := tx.Exec(ctx, `DROP TABLE `+m.schema+`.schema_migrations`); err != nil {
+			return nil, fmt.Errorf("wharfmigrate: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '`+m.schema+`')
+     AND NOT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = '`+m.schema+`') THEN
+    DROP SCHEMA `+m.schema+`;
+  END IF;
+END $$`); err != nil {
+			return nil, fmt.Errorf("wharfmigrate: %w", err)
+		}
+	}
+	return &s, nil
+}
+
+func direction(up bool) string {
+	if up {
+		return "up"
+	}
+	return "down"
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (m *Migrator) appliedVersion(ctx context.Context, q querier) (int, error) {
+	var v int
+	if err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+m.schema+`.schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("wharfmigrate: read version: %w", err)
+	}
+	return v, nil
+}
+
+// Status lists every known migration and when it was applied.
+func (m *Migrator) Status(ctx context.Context, q querier) ([]Status, error) {
+	applied := map[int]time.Time{}
+	exists, err := m.versionTableExists(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if exists {
+		rows, err := q.Query(ctx, `SELECT version, applied_at FROM `+m.schema+`.schema_migrations`)
+		if err != nil {
+			return nil, fmt.Errorf("wharfmigrate: %w", err)
+		}
+		for rows.Next() {
+			var v int
+			var at time.Time
+			if err := rows.Scan(&v, &at); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			applied[v] = at
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]Status, 0, len(m.migrations))
+	for _, mg := range m.migrations {
+		out = append(out, Status{Migration: mg, AppliedAt: applied[mg.Version]})
+	}
+	return out, nil
+}
+
+func (m *Migrator) versionTableExists(ctx context.Context, q querier) (bool, error) {
+	var exists bool
+	err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+".schema_migrations").Scan(&exists)
+	if err != nil {
+		return false, fmt.Errorf("wharfmigrate: %w", err)
+	}
+	return exists, nil
+}
+
+// Check returns nil when the schema is migrated to this build's latest version,
+// and an error telling the operator to run `wharf migrate up` otherwise.
+func (m *Migrator) Check(ctx context.Context, q querier) error {
+	exists, err := m.versionTableExists(ctx, q)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		return fmt.Errorf("%w (schema %q has no Wharf tables)", ErrNotMigrated, m.schema)
+	}
+	v, err := m.appliedVersion(ctx, q)
+	if err != nil {
+		return err
+	}
+	if v < m.Latest() {
+		return fmt.Errorf("%w (schema %q is at version %d, this build needs %d)", ErrNotMigrated, m.schema, v, m.Latest())
+	}
+	if v > m.Latest() {
+		return fmt.Errorf("wharfmigrate: schema %q is at version %d, newer than this build (%d): upgrade wharf", m.schema, v, m.Latest())
+	}
+	return nil
+}
+
+// ErrNotMigrated means the schema is missing or older than this build needs.
+var ErrNotMigrated = errors.New("outbox schema is missing or out of date: run `wharf migrate up`")
+
+// SQL returns the SQL of every migration in one direction, in the order it
+// would run, for teams that apply migrations with their own tool. The version
+// table bookkeeping is included so `wharf` recognises the result.
+func (m *Migrator) SQL(up bool) string {
+	var b strings.Builder
+	if up {
+		fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\nCREATE TABLE IF NOT EXISTS %s.schema_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());\n", m.schema, m.schema)
+		for _, mg := range m.migrations {
+			fmt.Fprintf(&b, "\n-- %03d_%s up\n%s\nINSERT INTO %s.schema_migrations (version) VALUES (%d);\n", mg.Version, mg.Name, strings.TrimSpace(mg.Up), m.schema, mg.Version)
+		}
+		return b.String()
+	}
+	for i := len(m.migrations) - 1; i >= 0; i-- {
+		mg := m.migrations[i]
+		fmt.Fprintf(&b, "\n-- %03d_%s down\n%s\nDELETE FROM %s.schema_migrations WHERE version = %d;\n", mg.Version, mg.Name, strings.TrimSpace(mg.Down), m.schema, mg.Version)
+	}
+	return b.String()
+}
+
+// IsUndefinedTable reports whether err is PostgreSQL's "relation does not exist".
+func IsUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
+}
