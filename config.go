@@ -1,0 +1,148 @@
+package wharf
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// Config configures a [Client]. The zero value of every field means its default.
+type Config struct {
+	// Schema is the PostgreSQL schema holding the outbox tables. Defaults to "wharf".
+	Schema string
+
+	// Sink receives the messages the relay delivers. Required to Start a relay,
+	// unless Handler is set.
+	Sink Sink
+	// Handler, when Sink is nil, delivers each message to a Go function in this
+	// process. Messages of one key are handled one at a time, in order.
+	Handler HandlerFunc
+	// HandlerConcurrency is how many Handler calls run at once (across keys).
+	// Defaults to 16.
+	HandlerConcurrency int
+
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// RelayID names this relay in the lanes table. Defaults to host-pid-random.
+	RelayID string
+
+	// FetchBatch is the most rows one fetch reads across all lanes. Defaults to 4000.
+	FetchBatch int
+	// SinkBatch is the most messages handed to the sink in one Publish call.
+	// Defaults to 1000.
+	SinkBatch int
+	// SinkConcurrency is how many Publish calls may be in flight at once.
+	// Defaults to 4.
+	SinkConcurrency int
+	// MaxBuffered bounds the messages held in memory (fetched, not yet removed).
+	// Defaults to 50000.
+	MaxBuffered int
+
+	// PollOnly disables LISTEN/NOTIFY wake-ups (for PgBouncer in transaction
+	// mode); the relay then polls every PollInterval. Defaults to false.
+	PollOnly bool
+	// PollInterval is how often an idle relay looks for new messages without a
+	// notification. Defaults to 1s, or 50ms when PollOnly is set.
+	PollInterval time.Duration
+
+	// LeaseTTL is how long a lane lease lasts without renewal: a crashed relay's
+	// lanes are taken over after at most about this long. Defaults to 10s.
+	LeaseTTL time.Duration
+	// RebalanceInterval is how often leases are renewed and lanes rebalanced
+	// across relays. Defaults to 1s.
+	RebalanceInterval time.Duration
+
+	// MaxAttempts is how many deliveries a message gets before it moves to the
+	// dead-letter table. Defaults to 12.
+	MaxAttempts int
+	// RetryBackoff is the delay after the first failed attempt; it doubles with
+	// each further attempt (with jitter). Defaults to 1s.
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps the retry delay. Defaults to 10m.
+	MaxRetryBackoff time.Duration
+}
+
+// withDefaults returns a copy of c with defaults filled in and checks every
+// field, naming the one that is wrong.
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = wharfmigrate.DefaultSchema
+	}
+	if err := wharfmigrate.ValidateSchema(out.Schema); err != nil {
+		return out, fmt.Errorf("wharf: Config.Schema: %w", err)
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	if out.RelayID == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		out.RelayID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	type intField struct {
+		name string
+		v    *int
+		def  int
+	}
+	for _, f := range []intField{
+		{"HandlerConcurrency", &out.HandlerConcurrency, 16},
+		{"FetchBatch", &out.FetchBatch, 4000},
+		{"SinkBatch", &out.SinkBatch, 1000},
+		{"SinkConcurrency", &out.SinkConcurrency, 4},
+		{"MaxBuffered", &out.MaxBuffered, 50000},
+		{"MaxAttempts", &out.MaxAttempts, 12},
+	} {
+		if *f.v < 0 {
+			return out, fmt.Errorf("wharf: Config.%s must not be negative (got %d); leave it 0 for the default %d", f.name, *f.v, f.def)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	defPoll := time.Second
+	if out.PollOnly {
+		defPoll = 50 * time.Millisecond
+	}
+	type durField struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}
+	for _, f := range []durField{
+		{"PollInterval", &out.PollInterval, defPoll},
+		{"LeaseTTL", &out.LeaseTTL, 10 * time.Second},
+		{"RebalanceInterval", &out.RebalanceInterval, time.Second},
+		{"RetryBackoff", &out.RetryBackoff, time.Second},
+		{"MaxRetryBackoff", &out.MaxRetryBackoff, 10 * time.Minute},
+	} {
+		if *f.v < 0 {
+			return out, fmt.Errorf("wharf: Config.%s must not be negative (got %s); leave it 0 for the default %s", f.name, *f.v, f.def)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if out.FetchBatch < wharfmigrate.Lanes {
+		return out, fmt.Errorf("wharf: Config.FetchBatch must be at least %d (one row per lane), got %d", wharfmigrate.Lanes, out.FetchBatch)
+	}
+	if out.MaxBuffered < out.FetchBatch {
+		return out, fmt.Errorf("wharf: Config.MaxBuffered (%d) must be at least Config.FetchBatch (%d)", out.MaxBuffered, out.FetchBatch)
+	}
+	if out.LeaseTTL < 3*out.RebalanceInterval {
+		return out, fmt.Errorf("wharf: Config.LeaseTTL (%s) must be at least 3 x Config.RebalanceInterval (%s) so leases are renewed before they expire", out.LeaseTTL, out.RebalanceInterval)
+	}
+	if out.MaxRetryBackoff < out.RetryBackoff {
+		return out, fmt.Errorf("wharf: Config.MaxRetryBackoff (%s) must be at least Config.RetryBackoff (%s)", out.MaxRetryBackoff, out.RetryBackoff)
+	}
+	return out, nil
+}

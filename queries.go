@@ -1,0 +1,138 @@
+package wharf
+
+import "strings"
+
+// queries holds every SQL statement Wharf runs, with the schema filled in once.
+// The hot-path statements (fetch, ack) and their plans are described in
+// docs/architecture.md.
+type queries struct {
+	enqueueArrays      string
+	enqueueArraysDedup string
+	enqueueJSON        string
+	enqueueJSONDedup   string
+	dedupLookup        string
+
+	fetch string
+	ack   string
+	retry string
+	dead  string
+
+	heartbeat   string
+	renew       string
+	claim       string
+	release     string
+	releaseAll  string
+	unregister  string
+	loadRetries string
+	laneOwners  string
+}
+
+func newQueries(schema string) queries {
+	r := strings.NewReplacer("S.", schema+".")
+	q := func(s string) string { return r.Replace(s) }
+
+	const insertCols = `INSERT INTO S.outbox (topic, key, payload, headers, deliver_at, dedup_key) `
+	const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`
+	arrays := insertCols + `SELECT t, k, p, h::jsonb, d, u FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::timestamptz[], $6::text[]) AS m(t, k, p, h, d, u)`
+	// database/sql drivers disagree on array parameters, so that path sends
+	// the batch as one JSON document instead.
+	jsonSrc := insertCols + `SELECT e->>'topic', e->>'key', decode(e->>'payload', 'base64'), e->'headers', (e->>'deliver_at')::timestamptz, e->>'dedup_key'
+FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
+
+	// fenced locks the caller's lanes whose fence still matches, FOR SHARE, so
+	// a takeover (UPDATE of the lane row) cannot commit between the check and
+	// the write: a relay that lost a lane writes nothing for it.
+	const fenced = `f AS (
+    SELECT l.lane FROM S.lanes l
+    JOIN unnest($1::smallint[], $2::bigint[]) AS mine(lane, fence) ON mine.lane = l.lane AND mine.fence = l.fence
+    WHERE l.owner = $3
+    FOR SHARE OF l)`
+
+	return queries{
+		enqueueArrays:      q(arrays + ` RETURNING id`),
+		enqueueArraysDedup: q(arrays + onConflict + ` RETURNING id, dedup_key`),
+		enqueueJSON:        q(jsonSrc + ` RETURNING id`),
+		enqueueJSONDedup:   q(jsonSrc + onConflict + ` RETURNING id, dedup_key`),
+		dedupLookup:        q(`SELECT id, dedup_key FROM S.outbox WHERE dedup_key = ANY($1::text[])`),
+
+		// One statement, one snapshot: forward rows above each lane's cursor,
+		// plus rows below the cursor that were invisible to the previous read
+		// (their transaction started after it, or was in progress then and has
+		// finished now), plus the snapshot itself for the next read. Every part
+		// is an index range scan bounded by the batch or by the rows written
+		// since the last read, never by the backlog.
+		fetch: q(`WITH l AS (
+    SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::int[]) AS l(lane, cur, lim)
+), s AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS snap
+), fin AS MATERIALIZED (
+    SELECT coalesce(array_agg(x), '{}') AS xs FROM unnest($5::text[]::xid8[]) AS x, s
+    WHERE pg_visible_in_snapshot(x, s.snap)
+)
+SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL::text AS snap
+FROM l CROSS JOIN LATERAL (
+    SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.id > l.cur ORDER BY o.id LIMIT l.lim) o
+UNION ALL
+SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL
+FROM l CROSS JOIN LATERAL (
+    SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid >= $4::text::xid8 AND o.id <= l.cur) o
+UNION ALL
+SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL
+FROM l CROSS JOIN fin CROSS JOIN LATERAL (
+    SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid = ANY(fin.xs) AND o.id <= l.cur) o
+UNION ALL
+SELECT -1, 0, '', NULL, NULL, NULL, NULL, NULL, s.snap::text FROM s`),
+
+		ack: q(`WITH ` + fenced + `, del AS (
+    DELETE FROM S.outbox o USING unnest($4::smallint[], $5::bigint[]) AS d(lane, id)
+    WHERE o.lane = d.lane AND o.id = d.id AND d.lane IN (SELECT lane FROM f)
+    RETURNING o.id
+), r AS (
+    DELETE FROM S.retries WHERE id = ANY($6::bigint[]) AND lane IN (SELECT lane FROM f)
+)
+SELECT lane FROM f`),
+
+		retry: q(`WITH ` + fenced + `
+INSERT INTO S.retries AS r (id, lane, attempts, next_attempt_at, last_error)
+SELECT d.id, d.lane, d.attempts, d.next_at, d.err
+FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::timestamptz[], $8::text[]) AS d(lane, id, attempts, next_at, err)
+WHERE d.lane IN (SELECT lane FROM f)
+ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, next_attempt_at = excluded.next_attempt_at,
+    last_error = excluded.last_error, updated_at = now()
+RETURNING lane`),
+
+		dead: q(`WITH ` + fenced + `, moved AS (
+    DELETE FROM S.outbox o USING unnest($4::smallint[], $5::bigint[], $6::int[], $7::text[]) AS d(lane, id, attempts, err)
+    WHERE o.lane = d.lane AND o.id = d.id AND d.lane IN (SELECT lane FROM f)
+    RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, d.attempts, d.err
+), ins AS (
+    INSERT INTO S.dead_letters (id, topic, key, payload, headers, deliver_at, created_at, attempts, last_error)
+    SELECT * FROM moved
+    ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, last_error = excluded.last_error, failed_at = now()
+), r AS (
+    DELETE FROM S.retries WHERE id IN (SELECT id FROM moved)
+)
+SELECT lane FROM f`),
+
+		heartbeat: q(`WITH hb AS (
+    INSERT INTO S.relays (relay_id, host, pid) VALUES ($1, $2, $3)
+    ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now()
+), gone AS (
+    DELETE FROM S.relays WHERE heartbeat_at < now() - 3 * $4::interval AND relay_id <> $1
+)
+SELECT count(*) + 1 FROM S.relays WHERE heartbeat_at > now() - $4::interval AND relay_id <> $1`),
+		renew: q(`UPDATE S.lanes SET lease_until = now() + $2::interval
+WHERE owner = $1 RETURNING lane, fence`),
+		claim: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1, lease_until = now() + $2::interval
+WHERE l.lane IN (
+    SELECT lane FROM S.lanes WHERE owner IS NULL OR lease_until < now()
+    ORDER BY lane LIMIT $3 FOR UPDATE SKIP LOCKED)
+RETURNING l.lane, l.fence`),
+		release:     q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),
+		releaseAll:  q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE owner = $1 AND lane = ANY($2::smallint[])`),
+		unregister:  q(`DELETE FROM S.relays WHERE relay_id = $1`),
+		loadRetries: q(`SELECT id, attempts, next_attempt_at, lane FROM S.retries WHERE lane = ANY($1::smallint[])`),
+		laneOwners: q(`SELECT count(*) FILTER (WHERE owner IS NULL OR lease_until < now() OR owner NOT IN (
+    SELECT relay_id FROM S.relays WHERE heartbeat_at > now() - $1::interval)) FROM S.lanes`),
+	}
+}

@@ -1,0 +1,434 @@
+package wharf_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/wharfhq/wharf"
+)
+
+// Producers on several connections commit and roll back interleaved batches
+// while a relay runs: every committed message arrives, no rolled-back one does,
+// and each key's messages arrive in id order.
+func TestConcurrentProducersDeliverCommittedInKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	rec := &recorder{}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+
+	const producers, txPerProducer, perTx, keys = 6, 60, 25, 200
+	var mu sync.Mutex
+	committed := map[int64]bool{}
+	rolledBack := map[int64]bool{}
+	g, gctx := errgroup.WithContext(ctx)
+	for p := 0; p < producers; p++ {
+		g.Go(func() error {
+			for i := 0; i < txPerProducer; i++ {
+				msgs := make([]wharf.Message, perTx)
+				for j := range msgs {
+					msgs[j] = wharf.Message{
+						Topic:   "orders",
+						Key:     fmt.Sprintf("k%d", (p*7919+i*31+j)%keys),
+						Payload: []byte(fmt.Sprintf(`{"p":%d,"i":%d,"j":%d}`, p, i, j)),
+					}
+				}
+				tx, err := b.pool.Begin(gctx)
+				if err != nil {
+					return err
+				}
+				// Serialise writes per key as an aggregate's row lock would
+				// (sorted, so producers never deadlock): the precondition
+				// under which id order is commit order.
+				if _, err := tx.Exec(gctx, `SELECT pg_advisory_xact_lock(hashtext(k)) FROM (SELECT DISTINCT k FROM unnest($1::text[]) k ORDER BY k) s`, keysOf(msgs)); err != nil {
+					_ = tx.Rollback(gctx)
+					return err
+				}
+				ids, err := client.EnqueueTx(gctx, tx, msgs...)
+				if err != nil {
+					_ = tx.Rollback(gctx)
+					return err
+				}
+				rollback := i%5 == 3
+				if rollback {
+					err = tx.Rollback(gctx)
+				} else {
+					err = tx.Commit(gctx)
+				}
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				for _, id := range ids {
+					if rollback {
+						rolledBack[id] = true
+					} else {
+						committed[id] = true
+					}
+				}
+				mu.Unlock()
+			}
+			return nil
+		})
+	}
+	require.NoError(t, g.Wait())
+
+	require.Eventually(t, func() bool {
+		got := deliveredIDs(rec.snapshot())
+		for id := range committed {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 50*time.Millisecond, "not every committed message was delivered")
+	require.NoError(t, client.Stop(ctx))
+
+	got := rec.snapshot()
+	for _, m := range got {
+		require.Falsef(t, rolledBack[m.ID], "rolled-back message %d was delivered", m.ID)
+		require.Truef(t, committed[m.ID], "unknown message %d delivered", m.ID)
+	}
+	requireKeyOrder(t, got)
+	require.Equal(t, producers*txPerProducer*perTx*4/5, len(committed))
+	require.Equal(t, 0, outboxCount(t, b), "delivered rows must be removed")
+}
+
+// A transaction that enqueues the lowest id and commits late is still
+// delivered, after the others; a transaction left open does not hold anyone up.
+func TestLateCommitIsDeliveredAndLongTransactionDoesNotStall(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	rec := &recorder{}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+
+	// Open for the whole test: it holds an xid (and the oldest snapshot) and
+	// its message must never block the others.
+	idle, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = idle.Rollback(ctx) }()
+	_, err = client.EnqueueTx(ctx, idle, wharf.Message{Topic: "t", Key: "idle", Payload: []byte(`"never"`)})
+	require.NoError(t, err)
+
+	txA, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	idsA, err := client.EnqueueTx(ctx, txA, wharf.Message{Topic: "t", Key: "K1", Payload: []byte(`"a"`)})
+	require.NoError(t, err)
+
+	require.NoError(t, client.Start(ctx))
+	defer func() { require.NoError(t, client.Stop(ctx)) }()
+
+	idsB, err := client.Enqueue(ctx,
+		wharf.Message{Topic: "t", Key: "K2", Payload: []byte(`"b2"`)},
+		wharf.Message{Topic: "t", Key: "K3", Payload: []byte(`"b3"`)})
+	require.NoError(t, err)
+	require.Less(t, idsA[0], idsB[0], "A must hold the lower id")
+
+	waitDelivered(t, rec, idsB...)
+	require.Zero(t, deliveredIDs(rec.snapshot())[idsA[0]], "A is not committed yet")
+
+	require.NoError(t, txA.Commit(ctx))
+	waitDelivered(t, rec, idsA...)
+
+	idsC, err := client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "K1", Payload: []byte(`"c"`)})
+	require.NoError(t, err)
+	waitDelivered(t, rec, idsC...)
+
+	got := rec.snapshot()
+	requireKeyOrder(t, got)
+	pos := map[int64]int{}
+	for i, m := range got {
+		if _, ok := pos[m.ID]; !ok {
+			pos[m.ID] = i
+		}
+	}
+	require.Less(t, pos[idsA[0]], pos[idsC[0]], "K1: the late-committed message must arrive before the later one")
+	for _, m := range got {
+		require.NotEqual(t, "idle", m.Key, "an uncommitted message was delivered")
+	}
+}
+
+func keysOf(msgs []wharf.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.Key
+	}
+	return out
+}
+
+func waitDelivered(t *testing.T, rec *recorder, ids ...int64) {
+	t.Helper()
+	require.Eventuallyf(t, func() bool {
+		got := deliveredIDs(rec.snapshot())
+		for _, id := range ids {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 10*time.Millisecond, "messages %v not delivered", ids)
+}
+
+// A message scheduled for later is not delivered before its time, and holds
+// back later messages of its key; other keys flow.
+func TestScheduledMessageWaitsForDeliverAt(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	type stamped struct {
+		id int64
+		at time.Time
+	}
+	var mu sync.Mutex
+	var got []stamped
+	cfg := testConfig(b.schema)
+	cfg.Handler = func(_ context.Context, m *wharf.Message) error {
+		mu.Lock()
+		got = append(got, stamped{m.ID, time.Now()})
+		mu.Unlock()
+		return nil
+	}
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	defer func() { require.NoError(t, client.Stop(ctx)) }()
+
+	var dbNow time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	at := dbNow.Add(1500 * time.Millisecond)
+	ids, err := client.Enqueue(ctx,
+		wharf.Message{Topic: "t", Key: "s", Payload: []byte(`1`), DeliverAt: at},
+		wharf.Message{Topic: "t", Key: "s", Payload: []byte(`2`)},
+		wharf.Message{Topic: "t", Key: "other", Payload: []byte(`3`)})
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == 3
+	}, 10*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	when := map[int64]time.Time{}
+	order := []int64{}
+	for _, s := range got {
+		when[s.id] = s.at
+		order = append(order, s.id)
+	}
+	require.False(t, when[ids[0]].Before(at), "scheduled message delivered %s early", at.Sub(when[ids[0]]))
+	require.False(t, when[ids[1]].Before(when[ids[0]]), "its key's next message must wait for it")
+	require.True(t, when[ids[2]].Before(at), "another key must not wait")
+	require.Equal(t, ids[2], order[0])
+}
+
+// A key whose messages always fail is retried with growing delays, moves to
+// the dead-letter table with its error after MaxAttempts, and holds back only
+// its own key; retrying dead letters redelivers them.
+func TestPoisonMessageRetriesThenDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	attempts := map[int64][]time.Time{}
+	healed := false
+	rec := &recorder{fail: func(m *wharf.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if m.Key == "poison" && !healed {
+			attempts[m.ID] = append(attempts[m.ID], time.Now())
+			return fmt.Errorf("boom %d", m.Attempt)
+		}
+		return nil
+	}}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	cfg.MaxAttempts = 4
+	cfg.RetryBackoff = 100 * time.Millisecond
+	cfg.MaxRetryBackoff = time.Second
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+
+	var msgs []wharf.Message
+	msgs = append(msgs, wharf.Message{Topic: "t", Key: "poison", Payload: []byte(`"p1"`)})
+	for i := 0; i < 50; i++ {
+		msgs = append(msgs, wharf.Message{Topic: "t", Key: fmt.Sprintf("ok%d", i%5), Payload: []byte(`"ok"`)})
+	}
+	msgs = append(msgs, wharf.Message{Topic: "t", Key: "poison", Payload: []byte(`"p2"`)})
+	ids, err := client.Enqueue(ctx, msgs...)
+	require.NoError(t, err)
+	poison1, poison2 := ids[0], ids[len(ids)-1]
+
+	// The healthy keys are not held up by the poison key's backoff.
+	waitDelivered(t, rec, ids[1:len(ids)-1]...)
+	require.Eventually(t, func() bool {
+		var n int
+		_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".dead_letters").Scan(&n)
+		return n == 2
+	}, 30*time.Second, 20*time.Millisecond, "both poison messages must reach the dead-letter table")
+	require.NoError(t, client.Stop(ctx))
+
+	mu.Lock()
+	a1 := attempts[poison1]
+	require.Len(t, a1, 4, "first poison message: MaxAttempts deliveries")
+	require.Len(t, attempts[poison2], 4, "second poison message runs only after the first was dead-lettered")
+	require.True(t, attempts[poison2][0].After(a1[3]), "key order: p2 only after p1 left")
+	// Backoff grows: with equal jitter, gap n is within [base*2^(n-1)/2, base*2^(n-1)].
+	for n := 1; n < len(a1); n++ {
+		gap := a1[n].Sub(a1[n-1])
+		lo := time.Duration(100<<(n-1)) * time.Millisecond / 2
+		require.GreaterOrEqualf(t, gap, lo-10*time.Millisecond, "retry %d came after %s, before its backoff", n, gap)
+	}
+	mu.Unlock()
+
+	dead, err := client.DeadLetters(ctx, wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Len(t, dead, 2)
+	require.Equal(t, poison1, dead[0].ID)
+	require.Equal(t, 4, dead[0].Attempts)
+	require.Equal(t, "boom 4", dead[0].LastError)
+	require.Equal(t, `"p1"`, string(dead[0].Payload))
+
+	// Fix the consumer and retry: both come back, in order.
+	mu.Lock()
+	healed = true
+	mu.Unlock()
+	n, err := client.RetryDeadLetters(ctx, wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	require.NoError(t, client.Drain(ctx))
+	var redelivered []int64
+	for _, m := range rec.snapshot() {
+		if m.Key == "poison" {
+			redelivered = append(redelivered, m.ID)
+		}
+	}
+	require.Equal(t, []int64{poison1, poison2}, redelivered)
+	dead, err = client.DeadLetters(ctx, wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Empty(t, dead)
+	require.Equal(t, 0, outboxCount(t, b))
+}
+
+// Permanent failures skip the retries.
+func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	calls := 0
+	cfg := testConfig(b.schema)
+	cfg.Handler = func(context.Context, *wharf.Message) error {
+		calls++
+		return wharf.Permanent(errors.New("schema mismatch"))
+	}
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	_, err = client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "k", Payload: []byte(`1`)})
+	require.NoError(t, err)
+	require.NoError(t, client.Drain(ctx))
+	require.Equal(t, 1, calls)
+	dead, err := client.DeadLetters(ctx, wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Contains(t, dead[0].LastError, "schema mismatch")
+	require.Equal(t, 1, dead[0].Attempts)
+}
+
+// Enqueue through pgx, database/sql and SQL agree, and dedup keys make a
+// second enqueue a no-op.
+func TestEnqueueAPIsAndDedup(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	client, err := wharf.NewClient(b.pool, testConfig(b.schema))
+	require.NoError(t, err)
+	ids, err := client.Enqueue(ctx,
+		wharf.Message{Topic: "a", Key: "k", Payload: []byte(`{"x":1}`), Headers: map[string]string{"h": "v"}},
+		wharf.Message{Topic: "a", DedupKey: "once", Payload: []byte{0, 1, 2}},
+		wharf.Message{Topic: "a", Payload: nil})
+	require.NoError(t, err)
+	require.Len(t, ids, 3)
+	again, err := client.Enqueue(ctx,
+		wharf.Message{Topic: "a", Payload: []byte(`1`)},
+		wharf.Message{Topic: "a", DedupKey: "once", Payload: []byte(`"dup"`)})
+	require.NoError(t, err)
+	require.Equal(t, ids[1], again[1], "a duplicate returns the original id")
+	require.Greater(t, again[0], ids[2])
+
+	var sqlID int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT "+b.schema+`.enqueue('a', 'k', '{"y":2}', '{"h":"w"}')`).Scan(&sqlID))
+	var dupID int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT "+b.schema+`.enqueue('a', 'k', '1', '{}', NULL, 'once')`).Scan(&dupID))
+	require.Equal(t, ids[1], dupID)
+
+	_, err = client.Enqueue(ctx, wharf.Message{Payload: []byte(`1`)})
+	require.ErrorContains(t, err, "Topic is required")
+	_, err = b.pool.Exec(ctx, "SELECT "+b.schema+`.enqueue('', 'k', '1')`)
+	require.ErrorContains(t, err, "topic is required")
+	_, err = b.pool.Exec(ctx, "SELECT "+b.schema+`.enqueue('t', 'k', '1', '{"n":1}')`)
+	require.ErrorContains(t, err, "header values must be strings")
+
+	rec := &recorder{}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	relay, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, relay.Drain(ctx))
+	got := map[int64]wharf.Message{}
+	for _, m := range rec.snapshot() {
+		got[m.ID] = m
+	}
+	require.Len(t, got, 5)
+	require.Equal(t, map[string]string{"h": "v"}, got[ids[0]].Headers)
+	require.Equal(t, "k", got[ids[0]].Key)
+	require.Equal(t, []byte{0, 1, 2}, got[ids[1]].Payload)
+	require.Equal(t, "", got[ids[1]].Key)
+	require.Equal(t, `{"y": 2}`, string(got[sqlID].Payload))
+	require.Equal(t, map[string]string{"h": "w"}, got[sqlID].Headers)
+	require.Equal(t, 1, got[sqlID].Attempt)
+}
+
+// The relay refuses to start on a schema that was never migrated.
+func TestRelayRequiresMigratedSchema(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	cfg := testConfig("wt_never_migrated")
+	cfg.Handler = func(context.Context, *wharf.Message) error { return nil }
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	err = client.Start(context.Background())
+	require.ErrorIs(t, err, wharf.ErrNotMigrated)
+	require.ErrorContains(t, err, "run `wharf migrate up`")
+
+	_, err = wharf.NewClient(b.pool, &wharf.Config{Schema: "Bad-Name"})
+	require.ErrorContains(t, err, `Config.Schema: invalid schema name "Bad-Name"`)
+	_, err = wharf.NewClient(b.pool, &wharf.Config{LeaseTTL: time.Second, RebalanceInterval: time.Second})
+	require.ErrorContains(t, err, "Config.LeaseTTL")
+
+	_, err = client.EnqueueTx(context.Background(), mustBegin(t, b), wharf.Message{Topic: "t"})
+	require.ErrorIs(t, err, wharf.ErrNotMigrated)
+}
+
+func mustBegin(t *testing.T, b *testBundle) pgx.Tx {
+	t.Helper()
+	tx, err := b.pool.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}

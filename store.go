@@ -1,0 +1,359 @@
+package wharf
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// pgStore is the storage behind the relay: every statement the hot path runs
+// goes through it, so another layout (an append-only log) can replace it.
+type pgStore struct {
+	pool  *pgxpool.Pool
+	q     queries
+	owner string
+}
+
+type fetchRequest struct {
+	lanes    []int16
+	cursors  []int64
+	limits   []int32
+	fences   []int64
+	prevXmax string
+	prevXip  []string
+}
+
+type fetchedRow struct {
+	Message
+	lane int16
+}
+
+type fetchResult struct {
+	req  fetchRequest
+	rows []fetchedRow
+	xmax string
+	xip  []string
+	err  error
+}
+
+func (f *fetchResult) fenceOf(lane int16) int64 {
+	for i, l := range f.req.lanes {
+		if l == lane {
+			return f.req.fences[i]
+		}
+	}
+	return -1
+}
+
+// fetch runs the one-statement read described in queries.go.
+func (s *pgStore) fetch(ctx context.Context, req fetchRequest) fetchResult {
+	res := fetchResult{req: req}
+	xip := req.prevXip
+	if xip == nil {
+		xip = []string{}
+	}
+	rows, err := s.pool.Query(ctx, s.q.fetch, req.lanes, req.cursors, req.limits, req.prevXmax, xip)
+	if err != nil {
+		res.err = storeErr("fetch", err)
+		return res
+	}
+	defer rows.Close()
+	var (
+		lane      int16
+		id        int64
+		topic     string
+		key       pgtype.Text
+		payload   []byte
+		headers   []byte
+		deliverAt pgtype.Timestamptz
+		createdAt pgtype.Timestamptz
+		snap      pgtype.Text
+	)
+	for rows.Next() {
+		if err := rows.Scan(&lane, &id, &topic, &key, &payload, &headers, &deliverAt, &createdAt, &snap); err != nil {
+			res.err = storeErr("fetch", err)
+			return res
+		}
+		if lane < 0 {
+			res.xmax, res.xip, err = parseSnapshot(snap.String)
+			if err != nil {
+				res.err = err
+				return res
+			}
+			continue
+		}
+		m := Message{ID: id, Topic: topic, Key: key.String, Payload: payload, CreatedAt: createdAt.Time}
+		if deliverAt.Valid {
+			m.DeliverAt = deliverAt.Time
+		}
+		if len(headers) > 0 {
+			m.Headers = decodeHeaders(headers)
+		}
+		res.rows = append(res.rows, fetchedRow{Message: m, lane: lane})
+	}
+	if err := rows.Err(); err != nil {
+		res.err = storeErr("fetch", err)
+	}
+	if res.err == nil && res.xmax == "" {
+		res.err = fmt.Errorf("wharf: fetch returned no snapshot")
+	}
+	return res
+}
+
+// decodeHeaders accepts any JSON object; non-string values (possible only
+// when rows were inserted around wharf.enqueue) are kept as their JSON text.
+func decodeHeaders(b []byte) map[string]string {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return map[string]string{"wharf-invalid-headers": string(b)}
+	}
+	h := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			h[k] = s
+		} else {
+			h[k] = string(v)
+		}
+	}
+	return h
+}
+
+// parseSnapshot splits "xmin:xmax:xip,xip" (pg_snapshot text form).
+func parseSnapshot(s string) (xmax string, xip []string, err error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return "", nil, fmt.Errorf("wharf: unexpected snapshot %q", s)
+	}
+	xmax = parts[1]
+	if parts[2] != "" {
+		xip = strings.Split(parts[2], ",")
+	}
+	return xmax, xip, nil
+}
+
+type opKind uint8
+
+const (
+	opAck opKind = iota
+	opRetry
+	opDead
+)
+
+type op struct {
+	kind     opKind
+	m        *msg
+	lane     int16
+	fence    int64
+	attempts int
+	nextAt   time.Time
+	err      string
+}
+
+type opsResult struct {
+	ops   []op
+	valid map[int16]bool
+	err   error
+}
+
+// writeOps writes a group of delivery results in one round trip and one
+// transaction: removals of delivered rows, retry records, dead-letter moves.
+// Each statement is fenced; the result says which lanes were still ours.
+func (s *pgStore) writeOps(ctx context.Context, ops []op) opsResult {
+	res := opsResult{ops: ops, valid: map[int16]bool{}}
+	fences := map[int16]int64{}
+	var ackLane, retryLane, deadLane []int16
+	var ackID, retryID, deadID, clearRetry []int64
+	var retryAtt, deadAtt []int32
+	var retryAt []time.Time
+	var retryErr, deadErr []string
+	for _, o := range ops {
+		fences[o.lane] = o.fence
+		switch o.kind {
+		case opAck:
+			ackLane = append(ackLane, o.lane)
+			ackID = append(ackID, o.m.ID)
+			if o.m.attempts > 0 {
+				clearRetry = append(clearRetry, o.m.ID)
+			}
+		case opRetry:
+			retryLane = append(retryLane, o.lane)
+			retryID = append(retryID, o.m.ID)
+			retryAtt = append(retryAtt, int32(o.attempts))
+			retryAt = append(retryAt, o.nextAt)
+			retryErr = append(retryErr, truncate(o.err, 4096))
+		case opDead:
+			deadLane = append(deadLane, o.lane)
+			deadID = append(deadID, o.m.ID)
+			deadAtt = append(deadAtt, int32(o.attempts))
+			deadErr = append(deadErr, truncate(o.err, 4096))
+		}
+	}
+	lanes := make([]int16, 0, len(fences))
+	fs := make([]int64, 0, len(fences))
+	for l, f := range fences {
+		lanes = append(lanes, l)
+		fs = append(fs, f)
+	}
+	b := &pgx.Batch{}
+	if len(ackID) > 0 {
+		b.Queue(s.q.ack, lanes, fs, s.owner, ackLane, ackID, clearRetry)
+	}
+	if len(retryID) > 0 {
+		b.Queue(s.q.retry, lanes, fs, s.owner, retryLane, retryID, retryAtt, retryAt, retryErr)
+	}
+	if len(deadID) > 0 {
+		b.Queue(s.q.dead, lanes, fs, s.owner, deadLane, deadID, deadAtt, deadErr)
+	}
+	// A batch is one implicit transaction (one Sync): atomic, one round trip.
+	err := func() error {
+		br := s.pool.SendBatch(ctx, b)
+		for i := 0; i < b.Len(); i++ {
+			rows, err := br.Query()
+			if err != nil {
+				br.Close()
+				return err
+			}
+			for rows.Next() {
+				var l int16
+				if err := rows.Scan(&l); err != nil {
+					rows.Close()
+					br.Close()
+					return err
+				}
+				res.valid[l] = true
+			}
+			if err := rows.Err(); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		return br.Close()
+	}()
+	if err != nil {
+		res.err = storeErr("write results", err)
+	}
+	return res
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func storeErr(what string, err error) error {
+	if wharfmigrate.IsUndefinedTable(err) {
+		return fmt.Errorf("wharf: %s: %w: %v", what, ErrNotMigrated, err)
+	}
+	return fmt.Errorf("wharf: %s: %w", what, err)
+}
+
+// ---- goroutines around the engine ----
+
+func (r *relay) fetcher() {
+	for req := range r.fetchReq {
+		res := r.st.fetch(r.hardCtx, req)
+		select {
+		case r.fetchRes <- res:
+		case <-r.done:
+			return
+		}
+	}
+}
+
+func (r *relay) completer() {
+	for ops := range r.opsReq {
+		res := r.st.writeOps(r.hardCtx, ops)
+		select {
+		case r.opsRes <- res:
+		case <-r.done:
+			return
+		}
+	}
+}
+
+type sinkBatch struct {
+	msgs []*msg
+	pub  []*Message
+	errs []error
+}
+
+func (r *relay) sinkWorker() {
+	for b := range r.sinkReq {
+		b.errs = r.publish(b)
+		r.sinkRes <- b // buffered for every worker: never blocks
+	}
+}
+
+// publish calls the sink and normalises what it returns: a panic or a result
+// slice of the wrong length fails the whole batch rather than the relay.
+func (r *relay) publish(b *sinkBatch) (errs []error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err := fmt.Errorf("wharf: sink panicked: %v", p)
+			errs = make([]error, len(b.pub))
+			for i := range errs {
+				errs[i] = err
+			}
+		}
+	}()
+	errs = r.sink.Publish(r.hardCtx, b.pub)
+	if errs != nil && len(errs) != len(b.pub) {
+		err := fmt.Errorf("wharf: sink returned %d results for %d messages", len(errs), len(b.pub))
+		errs = make([]error, len(b.pub))
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	allOK := true
+	for _, e := range errs {
+		if e != nil {
+			allOK = false
+			break
+		}
+	}
+	if allOK {
+		return nil
+	}
+	return errs
+}
+
+// ---- readiness structures ----
+
+type readyItem struct {
+	kq  *keyQ // a key whose head may be delivered
+	gen uint64
+	m   *msg // or one unkeyed message
+}
+
+type readyQueue []readyItem
+
+type timerEntry struct {
+	at time.Time
+	it readyItem
+}
+
+type timerHeap []timerEntry
+
+func (h timerHeap) Len() int           { return len(h) }
+func (h timerHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerEntry)) }
+func (h *timerHeap) Pop() any {
+	old := *h
+	n := len(old)
+	e := old[n-1]
+	old[n-1] = timerEntry{}
+	*h = old[:n-1]
+	return e
+}
