@@ -192,6 +192,8 @@ func (r *relay) leaseTick(ctx context.Context, host, ttl string, owned map[int16
 				owned[g.lane] = g.fence
 			}
 			ev.acquired = got
+			// The lanes just claimed were counted as uncovered above.
+			ev.uncovered = max(0, ev.uncovered-len(got))
 		}
 	}
 	return ev, nil

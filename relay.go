@@ -65,6 +65,8 @@ type relay struct {
 	fetchRetry time.Time
 	stopping   bool
 	released   bool // set before the lease loop is told to end
+	delivered  int64
+	firstRows  time.Time // when a fetch first returned rows (for drain stats)
 }
 
 type laneState struct {
@@ -243,7 +245,12 @@ func (r *relay) finished() bool {
 	if len(r.timers) > 0 && !r.timers[0].at.After(time.Now()) {
 		return false
 	}
-	r.log.Info("wharf: drained: nothing deliverable is left")
+	attrs := []any{"delivered", r.delivered}
+	if !r.firstRows.IsZero() && r.delivered > 0 {
+		d := time.Since(r.firstRows)
+		attrs = append(attrs, "seconds", d.Seconds(), "msgs_per_sec", int64(float64(r.delivered)/d.Seconds()))
+	}
+	r.log.Info("wharf: drained: nothing deliverable is left", attrs...)
 	return true
 }
 
@@ -456,6 +463,9 @@ func (r *relay) onFetch(res fetchResult) {
 	r.lastEmpty = len(res.rows) == 0
 	if len(res.rows) > 0 {
 		r.wantFetch = true
+		if r.firstRows.IsZero() {
+			r.firstRows = res.started
+		}
 	}
 }
 
@@ -748,6 +758,7 @@ func (r *relay) onOps(res opsResult) {
 		case opAck:
 			l.n--
 			r.buffered--
+			r.delivered++
 		case opDead:
 			l.n--
 			r.buffered--

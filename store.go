@@ -37,11 +37,12 @@ type fetchedRow struct {
 }
 
 type fetchResult struct {
-	req  fetchRequest
-	rows []fetchedRow
-	xmax string
-	xip  []string
-	err  error
+	req     fetchRequest
+	started time.Time
+	rows    []fetchedRow
+	xmax    string
+	xip     []string
+	err     error
 }
 
 func (f *fetchResult) fenceOf(lane int16) int64 {
@@ -55,7 +56,7 @@ func (f *fetchResult) fenceOf(lane int16) int64 {
 
 // fetch runs the one-statement read described in queries.go.
 func (s *pgStore) fetch(ctx context.Context, req fetchRequest) fetchResult {
-	res := fetchResult{req: req}
+	res := fetchResult{req: req, started: time.Now()}
 	xip := req.prevXip
 	if xip == nil {
 		xip = []string{}
