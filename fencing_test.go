@@ -1,0 +1,141 @@
+package wharf_test
+
+import (
+	"context"
+	"database/sql"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver for the EnqueueSQLTx test
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf"
+)
+
+// A relay whose lanes were taken over while a delivery was in flight cannot
+// remove the delivered row: its fencing token no longer matches, so the new
+// owner still sees (and redelivers) the message.
+func TestFencedRelayCannotRemoveRowsAfterTakeover(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	inHandler := make(chan int64, 1)
+	release := make(chan struct{})
+	cfg := testConfig(b.schema)
+	cfg.LeaseTTL = time.Hour // no expiry: only the takeover moves the lanes
+	cfg.Handler = func(ctx context.Context, m *wharf.Message) error {
+		select {
+		case inHandler <- m.ID:
+		default:
+		}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	ids, err := client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "fenced", Payload: []byte(`1`)})
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+
+	select {
+	case id := <-inHandler:
+		require.Equal(t, ids[0], id)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay never delivered the message")
+	}
+	// Another relay takes every lane over (bumping the fence) while the
+	// delivery is in flight.
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".lanes SET owner = 'thief', fence = fence + 1, lease_until = now() + interval '1 hour'")
+	require.NoError(t, err)
+	close(release)
+
+	// The acknowledgement is written (or refused) promptly; give it time,
+	// then the row must still be there for the new owner.
+	time.Sleep(time.Second)
+	require.Equal(t, 1, outboxCount(t, b), "a fenced-out relay removed a row")
+	var owners []string
+	rows, err := b.pool.Query(ctx, "SELECT DISTINCT owner FROM "+b.schema+".lanes")
+	require.NoError(t, err)
+	for rows.Next() {
+		var o string
+		require.NoError(t, rows.Scan(&o))
+		owners = append(owners, o)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"thief"}, owners, "the fenced-out relay must not take lanes back while they are leased")
+	require.NoError(t, client.Stop(ctx))
+	require.Equal(t, 1, outboxCount(t, b))
+}
+
+// EnqueueSQLTx works through database/sql with the pgx stdlib driver and
+// carries every field.
+func TestEnqueueSQLTx(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	db, err := sql.Open("pgx", databaseURL)
+	require.NoError(t, err)
+	defer db.Close()
+	client, err := wharf.NewClient(nil, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+
+	at := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	ids, err := client.EnqueueSQLTx(ctx, tx,
+		wharf.Message{Topic: "a", Key: "k", Payload: []byte{0xff, 0x00}, Headers: map[string]string{"x": "y"}, DeliverAt: at},
+		wharf.Message{Topic: "b", Payload: []byte(`{"ok":true}`), DedupKey: "d1"},
+		wharf.Message{Topic: "c", Payload: []byte(`2`)})
+	require.NoError(t, err)
+	require.Len(t, ids, 3)
+	require.Less(t, ids[0], ids[2])
+	again, err := client.EnqueueSQLTx(ctx, tx, wharf.Message{Topic: "b", Payload: []byte(`3`), DedupKey: "d1"})
+	require.NoError(t, err)
+	require.Equal(t, ids[1], again[0])
+	require.NoError(t, tx.Commit())
+
+	rec := &recorder{}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	relay, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, relay.Drain(ctx))
+	got := map[int64]wharf.Message{}
+	for _, m := range rec.snapshot() {
+		got[m.ID] = m
+	}
+	require.Len(t, got, 3)
+	require.Equal(t, []byte{0xff, 0x00}, got[ids[0]].Payload)
+	require.Equal(t, "k", got[ids[0]].Key)
+	require.Equal(t, map[string]string{"x": "y"}, got[ids[0]].Headers)
+	require.True(t, at.Equal(got[ids[0]].DeliverAt), "deliver_at %s != %s", got[ids[0]].DeliverAt, at)
+	require.Equal(t, `{"ok":true}`, string(got[ids[1]].Payload))
+	require.Equal(t, "c", got[ids[2]].Topic)
+
+	// Rolled back: nothing left behind.
+	tx, err = db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	_, err = client.EnqueueSQLTx(ctx, tx, wharf.Message{Topic: "gone", Payload: []byte(`1`)})
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback())
+	require.Equal(t, 0, outboxCount(t, b))
+}
+
+// The library a producer imports must not drag in broker clients: sinks live
+// in their own packages.
+func TestCorePackagesDoNotImportSinkClients(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "github.com/wharfhq/wharf", "github.com/wharfhq/wharf/wharfmigrate").CombinedOutput()
+	require.NoError(t, err, string(out))
+	for _, dep := range strings.Fields(string(out)) {
+		for _, banned := range []string{"github.com/twmb/franz-go", "github.com/nats-io/", "github.com/rabbitmq/amqp091-go", "github.com/redis/go-redis", "github.com/spf13/cobra", "gopkg.in/yaml"} {
+			require.Falsef(t, strings.HasPrefix(dep, banned), "core package depends on %s", dep)
+		}
+	}
+}
