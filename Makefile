@@ -1,0 +1,27 @@
+.DEFAULT_GOAL := help
+GO ?= go
+
+help: ## list the targets
+	@grep -hE '^[a-z/]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build ./wharf
+	$(GO) build -o wharf ./cmd/wharf
+
+test: ## run every test (TEST_DATABASE_URL, or a throwaway PostgreSQL)
+	$(GO) test ./...
+
+test/race: ## run every test with the race detector (what CI runs)
+	$(GO) test -race ./...
+
+lint: ## go vet and gofmt
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+
+bench: ## testing.B benchmarks of the hot-path pieces
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+demo: ## the end-to-end demo on a throwaway PostgreSQL
+	$(GO) run ./cmd/wharf demo
+
+ci: ## what CI runs
+	bash .ci/run
