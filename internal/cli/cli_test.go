@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,6 +67,7 @@ func TestConfigErrorsAreOneLineAndNameTheField(t *testing.T) {
 		{"dead retry without selector", []string{"dead", "retry"}, "--all", 2},
 		{"demo bad count", []string{"demo", "--messages", "0"}, "--messages must be at least 1", 2},
 		{"stray argument", []string{"version", "now"}, "takes no arguments", 2},
+		{"library validation names the flag", []string{"--database-url", "postgres://x@127.0.0.1:1/x", "relay", "--sink", "stdout:", "--fetch-batch", "10"}, "--fetch-batch must be at least 64", 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -75,6 +77,7 @@ func TestConfigErrorsAreOneLineAndNameTheField(t *testing.T) {
 			line := strings.TrimRight(errOut, "\n")
 			require.NotContains(t, line, "\n", "errors must be one line")
 			require.True(t, strings.HasPrefix(line, "wharf: "), line)
+			require.False(t, strings.HasPrefix(line, "wharf: wharf:"), line)
 			require.Contains(t, line, c.want)
 		})
 	}
@@ -90,4 +93,12 @@ func TestVersionAndPrint(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "DROP TABLE IF EXISTS shop.outbox")
 	require.Contains(t, out, "DELETE FROM shop.schema_migrations WHERE version = 1")
+}
+
+func TestOneLineErrorFoldsConnectionAttempts(t *testing.T) {
+	t.Parallel()
+	err := errors.New("cannot connect: failed to connect to `user=postgres`:\n\t127.0.0.1:1 (127.0.0.1): dial error: refused\n\t127.0.0.1:1 (127.0.0.1): dial error: refused")
+	require.Equal(t, "cannot connect: failed to connect to `user=postgres`: 127.0.0.1:1 (127.0.0.1): dial error: refused", oneLineError(err))
+	require.Equal(t, "--max-retry-backoff (1s) must be at least --retry-backoff (2s)",
+		oneLineError(errors.New("wharf: Config.MaxRetryBackoff (1s) must be at least Config.RetryBackoff (2s)")))
 }

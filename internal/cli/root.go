@@ -10,10 +10,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -41,13 +43,63 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	msg := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
-	fmt.Fprintf(stderr, "wharf: %s\n", msg)
+	fmt.Fprintf(stderr, "wharf: %s\n", oneLineError(err))
 	var ue usageError
 	if errors.As(err, &ue) {
 		return 2
 	}
 	return 1
+}
+
+// oneLineError folds a possibly multi-line error (pgx lists every connection
+// attempt on its own line) into one line, drops repeated lines and the
+// "wharf: " prefix library errors carry, and names CLI flags instead of
+// Config fields.
+func oneLineError(err error) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, line := range strings.Split(err.Error(), "\n") {
+		line = strings.Join(strings.Fields(line), " ")
+		if line == "" || seen[line] {
+			continue
+		}
+		seen[line] = true
+		parts = append(parts, line)
+	}
+	msg := ""
+	for i, p := range parts {
+		switch {
+		case i == 0:
+		case strings.HasSuffix(msg, ":"):
+			msg += " "
+		default:
+			msg += "; "
+		}
+		msg += p
+	}
+	for strings.HasPrefix(msg, "wharf: ") {
+		msg = strings.TrimPrefix(msg, "wharf: ")
+	}
+	return configFieldRE.ReplaceAllStringFunc(msg, func(m string) string {
+		return "--" + kebab(strings.TrimPrefix(m, "Config."))
+	})
+}
+
+var configFieldRE = regexp.MustCompile(`Config\.[A-Z][A-Za-z]*`)
+
+// kebab turns a Config field name into its flag name: FetchBatch -> fetch-batch.
+func kebab(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if unicode.IsUpper(r) {
+			if i > 0 {
+				b.WriteByte('-')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // globals are the flags every command shares.
@@ -228,7 +280,7 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot connect to the database at %s:%d: %v (check --database-url / WHARF_DATABASE_URL)", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+		return nil, fmt.Errorf("cannot connect to the database at %s:%d: %s (check --database-url / WHARF_DATABASE_URL)", cfg.ConnConfig.Host, cfg.ConnConfig.Port, oneLineError(err))
 	}
 	return pool, nil
 }
