@@ -129,8 +129,11 @@ type LaneOwner struct {
 	LeaseUntil time.Time
 }
 
-// Status is a cheap snapshot of the outbox: it reads statistics and indexes,
-// never scans the outbox.
+// Status is a snapshot of the outbox from statistics, the small lease tables
+// and one index probe per lane; it never counts or scans the outbox. The
+// oldest-message probe walks index entries of delivered rows that vacuum has
+// not removed yet, which is slow (about 0.3 s per 300k such rows, see
+// docs/plans.md) only while a long transaction holds vacuum back.
 type Status struct {
 	Schema string
 	// BacklogEstimate is PostgreSQL's live-row estimate for the outbox
@@ -147,8 +150,7 @@ type Status struct {
 	Lanes       []LaneOwner
 }
 
-// Status reads the outbox's state from cheap queries: per-lane index probes,
-// table statistics and the small lease tables.
+// Status reads the outbox's state (see [Status] for what it costs).
 func (c *Client) Status(ctx context.Context) (*Status, error) {
 	if err := c.requirePool(); err != nil {
 		return nil, err

@@ -66,8 +66,10 @@ FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
 ), s AS MATERIALIZED (
     SELECT pg_current_snapshot() AS snap
 ), fin AS MATERIALIZED (
-    SELECT coalesce(array_agg(x), '{}') AS xs FROM unnest($5::text[]::xid8[]) AS x, s
-    WHERE pg_visible_in_snapshot(x, s.snap)
+    -- One row per transaction that was in progress at the previous read and
+    -- has finished since. Rows, not an array: an array here is flattened
+    -- into a hash join over the whole outbox (docs/plans.md).
+    SELECT x FROM unnest($5::text[]::xid8[]) AS x, s WHERE pg_visible_in_snapshot(x, s.snap)
 )
 SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL::text AS snap
 FROM l CROSS JOIN LATERAL (
@@ -79,7 +81,7 @@ FROM l CROSS JOIN LATERAL (
 UNION ALL
 SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL
 FROM l CROSS JOIN fin CROSS JOIN LATERAL (
-    SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid = ANY(fin.xs) AND o.id <= l.cur) o
+    SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid = fin.x AND o.id <= l.cur OFFSET 0) o
 UNION ALL
 SELECT -1, 0, '', NULL, NULL, NULL, NULL, NULL, s.snap::text FROM s`),
 

@@ -114,7 +114,9 @@ RETURNS bigint LANGUAGE sql AS $fn$
 $fn$;
 
 -- Wake-up for idle relays: one notification per inserting statement (NOTIFY
--- folds duplicates within a transaction), not per row.
+-- folds duplicates within a transaction), not per row. Created DISABLED: NOTIFY
+-- serialises commits on a global lock and cut producer throughput 3-4x for
+-- one-row transactions (BENCHMARKS.md). `wharf notify on` enables it.
 CREATE FUNCTION {{schema}}.notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
     PERFORM pg_notify('{{channel}}', '');
@@ -123,3 +125,4 @@ END
 $fn$;
 CREATE TRIGGER outbox_notify AFTER INSERT ON {{schema}}.outbox
     FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.notify();
+ALTER TABLE {{schema}}.outbox DISABLE TRIGGER outbox_notify;

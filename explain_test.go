@@ -1,0 +1,752 @@
+package wharf
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+const (
+	explainSchema   = "wharf_explain"
+	explainRows     = 1_000_000
+	explainChunks   = 10
+	explainKeys     = 1_000
+	explainDeleted  = 300_000
+	explainBatch    = 4000
+	explainPerLane  = explainBatch / wharfmigrate.Lanes // 62
+	explainOwner    = "explain-relay"
+	explainLeaseTTL = "10000 milliseconds" // the default Config.LeaseTTL, formatted as lease.go does
+	explainDocPath  = "docs/plans.md"
+	explainCommand  = "WHARF_EXPLAIN=1 TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go test -run TestExplainHotPath -count=1 -v ."
+)
+
+// explainStatusSQL is the first statement of Client.Status (admin.go), with the
+// schema written as {S} where admin.go concatenates `+sc+`. The test fails if
+// admin.go no longer contains it, so the documented plan cannot go stale.
+const explainStatusSQL = `SELECT
+    coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'outbox'), 0),
+    coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'outbox'), 0),
+    (SELECT now() - min(o.created_at) FROM {S}.lanes l
+        CROSS JOIN LATERAL (SELECT created_at FROM {S}.outbox WHERE lane = l.lane ORDER BY id LIMIT 1) o),
+    (SELECT count(*) FROM {S}.dead_letters),
+    (SELECT count(*) FROM {S}.retries)`
+
+type explainCase struct {
+	title  string
+	sql    string
+	args   []any
+	params string   // markdown: the arguments, in words
+	setup  []string // run in the statement's transaction first (rolled back with it)
+	outbox bool     // touches the outbox: check the plan
+	bound  int      // most rows any outbox scan, Sort or Hash may handle
+}
+
+type explainResult struct {
+	c          explainCase
+	custom     string  // EXPLAIN (ANALYZE, BUFFERS, TIMING ON) with the arguments bound
+	customMS   float64 // its Execution Time
+	generic    string  // auto_explain of the statement itself under force_generic_plan
+	genericMS  float64 // its duration
+	autoChoice string  // the plan plan_cache_mode=auto used on the 6th execution
+	maxRows    int64   // most rows through one outbox node, over both plans
+	problems   []string
+	warnings   []string // many buffers for few rows: dead index entries, typically
+}
+
+// TestExplainHotPath regenerates docs/plans.md: EXPLAIN (ANALYZE, BUFFERS)
+// plans of every hot-path statement on a 1,000,000-message backlog, and fails
+// when a statement that touches the outbox scans it sequentially or pushes more
+// than its batch through a scan, sort or hash.
+//
+//	WHARF_EXPLAIN=1 TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go test -run TestExplainHotPath -count=1 -v .
+//
+// The connection must be a superuser's: the generic plans are captured with
+// auto_explain (see explainLogged).
+func TestExplainHotPath(t *testing.T) {
+	if os.Getenv("WHARF_EXPLAIN") != "1" {
+		t.Skip("set WHARF_EXPLAIN=1 to regenerate docs/plans.md")
+	}
+	url := os.Getenv("TEST_DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/test"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	defer cancel()
+	start := time.Now()
+	phase := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+
+	admin, err := os.ReadFile("admin.go")
+	require.NoError(t, err)
+	require.Contains(t, string(admin), strings.ReplaceAll(explainStatusSQL, "{S}", "`+sc+`"),
+		"the status query in admin.go changed: update explainStatusSQL in explain_test.go")
+
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+explainSchema+" CASCADE")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+		defer ccancel()
+		if _, err := pool.Exec(cctx, "DROP SCHEMA IF EXISTS "+explainSchema+" CASCADE"); err != nil {
+			t.Logf("dropping %s: %v", explainSchema, err)
+		}
+		pool.Close()
+	})
+	m, err := wharfmigrate.New(explainSchema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	// Deterministic runs: no autovacuum/autoanalyze racing the load or the
+	// plans. (The open transaction below would keep vacuum from removing the
+	// deleted rows anyway.)
+	_, err = pool.Exec(ctx, "ALTER TABLE "+explainSchema+".outbox SET (autovacuum_enabled = off)")
+	require.NoError(t, err)
+	phase("migrated " + explainSchema)
+
+	// ---- the backlog: 10 transactions of 100,000 rows ----
+	chunk := explainRows / explainChunks
+	chunkXids := make([]string, explainChunks)
+	for c := 0; c < explainChunks; c++ {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&chunkXids[c]))
+		_, err = tx.Exec(ctx, `INSERT INTO `+explainSchema+`.outbox (topic, key, payload)
+SELECT 'orders', 'k' || (i % $3), convert_to(rpad('order ' || i || ' ', 200, '.'), 'UTF8')
+FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, explainKeys)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	var minID, maxID int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT min(id), max(id) FROM "+explainSchema+".outbox").Scan(&minID, &maxID))
+	require.Equal(t, []int64{1, explainRows}, []int64{minID, maxID})
+	phase("inserted 1,000,000 rows")
+	_, err = pool.Exec(ctx, "VACUUM ANALYZE "+explainSchema+".outbox")
+	require.NoError(t, err)
+	phase("VACUUM ANALYZE")
+
+	// Each lane's cursor: its highest id in the region about to be delivered.
+	lanes := make([]int16, wharfmigrate.Lanes)
+	cursors := make([]int64, wharfmigrate.Lanes)
+	limits := make([]int32, wharfmigrate.Lanes)
+	fences := make([]int64, wharfmigrate.Lanes)
+	rows, err := pool.Query(ctx, "SELECT lane, max(id) FROM "+explainSchema+".outbox WHERE id <= $1 GROUP BY lane ORDER BY lane", explainDeleted)
+	require.NoError(t, err)
+	n := 0
+	for rows.Next() {
+		var lane int16
+		var cur int64
+		require.NoError(t, rows.Scan(&lane, &cur))
+		require.Equal(t, int16(n), lane, "every lane holds keys")
+		lanes[n], cursors[n], limits[n], fences[n] = lane, cur, explainPerLane, 1
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, wharfmigrate.Lanes, n)
+
+	// A long-running application transaction: in progress during every plan.
+	// Opened before the delete, it also keeps the deleted rows from being
+	// removable (they stay RECENTLY_DEAD and their index entries unkilled).
+	hold, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hold.Rollback(context.Background()) })
+	var openXid string
+	_, err = hold.Exec(ctx, `INSERT INTO `+explainSchema+`.outbox (topic, key, payload) VALUES ('orders', 'k0', convert_to(rpad('in progress', 200, '.'), 'UTF8'))`)
+	require.NoError(t, err)
+	require.NoError(t, hold.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&openXid))
+
+	// Delivered: the first 300,000 ids, deleted and not vacuumed.
+	tag, err := pool.Exec(ctx, "DELETE FROM "+explainSchema+".outbox WHERE id <= $1", explainDeleted)
+	require.NoError(t, err)
+	require.EqualValues(t, explainDeleted, tag.RowsAffected())
+	// Statistics as autoanalyze would have them soon after (ANALYZE does not
+	// prune or vacuum).
+	_, err = pool.Exec(ctx, "ANALYZE "+explainSchema+".outbox")
+	require.NoError(t, err)
+	phase("deleted the first 300,000 ids (not vacuumed), open transaction xid " + openXid)
+
+	_, err = pool.Exec(ctx, "UPDATE "+explainSchema+".lanes SET owner = $1, fence = 1, lease_until = now() + interval '1 hour'", explainOwner)
+	require.NoError(t, err)
+
+	var prevXmax string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&prevXmax))
+	finishedXid := chunkXids[explainDeleted/chunk] // the first undelivered chunk, committed long ago
+	deliveredXid := chunkXids[explainDeleted/chunk-1]
+	prevXip := []string{openXid, finishedXid}
+
+	// The next rows after the cursors: 4,000 to ack, 10 to retry, 10 to dead-letter.
+	var nextLanes []int16
+	var nextIDs []int64
+	rows, err = pool.Query(ctx, "SELECT lane, id FROM "+explainSchema+".outbox WHERE id > $1 ORDER BY id LIMIT $2", explainDeleted, explainBatch+20)
+	require.NoError(t, err)
+	for rows.Next() {
+		var lane int16
+		var id int64
+		require.NoError(t, rows.Scan(&lane, &id))
+		nextLanes = append(nextLanes, lane)
+		nextIDs = append(nextIDs, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, nextIDs, explainBatch+20)
+	retryLanes, retryIDs := nextLanes[explainBatch:explainBatch+10], nextIDs[explainBatch:explainBatch+10]
+	deadLanes, deadIDs := nextLanes[explainBatch+10:], nextIDs[explainBatch+10:]
+	attempts := make([]int32, 10)
+	nextAt := make([]time.Time, 10)
+	errs := make([]string, 10)
+	for i := range attempts {
+		attempts[i] = 3
+		nextAt[i] = time.Now().Add(time.Minute)
+		errs[i] = "explain: sink unavailable"
+	}
+
+	shape := explainShape(ctx, t, pool, cursors, chunkXids, openXid, prevXmax)
+	phase("backlog ready")
+
+	// ---- the statements ----
+	q := newQueries(explainSchema)
+	fetchArgs := func(xip []string) []any { return []any{lanes, cursors, limits, prevXmax, xip} }
+	cases := []explainCase{
+		{
+			title: "fetch", sql: q.fetch, args: fetchArgs(prevXip), outbox: true, bound: explainBatch,
+			params: fmt.Sprintf("all 64 lanes; cursors = each lane's highest delivered (deleted) id (%d..%d); "+
+				"limits = %d per lane; prevXmax = `%s` (the current snapshot's xmax); "+
+				"prevXip = `{%s (still in progress), %s (chunk 4, committed)}`.",
+				minOf(cursors), maxOf(cursors), explainPerLane, prevXmax, openXid, finishedXid),
+		},
+		{
+			title: "ack", sql: q.ack, outbox: true, bound: explainBatch,
+			args: []any{lanes, fences, explainOwner, nextLanes[:explainBatch], nextIDs[:explainBatch], []int64{}},
+			params: fmt.Sprintf("64 lanes with fence 1, owner `%s`; deletes the %d rows after the cursors (ids %d..%d) "+
+				"with their lanes; no retries to clear (`{}`). Rolled back.",
+				explainOwner, explainBatch, nextIDs[0], nextIDs[explainBatch-1]),
+		},
+		{
+			title: "retry", sql: q.retry, outbox: false, bound: 10,
+			args: []any{lanes, fences, explainOwner, retryLanes, retryIDs, attempts, nextAt, errs},
+			params: fmt.Sprintf("64 lanes with fence 1; 10 rows (ids %d..%d), attempts 3, next attempt in a minute. Rolled back.",
+				retryIDs[0], retryIDs[9]),
+		},
+		{
+			title: "dead", sql: q.dead, outbox: true, bound: 10,
+			args: []any{lanes, fences, explainOwner, deadLanes, deadIDs, attempts, errs},
+			params: fmt.Sprintf("64 lanes with fence 1; moves 10 rows (ids %d..%d) to dead_letters. Rolled back.",
+				deadIDs[0], deadIDs[9]),
+		},
+		{
+			title: "claim", sql: q.claim, outbox: false, bound: 64,
+			args:  []any{"explain-relay-2", explainLeaseTTL, 32},
+			setup: []string{"UPDATE " + explainSchema + ".lanes SET lease_until = now() - interval '1 second' WHERE lane >= 32"},
+			params: "a second relay claims up to 32 lanes; in the same transaction the leases of lanes 32..63 " +
+				"were first made to look expired, so it claims 32. Rolled back.",
+		},
+		{
+			title: "renew", sql: q.renew, outbox: false, bound: 64,
+			args:   []any{explainOwner, explainLeaseTTL},
+			params: fmt.Sprintf("owner `%s` renews its 64 leases by `%s`. Rolled back.", explainOwner, explainLeaseTTL),
+		},
+		{
+			title: "status (Client.Status)", sql: strings.ReplaceAll(explainStatusSQL, "{S}", explainSchema), outbox: true, bound: 64,
+			args:   []any{explainSchema},
+			params: "schema `" + explainSchema + "`. The statement is copied from admin.go (the test checks it still matches).",
+		},
+		{
+			title: "fetch, stress variant: prevXip names an already delivered transaction", sql: q.fetch, outbox: true, bound: explainBatch,
+			args: fetchArgs([]string{openXid, deliveredXid}),
+			params: fmt.Sprintf("as fetch, but the finished xid in prevXip is %s (chunk 3), all of whose 100,000 rows "+
+				"lie below the cursors and were deleted without vacuum. A relay does not get here in steady state "+
+				"(a finished xid is in prevXip for one read only, and its rows are undelivered then); it shows what "+
+				"the late-commit probe costs when its range is all dead index entries.", deliveredXid),
+		},
+	}
+
+	ec := explainConnect(ctx, t, url)   // EXPLAIN and forced generic plans
+	auto := explainConnect(ctx, t, url) // a fresh plan cache for plan_cache_mode=auto
+	results := make([]explainResult, 0, len(cases))
+	for _, c := range cases {
+		r := explainResult{c: c}
+		// Warm the cache (and set hint bits) so the plans show a relay's steady state.
+		_, _, err = explainLogged(ctx, ec, c, "force_custom_plan", false)
+		require.NoError(t, err, c.title)
+		r.custom, err = explainCustom(ctx, ec.Conn, c)
+		require.NoError(t, err, c.title)
+		r.customMS = planFloat(t, reExecTime, r.custom)
+		r.generic, r.genericMS, err = explainLogged(ctx, ec, c, "force_generic_plan", true)
+		require.NoError(t, err, c.title)
+		for i := 1; i <= 5; i++ {
+			_, _, err = explainLogged(ctx, auto, c, "auto", false)
+			require.NoError(t, err, c.title)
+		}
+		sixth, _, err := explainLogged(ctx, auto, c, "auto", true)
+		require.NoError(t, err, c.title)
+		switch planNormalize(sixth, false) {
+		case planNormalize(r.generic, false):
+			r.autoChoice = "generic"
+		case planNormalize(r.custom, false):
+			r.autoChoice = "custom"
+		default:
+			r.autoChoice = "unrecognised"
+			t.Logf("%s: 6th execution under plan_cache_mode=auto matches neither plan:\n%s", c.title, sixth)
+		}
+		if c.outbox {
+			for _, p := range []struct{ name, text string }{{"custom plan", r.custom}, {"generic plan", r.generic}} {
+				probs, most := planCheck(p.text, c.bound)
+				for _, pr := range probs {
+					r.problems = append(r.problems, p.name+": "+pr)
+				}
+				r.maxRows = max(r.maxRows, most)
+				if hitRead, _ := planOutboxBuffers(p.text); hitRead > int64(8*c.bound+1000) {
+					r.warnings = append(r.warnings, fmt.Sprintf("%s touches %d outbox buffers for at most %d rows", p.name, hitRead, c.bound))
+				}
+			}
+		}
+		results = append(results, r)
+		phase(fmt.Sprintf("%s: %.3f ms custom, %.3f ms generic, auto picks %s", c.title, r.customMS, r.genericMS, r.autoChoice))
+	}
+
+	doc := explainDoc(shape, results)
+	require.NoError(t, os.MkdirAll("docs", 0o755))
+	require.NoError(t, os.WriteFile(explainDocPath, []byte(doc), 0o644))
+	phase("wrote " + explainDocPath)
+
+	var bad []string
+	for _, r := range results {
+		for _, w := range r.warnings {
+			t.Logf("%s: warning: %s", r.c.title, w)
+		}
+		if len(r.problems) > 0 {
+			bad = append(bad, fmt.Sprintf("== %s ==\n%s\n\ncustom plan:\n%s\n\ngeneric plan:\n%s",
+				r.c.title, strings.Join(r.problems, "\n"), r.custom, r.generic))
+		}
+	}
+	if len(bad) > 0 {
+		require.Failf(t, "bad plans (see "+explainDocPath+")", "%s", strings.Join(bad, "\n\n"))
+	}
+}
+
+// noticeConn is a connection whose notices (auto_explain's LOG messages) are kept.
+type noticeConn struct {
+	*pgx.Conn
+	mu      sync.Mutex
+	notices []string
+}
+
+func (nc *noticeConn) take() []string {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	n := nc.notices
+	nc.notices = nil
+	return n
+}
+
+func explainConnect(ctx context.Context, t *testing.T, url string) *noticeConn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	// The relay's fetch connection runs with JIT off (store.go): compiling
+	// costs more than the statement. Explain under the same setting.
+	cfg.RuntimeParams["jit"] = "off"
+	nc := &noticeConn{}
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		nc.mu.Lock()
+		nc.notices = append(nc.notices, n.Message)
+		nc.mu.Unlock()
+	}
+	nc.Conn, err = pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = nc.Close(context.Background()) })
+	_, err = nc.Exec(ctx, "LOAD 'auto_explain'")
+	require.NoError(t, err, "loading auto_explain (needs a superuser connection)")
+	return nc
+}
+
+// explainCustom runs EXPLAIN (ANALYZE, BUFFERS) on the statement with its
+// arguments bound, in a transaction it rolls back. PostgreSQL plans an EXPLAIN
+// with the bound values as constants whatever plan_cache_mode says, so this is
+// always the custom plan.
+func explainCustom(ctx context.Context, conn *pgx.Conn, c explainCase) (string, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, s := range c.setup {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return "", err
+		}
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, TIMING ON) "+c.sql, c.args...)
+	if err != nil {
+		return "", err
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", err
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+// explainLogged executes the statement itself as the relay does (pgx prepares
+// it), in a transaction it rolls back, with plan_cache_mode set to mode. With
+// logPlan, auto_explain sends the executed plan (analyzed, with buffers) to the
+// client as a LOG notice, and it is returned with its duration in ms.
+func explainLogged(ctx context.Context, nc *noticeConn, c explainCase, mode string, logPlan bool) (string, float64, error) {
+	tx, err := nc.Begin(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, s := range c.setup {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return "", 0, err
+		}
+	}
+	sets := []string{"SET LOCAL plan_cache_mode = " + mode}
+	if logPlan {
+		sets = append(sets,
+			"SET LOCAL auto_explain.log_min_duration = 0",
+			"SET LOCAL auto_explain.log_analyze = on",
+			"SET LOCAL auto_explain.log_buffers = on",
+			"SET LOCAL auto_explain.log_timing = on",
+			"SET LOCAL auto_explain.log_format = text",
+			"SET LOCAL auto_explain.log_nested_statements = off",
+			"SET LOCAL client_min_messages = log")
+	}
+	for _, s := range sets {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return "", 0, err
+		}
+	}
+	nc.take()
+	rows, err := tx.Query(ctx, c.sql, c.args...)
+	if err != nil {
+		return "", 0, err
+	}
+	for rows.Next() {
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", 0, err
+	}
+	// A SELECT's executor ends when its portal is dropped: by the rollback at
+	// the latest.
+	if err := tx.Rollback(ctx); err != nil {
+		return "", 0, err
+	}
+	if !logPlan {
+		return "", 0, nil
+	}
+	prefix := "Query Text: " + c.sql + "\n"
+	for _, n := range nc.take() {
+		m := reDuration.FindStringSubmatch(n)
+		if m == nil || !strings.Contains(n, prefix) {
+			continue
+		}
+		ms, _ := strconv.ParseFloat(m[1], 64)
+		return strings.TrimRight(n[strings.Index(n, prefix)+len(prefix):], "\n"), ms, nil
+	}
+	return "", 0, fmt.Errorf("no auto_explain output for %s", c.title)
+}
+
+var (
+	reExecTime = regexp.MustCompile(`(?m)^Execution Time: ([0-9.]+) ms`)
+	reDuration = regexp.MustCompile(`^duration: ([0-9.]+) ms\s+plan:`)
+	reActual   = regexp.MustCompile(`\(actual time=[0-9.]+\.\.[0-9.]+ rows=([0-9]+) loops=([0-9]+)\)`)
+	reRemoved  = regexp.MustCompile(`^Rows Removed by (?:Filter|Index Recheck|Join Filter): ([0-9]+)`)
+	reCost     = regexp.MustCompile(`\s*\((?:cost|actual)[^)]*\)|\s*\(never executed\)`)
+	reBuffers  = regexp.MustCompile(`^Buffers: (.*)$`)
+	reJIT      = regexp.MustCompile(`(?m)^\s*Timing: Generation .* Total ([0-9.]+) ms`)
+)
+
+func planFloat(t *testing.T, re *regexp.Regexp, plan string) float64 {
+	t.Helper()
+	m := re.FindStringSubmatch(plan)
+	require.NotNil(t, m, "no %s in\n%s", re, plan)
+	f, err := strconv.ParseFloat(m[1], 64)
+	require.NoError(t, err)
+	return f
+}
+
+type planNode struct {
+	header  string // "Index Scan using outbox_lane_id on outbox o"
+	rows    int64  // per loop
+	loops   int64
+	removed int64 // per loop
+}
+
+func planNodes(plan string) []*planNode {
+	var nodes []*planNode
+	for _, line := range strings.Split(plan, "\n") {
+		s := strings.TrimPrefix(strings.TrimSpace(line), "->  ")
+		if i := strings.Index(s, "  (cost="); i >= 0 {
+			n := &planNode{header: s[:i]}
+			if m := reActual.FindStringSubmatch(s); m != nil {
+				n.rows, _ = strconv.ParseInt(m[1], 10, 64)
+				n.loops, _ = strconv.ParseInt(m[2], 10, 64)
+			}
+			nodes = append(nodes, n)
+			continue
+		}
+		if m := reRemoved.FindStringSubmatch(s); m != nil && len(nodes) > 0 {
+			r, _ := strconv.ParseInt(m[1], 10, 64)
+			nodes[len(nodes)-1].removed += r
+		}
+	}
+	return nodes
+}
+
+// reOutbox matches a node that reads or writes the outbox table itself (not
+// "Bitmap Index Scan on outbox_lane_xid").
+var reOutbox = regexp.MustCompile(` on outbox(?: |$)`)
+
+// planCheck reports a sequential scan of the outbox, and any outbox scan that
+// handles more than bound rows (counting rows a filter discarded), or Sort or
+// Hash over more than bound rows (or the 64 lanes). It also returns the most
+// rows through one outbox node.
+func planCheck(plan string, bound int) (problems []string, most int64) {
+	sortBound := int64(max(bound, wharfmigrate.Lanes))
+	for _, n := range planNodes(plan) {
+		total := (n.rows + n.removed) * n.loops
+		onOutbox := reOutbox.MatchString(n.header)
+		if onOutbox {
+			most = max(most, total)
+		}
+		switch {
+		case strings.Contains(n.header, "Seq Scan on outbox"):
+			problems = append(problems, fmt.Sprintf("%s (%d rows)", n.header, total))
+		case onOutbox && total > int64(bound):
+			problems = append(problems, fmt.Sprintf("%s handles %d rows, more than the batch (%d)", n.header, total, bound))
+		case (strings.HasPrefix(n.header, "Sort") || strings.HasPrefix(n.header, "Incremental Sort") || n.header == "Hash") && total > sortBound:
+			problems = append(problems, fmt.Sprintf("%s over %d rows, more than the batch (%d)", n.header, total, sortBound))
+		}
+	}
+	return problems, most
+}
+
+// planOutboxBuffers sums the Buffers lines of the outermost outbox nodes (an
+// outbox node's count includes its children's): shared hit+read, and the
+// line's parts added up ("hit=.. read=.. dirtied=..").
+func planOutboxBuffers(plan string) (hitRead int64, detail string) {
+	type frame struct {
+		indent int
+		outbox bool
+	}
+	var stack []frame
+	counting := false // the current node is an outermost outbox node
+	sums := map[string]int64{}
+	for _, line := range strings.Split(plan, "\n") {
+		s := strings.TrimSpace(line)
+		if strings.Contains(s, "(cost=") {
+			indent := len(line) - len(strings.TrimLeft(line, " "))
+			for len(stack) > 0 && stack[len(stack)-1].indent >= indent {
+				stack = stack[:len(stack)-1]
+			}
+			nested := false
+			for _, f := range stack {
+				nested = nested || f.outbox
+			}
+			isOutbox := reOutbox.MatchString(strings.SplitN(s, "  (cost=", 2)[0])
+			counting = isOutbox && !nested
+			stack = append(stack, frame{indent, isOutbox})
+			continue
+		}
+		m := reBuffers.FindStringSubmatch(s)
+		if m == nil || !counting {
+			continue
+		}
+		counting = false // the node's first Buffers line; later ones are planning or children
+		for _, kv := range strings.Fields(m[1]) {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				continue
+			}
+			n, err := strconv.ParseInt(strings.TrimSuffix(v, ","), 10, 64)
+			if err != nil {
+				continue
+			}
+			sums[k] += n
+		}
+	}
+	var parts []string
+	for _, k := range []string{"hit", "read", "dirtied", "written"} {
+		if sums[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, sums[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return 0, "none"
+	}
+	return sums["hit"] + sums["read"], strings.Join(parts, " ")
+}
+
+// planJIT is the JIT total time in ms, or 0 when the plan was not compiled.
+func planJIT(plan string) float64 {
+	m := reJIT.FindStringSubmatch(plan)
+	if m == nil {
+		return 0
+	}
+	f, _ := strconv.ParseFloat(m[1], 64)
+	return f
+}
+
+// planNormalize drops timings, costs, row counts and per-run counters. With
+// shapeOnly it keeps node headers only; otherwise conditions stay too, which
+// tells a generic plan ($n) from a custom one (constants).
+func planNormalize(plan string, shapeOnly bool) string {
+	var out []string
+	for _, line := range strings.Split(plan, "\n") {
+		s := strings.TrimSpace(line)
+		isNode := strings.Contains(s, "(cost=")
+		skip := s == ""
+		for _, p := range []string{"Planning", "Execution Time", "Buffers:", "Rows Removed", "Heap Fetches", "Heap Blocks",
+			"Sort Method", "Memory Usage", "Batches", "Buckets", "I/O Timings", "JIT", "Functions:", "Options:", "Timing:",
+			"Worker", "Trigger", "Tuples Inserted", "Conflicting Tuples"} {
+			skip = skip || strings.HasPrefix(s, p)
+		}
+		if skip || (shapeOnly && !isNode) {
+			continue
+		}
+		out = append(out, reCost.ReplaceAllString(line, ""))
+	}
+	return strings.Join(out, "\n")
+}
+
+type explainBacklog struct {
+	version, settings                  string
+	live, dead, reltuples              int64
+	tableSize, laneIDSize, laneXidSize string
+	laneMin, laneMax                   int64
+	cursorMin, cursorMax               int64
+	chunkXids                          []string
+	openXid, prevXmax                  string
+}
+
+func explainShape(ctx context.Context, t *testing.T, pool *pgxpool.Pool, cursors []int64, chunkXids []string, openXid, prevXmax string) explainBacklog {
+	t.Helper()
+	s := explainBacklog{cursorMin: minOf(cursors), cursorMax: maxOf(cursors), chunkXids: chunkXids, openXid: openXid, prevXmax: prevXmax}
+	sc := explainSchema
+	require.NoError(t, pool.QueryRow(ctx, "SHOW server_version").Scan(&s.version))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT string_agg(name || ' = ' || setting || coalesce(unit, ''), ', ' ORDER BY name)
+FROM pg_settings WHERE name IN ('shared_buffers', 'work_mem', 'random_page_cost', 'effective_cache_size', 'jit', 'max_parallel_workers_per_gather')`).Scan(&s.settings))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), min(c), max(c) FROM (SELECT count(*) AS c FROM `+sc+`.outbox GROUP BY lane) x`).Scan(new(int64), &s.laneMin, &s.laneMax))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+sc+`.outbox`).Scan(&s.live))
+	_, _ = pool.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT n_dead_tup, (SELECT reltuples::bigint FROM pg_class WHERE oid = '`+sc+`.outbox'::regclass)
+FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'outbox'`, sc).Scan(&s.dead, &s.reltuples))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_size_pretty(pg_table_size('`+sc+`.outbox')),
+    pg_size_pretty(pg_relation_size('`+sc+`.outbox_lane_id')), pg_size_pretty(pg_relation_size('`+sc+`.outbox_lane_xid'))`).Scan(&s.tableSize, &s.laneIDSize, &s.laneXidSize))
+	return s
+}
+
+func explainDoc(s explainBacklog, results []explainResult) string {
+	var b strings.Builder
+	w := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	w("# Hot-path query plans on a 1,000,000-message backlog\n\n")
+	w("Generated by `TestExplainHotPath` (explain_test.go); do not edit by hand. It was produced with\n"+
+		"`%s`, which migrates a scratch schema `%s`, loads the backlog described below, runs each statement "+
+		"Wharf's relay and `Client.Status` run with realistic arguments, writes this file and drops the schema. "+
+		"Each statement is shown twice: `EXPLAIN (ANALYZE, BUFFERS, TIMING ON)` with the arguments bound through pgx "+
+		"(PostgreSQL plans an EXPLAIN with bound values as constants, so this is the **custom plan**), and the "+
+		"**generic plan** of the statement itself, executed as pgx prepares it under `plan_cache_mode = force_generic_plan` "+
+		"and captured with `auto_explain` (`log_analyze`, `log_buffers`; the time is auto_explain's duration). "+
+		"It also executes each statement 6 times on a fresh connection under `plan_cache_mode = auto` and records which "+
+		"plan the 6th execution used: that is the plan a relay runs once pgx's prepared statement is warm. "+
+		"Each statement runs once before it is explained (warm cache, hint bits set); writes run in transactions that are rolled back. Times vary from run to run; the plan shapes and buffer counts are the point. "+
+		"The test fails if any statement touching the outbox has a `Seq Scan on outbox`, or an outbox scan, Sort or Hash handling more rows than its batch.\n\n",
+		explainCommand, explainSchema)
+	w("PostgreSQL **%s** (%s), on a 2-core machine.\n\n", s.version, s.settings)
+	w("## Backlog\n\n")
+	w("- 1,000,000 messages inserted in 10 transactions of 100,000 (`INSERT ... SELECT FROM generate_series`), so rows carry 10 distinct xids: %s.\n", strings.Join(s.chunkXids, ", "))
+	w("- topic `orders`, 1,000 keys (`'k' || (i %% 1000)`), 200-byte payloads, no headers; then `VACUUM ANALYZE`.\n")
+	w("- Delivered: ids 1..300,000 deleted in one committed transaction and **not vacuumed** (autovacuum is off on the scratch table; "+
+		"the open transaction below would keep vacuum from removing them anyway); then `ANALYZE`, as autoanalyze would. "+
+		"Live rows: %d; `n_dead_tup` = %d; `reltuples` = %d.\n", s.live, s.dead, s.reltuples)
+	w("- Live rows per lane: %d..%d. Cursors (each lane's highest deleted id): %d..%d.\n", s.laneMin, s.laneMax, s.cursorMin, s.cursorMax)
+	w("- A long-running application transaction (xid %s) that inserted one row stays open on another connection during every plan; "+
+		"it was opened before the delete, so the deleted rows are RECENTLY_DEAD: index scans cannot mark their entries dead.\n", s.openXid)
+	w("- All 64 lanes leased to `%s` with fence 1, lease one hour. `prevXmax` = %s (the snapshot xmax after loading).\n", explainOwner, s.prevXmax)
+	w("- Sizes: outbox %s, `outbox_lane_id` %s, `outbox_lane_xid` %s.\n\n", s.tableSize, s.laneIDSize, s.laneXidSize)
+
+	w("## Summary\n\n| statement | custom plan | generic plan | auto (6th run) | Seq Scan on outbox | most rows through an outbox node | outbox buffers (custom / generic) |\n|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		seq, most, bufs := "n/a", "n/a", "n/a"
+		if r.c.outbox {
+			seq = "none"
+			if strings.Contains(r.custom+r.generic, "Seq Scan on outbox") {
+				seq = "**yes**"
+			}
+			most = fmt.Sprintf("%d (bound %d)", r.maxRows, r.c.bound)
+			c, _ := planOutboxBuffers(r.custom)
+			g, _ := planOutboxBuffers(r.generic)
+			bufs = fmt.Sprintf("%d / %d", c, g)
+		}
+		w("| %s | %.3f ms | %.3f ms | %s | %s | %s | %s |\n", r.c.title, r.customMS, r.genericMS, r.autoChoice, seq, most, bufs)
+	}
+	w("\nOutbox buffers: shared hit + read summed over the outermost nodes that read or write the outbox.\n\n")
+
+	for i, r := range results {
+		w("## %d. %s\n\n", i+1, r.c.title)
+		w("Arguments: %s\n\n", r.c.params)
+		if len(r.c.setup) > 0 {
+			w("Run first in the same transaction: `%s`.\n\n", strings.Join(r.c.setup, "; "))
+		}
+		w("```sql\n%s\n```\n\n", r.c.sql)
+		same := "same shape as the custom plan"
+		if planNormalize(r.custom, true) != planNormalize(r.generic, true) {
+			same = "**differs** from the custom plan"
+		}
+		w("**Summary:** execution %.3f ms (custom), %.3f ms (generic, %s); `plan_cache_mode = auto` runs the %s plan from the 6th execution",
+			r.customMS, r.genericMS, same, r.autoChoice)
+		if r.c.outbox {
+			seq := "no `Seq Scan on outbox`"
+			if strings.Contains(r.custom+r.generic, "Seq Scan on outbox") {
+				seq = "**`Seq Scan on outbox`**"
+			}
+			_, cb := planOutboxBuffers(r.custom)
+			_, gb := planOutboxBuffers(r.generic)
+			w("; %s; at most %d rows through one outbox node (bound %d); outbox buffers: custom `%s`, generic `%s`", seq, r.maxRows, r.c.bound, cb, gb)
+		} else {
+			w("; does not touch the outbox")
+		}
+		if j := max(planJIT(r.custom), planJIT(r.generic)); j > 0 {
+			w("; JIT compiled (%.1f ms custom, %.1f ms generic)", planJIT(r.custom), planJIT(r.generic))
+		}
+		w(".")
+		if len(r.problems) > 0 {
+			w(" **Problems:** %s.", strings.Join(r.problems, "; "))
+		}
+		if len(r.warnings) > 0 {
+			w(" **Warning:** %s.", strings.Join(r.warnings, "; "))
+		}
+		w("\n\nCustom plan (`EXPLAIN (ANALYZE, BUFFERS, TIMING ON)`):\n\n```text\n%s\n```\n\n", r.custom)
+		w("Generic plan (auto_explain, `plan_cache_mode = force_generic_plan`, duration %.3f ms):\n\n```text\n%s\n```\n\n", r.genericMS, r.generic)
+	}
+	return b.String()
+}
+
+func minOf(xs []int64) int64 {
+	m := xs[0]
+	for _, x := range xs {
+		m = min(m, x)
+	}
+	return m
+}
+
+func maxOf(xs []int64) int64 {
+	m := xs[0]
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
