@@ -432,3 +432,35 @@ func mustBegin(t *testing.T, b *testBundle) pgx.Tx {
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	return tx
 }
+
+// With notifications on, an idle relay wakes at once on a new message instead
+// of at its next poll; with them off (the default) it waits for the poll.
+func TestNotifyWakesIdleRelay(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	rec := &recorder{}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	cfg.PollInterval = 10 * time.Second
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	defer func() { require.NoError(t, client.Stop(ctx)) }()
+	// Let the relay claim its lanes and go idle.
+	time.Sleep(time.Second)
+
+	ids, err := client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "quiet", Payload: []byte(`1`)})
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	require.Zero(t, deliveredIDs(rec.snapshot())[ids[0]], "with notifications off the relay should wait for its poll")
+
+	_, err = b.pool.Exec(ctx, "ALTER TABLE "+b.schema+".outbox ENABLE TRIGGER outbox_notify")
+	require.NoError(t, err)
+	start := time.Now()
+	ids2, err := client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "loud", Payload: []byte(`2`)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return deliveredIDs(rec.snapshot())[ids2[0]] > 0 }, 2*time.Second, 5*time.Millisecond,
+		"a notification must wake the idle relay")
+	require.Less(t, time.Since(start), 2*time.Second)
+}

@@ -148,6 +148,7 @@ the flag names with underscores (database_url, sink, lease_ttl, ...).`,
 		newRelayCmd(g),
 		newStatusCmd(g),
 		newDeadCmd(g),
+		newNotifyCmd(g),
 		newDemoCmd(g),
 		newVersionCmd(g),
 	)

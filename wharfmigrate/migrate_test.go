@@ -1,0 +1,175 @@
+package wharfmigrate_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+var databaseURL string
+
+func TestMain(m *testing.M) {
+	databaseURL = os.Getenv("TEST_DATABASE_URL")
+	var cluster *pgembed.Cluster
+	if databaseURL == "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		var err error
+		cluster, err = pgembed.Start(ctx, pgembed.Options{})
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "TEST_DATABASE_URL is not set and no local PostgreSQL could be started:", err)
+			os.Exit(1)
+		}
+		databaseURL = cluster.URL()
+	}
+	code := m.Run()
+	if cluster != nil {
+		_ = cluster.Stop()
+	}
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func setup(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema := "wm_" + hex.EncodeToString(b[:])
+	pool, err := pgxpool.New(context.Background(), databaseURL)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+		pool.Close()
+	})
+	return pool, schema
+}
+
+func schemaExists(t *testing.T, pool *pgxpool.Pool, schema string) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&ok))
+	return ok
+}
+
+func TestUpStatusCheckDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := setup(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+
+	require.ErrorIs(t, m.Check(ctx, pool), wharfmigrate.ErrNotMigrated)
+	st, err := m.Status(ctx, pool)
+	require.NoError(t, err)
+	require.Len(t, st, m.Latest())
+	require.True(t, st[0].AppliedAt.IsZero())
+
+	done, err := m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, []int{1}, done)
+	require.NoError(t, m.Check(ctx, pool))
+	again, err := m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, again, "up is idempotent")
+	st, err = m.Status(ctx, pool)
+	require.NoError(t, err)
+	require.False(t, st[0].AppliedAt.IsZero())
+
+	var lanes int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".lanes").Scan(&lanes))
+	require.Equal(t, wharfmigrate.Lanes, lanes)
+
+	down, err := m.Down(ctx, pool, 0)
+	require.NoError(t, err)
+	require.Equal(t, []int{1}, down)
+	require.False(t, schemaExists(t, pool, schema), "down removes the schema it created")
+	require.ErrorIs(t, m.Check(ctx, pool), wharfmigrate.ErrNotMigrated)
+}
+
+// Down never drops a schema that holds someone else's tables.
+func TestDownKeepsForeignObjects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := setup(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "CREATE TABLE "+schema+".app_table (x int)")
+	require.NoError(t, err)
+	_, err = m.Down(ctx, pool, 0)
+	require.NoError(t, err)
+	require.True(t, schemaExists(t, pool, schema))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".app_table").Scan(&n))
+}
+
+// Migrators racing on one schema apply each migration once.
+func TestConcurrentUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := setup(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	applied := make([][]int, 4)
+	var g errgroup.Group
+	for i := range applied {
+		g.Go(func() error {
+			var err error
+			applied[i], err = m.Up(ctx, pool)
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+	total := 0
+	for _, a := range applied {
+		total += len(a)
+	}
+	require.Equal(t, m.Latest(), total)
+	require.NoError(t, m.Check(ctx, pool))
+}
+
+// The printed SQL, applied by hand, gives a schema wharf accepts, and the
+// printed down SQL removes it.
+func TestPrintedSQLApplies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := setup(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, m.SQL(true))
+	require.NoError(t, err)
+	require.NoError(t, m.Check(ctx, pool))
+	_, err = pool.Exec(ctx, m.SQL(false))
+	require.NoError(t, err)
+	require.ErrorIs(t, m.Check(ctx, pool), wharfmigrate.ErrNotMigrated)
+}
+
+func TestValidateSchema(t *testing.T) {
+	t.Parallel()
+	for _, ok := range []string{"wharf", "_x", "a1_b2", "s" + string(make([]byte, 0))} {
+		require.NoError(t, wharfmigrate.ValidateSchema(ok), ok)
+	}
+	for _, bad := range []string{"", "Wharf", "1abc", "a-b", "a b", "a;drop", "pg_catalog", `"quoted"`, "x" + fmt.Sprintf("%063d", 0)} {
+		require.Error(t, wharfmigrate.ValidateSchema(bad), bad)
+	}
+	_, err := wharfmigrate.New("Bad")
+	require.ErrorContains(t, err, `invalid schema name "Bad"`)
+}
