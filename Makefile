@@ -13,9 +13,13 @@ test: ## run every test (TEST_DATABASE_URL, or a throwaway PostgreSQL)
 test/race: ## run every test with the race detector (what CI runs)
 	$(GO) test -race ./...
 
-lint: ## go vet and gofmt
+GOLANGCI_LINT_VERSION ?= v2.6.2
+
+lint: ## go vet, gofmt and golangci-lint (pinned; installed on first use)
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	@command -v golangci-lint >/dev/null 2>&1 || GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	golangci-lint run ./...
 
 bench: ## testing.B benchmarks of the hot-path pieces
 	$(GO) test -run '^$$' -bench . -benchmem ./...

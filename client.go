@@ -302,7 +302,7 @@ func assignIDs(msgs []Message, plain []int64, byKey map[string]int64, lookup fun
 
 func wrapEnqueueErr(err error) error {
 	if wharfmigrate.IsUndefinedTable(err) {
-		return fmt.Errorf("wharf: enqueue: %w: %v", ErrNotMigrated, err)
+		return fmt.Errorf("wharf: enqueue: %w: %w", ErrNotMigrated, err)
 	}
 	return fmt.Errorf("wharf: enqueue: %w", err)
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -153,15 +152,6 @@ func requireKeyOrder(t *testing.T, msgs []wharf.Message) {
 		require.Greaterf(t, m.ID, maxByKey[m.Key], "key %q: message %d delivered after %d", m.Key, m.ID, maxByKey[m.Key])
 		maxByKey[m.Key] = m.ID
 	}
-}
-
-func sortedIDs(set map[int64]bool) []int64 {
-	out := make([]int64, 0, len(set))
-	for id := range set {
-		out = append(out, id)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
 }
 
 // outboxCount is for assertions only; the relay never counts.

@@ -292,7 +292,7 @@ func truncate(s string, n int) string {
 
 func storeErr(what string, err error) error {
 	if wharfmigrate.IsUndefinedTable(err) {
-		return fmt.Errorf("wharf: %s: %w: %v", what, ErrNotMigrated, err)
+		return fmt.Errorf("wharf: %s: %w: %w", what, ErrNotMigrated, err)
 	}
 	return fmt.Errorf("wharf: %s: %w", what, err)
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -111,5 +110,3 @@ func newMigrateCmd(g *globals) *cobra.Command {
 	cmd.AddCommand(print)
 	return cmd
 }
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -168,7 +168,7 @@ func (g *globals) load(cmd *cobra.Command) error {
 			return nil
 		}
 		if err := f.Value.Set(value); err != nil {
-			return fmt.Errorf("%s: invalid value %q for %s: %v", source, value, name, err)
+			return fmt.Errorf("%s: invalid value %q for %s: %w", source, value, name, err)
 		}
 		f.Changed = true
 		return nil
@@ -229,7 +229,7 @@ func readConfigFile(path string, root *cobra.Command) (map[string]string, error)
 	var raw map[string]yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config file %s: %v", path, err)
+		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
 	known := map[string]bool{}
 	var walk func(c *cobra.Command)
@@ -265,7 +265,7 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	}
 	cfg, err := pgxpool.ParseConfig(g.databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("database URL is malformed: %v", err)
+		return nil, fmt.Errorf("database URL is malformed: %w", err)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
@@ -275,7 +275,7 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("database URL: %v", err)
+		return nil, fmt.Errorf("database URL: %w", err)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()

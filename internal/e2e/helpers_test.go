@@ -99,7 +99,7 @@ func buildBinary(dir string) error {
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("go build ./cmd/wharf: %v\n%s", err, out)
+		return fmt.Errorf("go build ./cmd/wharf: %w\n%s", err, out)
 	}
 	return nil
 }
@@ -382,15 +382,15 @@ func parseJSONL(data []byte, killed int) ([]delivery, int, error) {
 		d, err := parseLine(line)
 		if err != nil {
 			if killed == 0 {
-				return out, torn, fmt.Errorf("line %d: %v: %.300q", len(out)+torn+1, err, line)
+				return out, torn, fmt.Errorf("line %d: %w: %.300q", len(out)+torn+1, err, line)
 			}
 			torn++
 			j := bytes.LastIndex(line, []byte(`{"id":`))
 			if j <= 0 {
-				return out, torn, fmt.Errorf("line %d cannot be salvaged: %v: %.300q", len(out)+torn, err, line)
+				return out, torn, fmt.Errorf("line %d cannot be salvaged: %w: %.300q", len(out)+torn, err, line)
 			}
 			if d, err = parseLine(line[j:]); err != nil {
-				return out, torn, fmt.Errorf("line %d cannot be salvaged: %v: %.300q", len(out)+torn, err, line)
+				return out, torn, fmt.Errorf("line %d cannot be salvaged: %w: %.300q", len(out)+torn, err, line)
 			}
 		}
 		out = append(out, d)

@@ -198,7 +198,7 @@ func serverCredential() (*syscall.Credential, error) {
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
-		return nil, fmt.Errorf("running as root but cannot find an OS user named postgres to run PostgreSQL as (PostgreSQL refuses to run as root): create a user named postgres or run as a non-root user (%v)", err)
+		return nil, fmt.Errorf("running as root but cannot find an OS user named postgres to run PostgreSQL as (PostgreSQL refuses to run as root): create a user named postgres or run as a non-root user (%w)", err)
 	}
 	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
 	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)

@@ -114,7 +114,7 @@ func validScheme(s string) bool {
 		return false
 	}
 	for _, c := range []byte(s) {
-		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '-' || c == '.') {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '+' && c != '-' && c != '.' {
 			return false
 		}
 	}
@@ -231,7 +231,7 @@ func openFile(_ context.Context, u *url.URL, shown string) (wharf.Sink, error) {
 	if u.Opaque != "" {
 		p, err := url.PathUnescape(u.Opaque)
 		if err != nil {
-			return nil, fmt.Errorf("sink URL %q has a malformed path: %v: %s", shown, err, how)
+			return nil, fmt.Errorf("sink URL %q has a malformed path: %w: %s", shown, err, how)
 		}
 		path = p
 	}
