@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -14,42 +13,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf"
-	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
 // databaseURL is TEST_DATABASE_URL, or a throwaway cluster started for the run.
 var databaseURL string
 
-func TestMain(m *testing.M) {
-	databaseURL = os.Getenv("TEST_DATABASE_URL")
-	var cluster *pgembed.Cluster
-	if databaseURL == "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		var err error
-		cluster, err = pgembed.Start(ctx, pgembed.Options{})
-		cancel()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "TEST_DATABASE_URL is not set and no local PostgreSQL could be started:", err)
-			os.Exit(1)
-		}
-		databaseURL = cluster.URL()
-	}
-	code := m.Run()
-	if cluster != nil {
-		_ = cluster.Stop()
-	}
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testdb.Main(m, &databaseURL) }
 
 type testBundle struct {
 	pool   *pgxpool.Pool

@@ -5,47 +5,19 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
 var databaseURL string
 
-func TestMain(m *testing.M) {
-	databaseURL = os.Getenv("TEST_DATABASE_URL")
-	var cluster *pgembed.Cluster
-	if databaseURL == "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		var err error
-		cluster, err = pgembed.Start(ctx, pgembed.Options{})
-		cancel()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "TEST_DATABASE_URL is not set and no local PostgreSQL could be started:", err)
-			os.Exit(1)
-		}
-		databaseURL = cluster.URL()
-	}
-	code := m.Run()
-	if cluster != nil {
-		_ = cluster.Stop()
-	}
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testdb.Main(m, &databaseURL) }
 
 func setup(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()

@@ -3,10 +3,24 @@ package cli
 import (
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
+
+// migrator returns the schema's migrator and a small pool for it.
+func (g *globals) migrator(cmd *cobra.Command) (*wharfmigrate.Migrator, *pgxpool.Pool, error) {
+	m, err := wharfmigrate.New(g.schema)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := g.connect(cmd.Context(), 2)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, pool, nil
+}
 
 func newMigrateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
@@ -18,11 +32,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Short: "Apply every pending migration",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := wharfmigrate.New(g.schema)
-			if err != nil {
-				return err
-			}
-			pool, err := g.connect(cmd.Context(), 2)
+			m, pool, err := g.migrator(cmd)
 			if err != nil {
 				return err
 			}
@@ -45,11 +55,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Short: "Revert migrations (all by default); reverting 1 drops the outbox and its messages",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := wharfmigrate.New(g.schema)
-			if err != nil {
-				return err
-			}
-			pool, err := g.connect(cmd.Context(), 2)
+			m, pool, err := g.migrator(cmd)
 			if err != nil {
 				return err
 			}
@@ -69,11 +75,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Short: "List migrations and whether each is applied",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, err := wharfmigrate.New(g.schema)
-			if err != nil {
-				return err
-			}
-			pool, err := g.connect(cmd.Context(), 2)
+			m, pool, err := g.migrator(cmd)
 			if err != nil {
 				return err
 			}

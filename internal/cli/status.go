@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -155,54 +156,41 @@ func newDeadCmd(g *globals) *cobra.Command {
 	list.Flags().IntVar(&listSel.limit, "limit", 1000, "most rows to list")
 	list.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per line")
 
-	var retrySel, purgeSel deadSelector
-	retry := &cobra.Command{
-		Use:   "retry",
-		Short: "Move dead letters back into the outbox (same ids, delivered in id order per key)",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := retrySel.filter(true)
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := g.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			n, err := c.RetryDeadLetters(cmd.Context(), f)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(g.stdout, "%d dead letters moved back to the outbox\n", n)
-			return nil
-		},
-	}
-	retrySel.register(retry, true)
-	purge := &cobra.Command{
-		Use:   "purge",
-		Short: "Delete dead letters for good",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := purgeSel.filter(true)
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := g.client(cmd)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			n, err := c.PurgeDeadLetters(cmd.Context(), f)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(g.stdout, "%d dead letters purged\n", n)
-			return nil
-		},
-	}
-	purgeSel.register(purge, true)
+	retry := newDeadChangeCmd(g, "retry", "Move dead letters back into the outbox (same ids, delivered in id order per key)",
+		"%d dead letters moved back to the outbox\n", (*wharf.Client).RetryDeadLetters)
+	purge := newDeadChangeCmd(g, "purge", "Delete dead letters for good",
+		"%d dead letters purged\n", (*wharf.Client).PurgeDeadLetters)
 	cmd.AddCommand(list, retry, purge)
+	return cmd
+}
+
+// newDeadChangeCmd builds `dead retry` and `dead purge`: both need an explicit
+// selector, apply one client call and report how many dead letters it touched.
+func newDeadChangeCmd(g *globals, use, short, report string, apply func(*wharf.Client, context.Context, wharf.DeadLetterFilter) (int, error)) *cobra.Command {
+	var sel deadSelector
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := sel.filter(true)
+			if err != nil {
+				return err
+			}
+			c, closeFn, err := g.client(cmd)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			n, err := apply(c, cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, report, n)
+			return nil
+		},
+	}
+	sel.register(cmd, true)
 	return cmd
 }
 

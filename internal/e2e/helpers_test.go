@@ -23,10 +23,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf"
-	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 var (
@@ -52,29 +51,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 
-	databaseURL = os.Getenv("TEST_DATABASE_URL")
-	var cluster *pgembed.Cluster
-	if databaseURL == "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		cluster, err = pgembed.Start(ctx, pgembed.Options{})
-		cancel()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "TEST_DATABASE_URL is not set and no local PostgreSQL could be started:", err)
-			return 1
-		}
-		databaseURL = cluster.URL()
-	}
-	code := m.Run()
-	if cluster != nil {
-		_ = cluster.Stop()
-	}
-	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	return code
+	return testdb.Run(m, &databaseURL)
 }
 
 // buildBinary builds ./cmd/wharf from the module root (two directories up)
