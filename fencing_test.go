@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver for the EnqueueSQLTx test
 	"github.com/stretchr/testify/require"
 
@@ -138,4 +139,59 @@ func TestCorePackagesDoNotImportSinkClients(t *testing.T) {
 			require.Falsef(t, strings.HasPrefix(dep, banned), "core package depends on %s", dep)
 		}
 	}
+}
+
+// Enqueue and relay work under every pgx query execution mode, including the
+// simple protocol that PgBouncer in transaction mode needs.
+func TestQueryExecModes(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"simple_protocol", "exec", "describe_exec", "cache_describe"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setupDB(t)
+			ctx := context.Background()
+			cfg, err := pgxpool.ParseConfig(databaseURL + sep(databaseURL) + "default_query_exec_mode=" + mode)
+			require.NoError(t, err)
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			rec := &recorder{}
+			rc := testConfig(b.schema)
+			rc.Handler = rec.handle
+			rc.PollOnly = true
+			client, err := wharf.NewClient(pool, rc)
+			require.NoError(t, err)
+			at := time.Now().Add(-time.Second).Truncate(time.Microsecond)
+			ids, err := client.Enqueue(ctx,
+				wharf.Message{Topic: "t", Key: "k", Payload: []byte{0, 1, 0xff}, Headers: map[string]string{"a": "b"}, DeliverAt: at},
+				wharf.Message{Topic: "t", Key: "k", Payload: []byte(`{"x":1}`), DedupKey: "d"},
+				wharf.Message{Topic: "u", Payload: []byte(`2`)})
+			require.NoError(t, err)
+			again, err := client.Enqueue(ctx, wharf.Message{Topic: "t", Payload: []byte(`3`), DedupKey: "d"})
+			require.NoError(t, err)
+			require.Equal(t, ids[1], again[0])
+			require.NoError(t, client.Drain(ctx))
+			got := rec.snapshot()
+			require.Len(t, got, 3)
+			byID := map[int64]wharf.Message{}
+			for _, m := range got {
+				byID[m.ID] = m
+			}
+			first := byID[ids[0]]
+			require.Equal(t, []byte{0, 1, 0xff}, first.Payload)
+			require.Equal(t, map[string]string{"a": "b"}, first.Headers)
+			require.True(t, at.Equal(first.DeliverAt))
+			require.Equal(t, `{"x":1}`, string(byID[ids[1]].Payload))
+			require.Equal(t, "u", byID[ids[2]].Topic)
+			requireKeyOrder(t, got)
+			require.Equal(t, 0, outboxCount(t, b))
+		})
+	}
+}
+
+func sep(url string) string {
+	if strings.Contains(url, "?") {
+		return "&"
+	}
+	return "?"
 }

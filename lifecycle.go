@@ -27,8 +27,9 @@ func (c *Client) Start(ctx context.Context) error {
 }
 
 // Drain runs a relay until nothing deliverable is left — no message due, none
-// in flight, every lane owned by a live relay — then stops it and returns.
-// Messages scheduled for later, or waiting for a retry, are left in the outbox.
+// in flight or waiting for a retry, every lane owned by a live relay — then
+// stops it and returns. Messages scheduled for later (DeliverAt) are left in
+// the outbox; failing messages are retried until delivered or dead-lettered.
 func (c *Client) Drain(ctx context.Context) error {
 	r, err := c.newRelay(ctx, true)
 	if err != nil {

@@ -245,6 +245,13 @@ func (r *relay) finished() bool {
 	if len(r.timers) > 0 && !r.timers[0].at.After(time.Now()) {
 		return false
 	}
+	// A message waiting out a retry backoff is delivery still in progress;
+	// only messages scheduled for later (deliver_at) may be left behind.
+	for _, e := range r.timers {
+		if e.it.retrying() {
+			return false
+		}
+	}
 	attrs := []any{"delivered", r.delivered}
 	if !r.firstRows.IsZero() && r.delivered > 0 {
 		d := time.Since(r.firstRows)

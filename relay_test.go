@@ -464,3 +464,36 @@ func TestNotifyWakesIdleRelay(t *testing.T) {
 		"a notification must wake the idle relay")
 	require.Less(t, time.Since(start), 2*time.Second)
 }
+
+// Drain delivers what is due, waits for retries, and leaves messages scheduled
+// for later in the outbox.
+func TestDrainLeavesScheduledAndWaitsForRetries(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	failures := 0
+	rec := &recorder{fail: func(m *wharf.Message) error {
+		if m.Key == "flaky" && failures < 2 {
+			failures++
+			return errors.New("not yet")
+		}
+		return nil
+	}}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	cfg.HandlerConcurrency = 1
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	ids, err := client.Enqueue(ctx,
+		wharf.Message{Topic: "t", Key: "later", Payload: []byte(`1`), DeliverAt: time.Now().Add(time.Hour)},
+		wharf.Message{Topic: "t", Key: "flaky", Payload: []byte(`2`)},
+		wharf.Message{Topic: "t", Key: "now", Payload: []byte(`3`)})
+	require.NoError(t, err)
+	require.NoError(t, client.Drain(ctx))
+	got := deliveredIDs(rec.snapshot())
+	require.Zero(t, got[ids[0]], "a message scheduled for later must not be delivered")
+	require.Equal(t, 1, got[ids[1]], "drain must wait for the retried message")
+	require.Equal(t, 1, got[ids[2]])
+	require.Equal(t, 2, failures)
+	require.Equal(t, 1, outboxCount(t, b), "the scheduled message stays in the outbox")
+}

@@ -24,7 +24,7 @@ type relayFlags struct {
 func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.sink, "sink", sinkDefault, "where messages go: stdout:, file:///path.jsonl, null: (see README)")
-	fl.BoolVar(&f.drain, "drain", false, "exit 0 once nothing deliverable is left (nothing due, nothing in flight)")
+	fl.BoolVar(&f.drain, "drain", false, "exit 0 once nothing deliverable is left: nothing due, in flight or waiting for a retry (messages scheduled for later stay)")
 	fl.DurationVar(&f.stopWait, "stop-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for in-flight deliveries")
 	fl.StringVar(&f.cfg.RelayID, "relay-id", "", "name of this relay in the lanes table (default host-pid-random)")
 	fl.BoolVar(&f.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer in transaction mode); poll every --poll-interval")
