@@ -497,3 +497,71 @@ func TestDrainLeavesScheduledAndWaitsForRetries(t *testing.T) {
 	require.Equal(t, 2, failures)
 	require.Equal(t, 1, outboxCount(t, b), "the scheduled message stays in the outbox")
 }
+
+// A relay joining a running one gets its fair share of the lanes within
+// seconds, while messages keep flowing in key order.
+func TestRebalanceWhenRelayJoins(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	recA, recB := &recorder{}, &recorder{}
+	cfgA := testConfig(b.schema)
+	cfgA.RelayID, cfgA.Handler = "relay-a", recA.handle
+	cfgB := testConfig(b.schema)
+	cfgB.RelayID, cfgB.Handler = "relay-b", recB.handle
+	a, err := wharf.NewClient(b.pool, cfgA)
+	require.NoError(t, err)
+	bb, err := wharf.NewClient(b.pool, cfgB)
+	require.NoError(t, err)
+	owned := func(id string) int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".lanes WHERE owner = $1 AND lease_until > now()", id).Scan(&n))
+		return n
+	}
+	require.NoError(t, a.Start(ctx))
+	defer func() { require.NoError(t, a.Stop(ctx)) }()
+	require.Eventually(t, func() bool { return owned("relay-a") == 64 }, 5*time.Second, 20*time.Millisecond)
+
+	stop := make(chan struct{})
+	produced := make(chan []int64, 1)
+	go func() {
+		var ids []int64
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				produced <- ids
+				return
+			default:
+			}
+			got, err := a.Enqueue(ctx, wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%50), Payload: []byte(`1`)})
+			if err == nil {
+				ids = append(ids, got...)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	require.NoError(t, bb.Start(ctx))
+	defer func() { require.NoError(t, bb.Stop(ctx)) }()
+	start := time.Now()
+	require.Eventually(t, func() bool { return owned("relay-a") == 32 && owned("relay-b") == 32 }, 5*time.Second, 20*time.Millisecond,
+		"lanes must split 32/32 after a relay joins")
+	t.Logf("rebalanced in %s", time.Since(start).Round(time.Millisecond))
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	ids := <-produced
+	require.NotEmpty(t, ids)
+	require.Eventually(t, func() bool {
+		got := deliveredIDs(append(recA.snapshot(), recB.snapshot()...))
+		for _, id := range ids {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 20*time.Millisecond)
+	require.NotEmpty(t, recB.snapshot(), "the new relay must deliver part of the work")
+	// Per relay the log is in delivery order; a key moving between relays is
+	// handed over only after its in-flight messages were acknowledged.
+	requireKeyOrder(t, recA.snapshot())
+	requireKeyOrder(t, recB.snapshot())
+}

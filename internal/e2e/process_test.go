@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -493,4 +494,42 @@ func TestParseJSONLTornLines(t *testing.T) {
 
 	_, _, err = parseJSONL([]byte(tornMiddle+`{"id":9`), 1)
 	require.Error(t, err, "two torn lines but only one killed writer")
+}
+
+// With default settings (10 s lease, 1 s rebalance interval) a relay takes
+// over a kill -9ed relay's lanes within 15 s.
+func TestDefaultTakeoverWithin15s(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	common := []string{"relay", "--schema", b.schema, "--database-url", databaseURL, "--log-level", "warn"}
+	start := func(id, out string) *exec.Cmd {
+		cmd := exec.Command(wharfBin, append(common, "--relay-id", id, "--sink", "file://"+out)...)
+		cmd.Env = baseEnv()
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	owned := func(id string) int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".lanes WHERE owner = $1", id).Scan(&n))
+		return n
+	}
+	dir := t.TempDir()
+	a := start("takeover-a", filepath.Join(dir, "a.jsonl"))
+	require.Eventually(t, func() bool { return owned("takeover-a") == 64 }, 10*time.Second, 50*time.Millisecond)
+	require.NoError(t, a.Process.Kill())
+	_ = a.Wait()
+	killed := time.Now()
+	ids, err := b.client.Enqueue(context.Background(), wharf.Message{Topic: "t", Key: "k", Payload: []byte(`2`)})
+	require.NoError(t, err)
+
+	bOut := filepath.Join(dir, "b.jsonl")
+	start("takeover-b", bOut)
+	require.Eventually(t, func() bool { return owned("takeover-b") == 64 }, 15*time.Second, 100*time.Millisecond,
+		"the surviving relay must own every lane within 15 s of the kill")
+	t.Logf("takeover after %s", time.Since(killed).Round(100*time.Millisecond))
+	require.Eventually(t, func() bool { return b.outboxCount(t) == 0 }, 5*time.Second, 50*time.Millisecond)
+	ds := readJSONL(t, bOut, 0)
+	require.Len(t, ds, 1)
+	require.Equal(t, ids[0], ds[0].ID, "the message enqueued after the kill is delivered by the survivor")
 }
