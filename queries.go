@@ -12,10 +12,11 @@ type queries struct {
 	enqueueJSONDedup   string
 	dedupLookup        string
 
-	fetch string
-	ack   string
-	retry string
-	dead  string
+	fetch  string
+	refill string
+	ack    string
+	retry  string
+	dead   string
 
 	heartbeat   string
 	renew       string
@@ -84,6 +85,14 @@ FROM l CROSS JOIN fin CROSS JOIN LATERAL (
     SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid = fin.x AND o.id <= l.cur OFFSET 0) o
 UNION ALL
 SELECT -1, 0, '', NULL, NULL, NULL, NULL, NULL, s.snap::text FROM s`),
+
+		// Rows of keys the relay stopped buffering while they were held (see
+		// relay.trim): rare, one range scan of the key's lane per key.
+		refill: q(`SELECT r.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at
+FROM unnest($1::smallint[], $2::text[], $3::bigint[], $4::bigint[]) AS r(lane, key, from_id, to_id)
+CROSS JOIN LATERAL (
+    SELECT * FROM S.outbox o WHERE o.lane = r.lane AND o.id >= r.from_id AND o.id <= r.to_id AND o.key = r.key
+    ORDER BY o.id LIMIT $5) o`),
 
 		ack: q(`WITH ` + fenced + `, del AS (
     DELETE FROM S.outbox o USING unnest($4::smallint[], $5::bigint[]) AS d(lane, id)

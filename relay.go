@@ -66,7 +66,10 @@ type relay struct {
 	stopping   bool
 	released   bool // set before the lease loop is told to end
 	delivered  int64
-	firstRows  time.Time // when a fetch first returned rows (for drain stats)
+	perKeyCap  int         // most messages a held key keeps in memory
+	refills    []refillReq // refills to send with the next fetch
+	refilling  int         // refills sent and not yet answered
+	firstRows  time.Time   // when a fetch first returned rows (for drain stats)
 }
 
 type laneState struct {
@@ -96,6 +99,11 @@ type keyQ struct {
 	busy      bool   // a run of this key is at the sink, or its head is being dead-lettered
 	scheduled bool   // an entry for gen is in the ready queue or the timer heap
 	gen       uint64
+	// truncFrom, when non-zero, means rows of this key with id >= truncFrom
+	// are not in memory (the key was held with too many messages behind it);
+	// they are read again with a refill once the key drains.
+	truncFrom int64
+	refilling bool
 }
 
 type msg struct {
@@ -130,6 +138,7 @@ func newRelay(c *Client, sink Sink, drain bool) *relay {
 		done:      make(chan struct{}),
 		lanes:     map[int16]*laneState{},
 		prevXmax:  "0",
+		perKeyCap: max(10, c.cfg.MaxBuffered/200),
 	}
 	return r
 }
@@ -239,7 +248,7 @@ func (r *relay) finished() bool {
 	if len(r.lanes) == 0 {
 		return false
 	}
-	if len(r.ready) > 0 {
+	if len(r.ready) > 0 || r.refilling > 0 {
 		return false
 	}
 	if len(r.timers) > 0 && !r.timers[0].at.After(time.Now()) {
@@ -393,10 +402,20 @@ func (r *relay) maybeFetch(now time.Time) {
 	if !r.wantFetch && now.Sub(r.lastFetch) < r.cfg.PollInterval {
 		return
 	}
-	if r.buffered+r.cfg.FetchBatch > r.cfg.MaxBuffered {
+	full := r.buffered+r.cfg.FetchBatch > r.cfg.MaxBuffered
+	if full && len(r.refills) == 0 {
 		return
 	}
-	req := fetchRequest{prevXmax: r.prevXmax, prevXip: r.prevXip}
+	for i := range r.refills {
+		// The upper bound is the cursor now, not when the refill was asked
+		// for: a fetch that completed in between may have advanced it past
+		// rows of the key that were dropped as truncated.
+		if l := r.lanes[r.refills[i].lane]; l != nil {
+			r.refills[i].to = l.cursor
+		}
+	}
+	req := fetchRequest{prevXmax: r.prevXmax, prevXip: r.prevXip, refills: r.refills, refillLimit: r.perKeyCap}
+	r.refills = nil
 	total := 0
 	for _, l := range r.lanes {
 		if l.releasing {
@@ -417,6 +436,10 @@ func (r *relay) maybeFetch(now time.Time) {
 			req.limits[i] = int32(max(1, int(req.limits[i])*r.cfg.FetchBatch/total))
 		}
 	}
+	if full {
+		// Only the refills (and late commits, which are never skipped).
+		clear(req.limits)
+	}
 	r.fetching = true
 	r.wantFetch = false
 	r.lastFetch = now
@@ -436,6 +459,7 @@ func (r *relay) onFetch(res fetchResult) {
 	r.fetchRetry = time.Time{}
 	r.prevXmax, r.prevXip = res.xmax, res.xip
 	now := time.Now()
+	r.applyRefills(res, now)
 	forward := make(map[int16]int, len(res.req.lanes))
 	for i := range res.rows {
 		row := &res.rows[i]
@@ -476,7 +500,49 @@ func (r *relay) onFetch(res fetchResult) {
 	}
 }
 
+// applyRefills inserts the rows read again for truncated keys. It runs
+// before the round's forward rows, so a key whose refill came back short is no
+// longer truncated when its newer rows are inserted.
+func (r *relay) applyRefills(res fetchResult, now time.Time) {
+	r.refilling -= len(res.req.refills)
+	byKey := map[refillKey][]*fetchedRow{}
+	for i := range res.refillRows {
+		row := &res.refillRows[i]
+		k := refillKey{row.lane, row.Key}
+		byKey[k] = append(byKey[k], row)
+	}
+	for _, rf := range res.req.refills {
+		l := r.lanes[rf.lane]
+		if l == nil || l.fence != rf.fence {
+			continue
+		}
+		kq := l.keys[rf.key]
+		if kq == nil {
+			continue
+		}
+		kq.refilling = false
+		rows := byKey[refillKey{rf.lane, rf.key}]
+		r.log.Debug("wharf: refill returned", "lane", rf.lane, "key", rf.key, "rows", len(rows))
+		if len(rows) >= res.req.refillLimit {
+			kq.truncFrom = rows[len(rows)-1].ID + 1
+		} else {
+			kq.truncFrom = 0
+		}
+		for _, row := range rows {
+			r.insert(l, row, now)
+		}
+		r.settle(kq, now)
+	}
+}
+
 func (r *relay) insert(l *laneState, row *fetchedRow, now time.Time) {
+	var kq *keyQ
+	if row.Key != "" {
+		kq = l.keys[row.Key]
+		if kq != nil && kq.truncFrom > 0 && row.ID >= kq.truncFrom {
+			return // behind a truncated key: its refill reads this row
+		}
+	}
 	m := &msg{Message: row.Message, lane: l}
 	if ri, ok := l.retries[m.ID]; ok {
 		m.attempts = ri.attempts
@@ -492,7 +558,6 @@ func (r *relay) insert(l *laneState, row *fetchedRow, now time.Time) {
 		r.schedule(readyItem{m: m}, m.due, now)
 		return
 	}
-	kq := l.keys[m.Key]
 	if kq == nil {
 		kq = &keyQ{key: m.Key, lane: l}
 		l.keys[m.Key] = kq
@@ -521,8 +586,49 @@ func (r *relay) kick(kq *keyQ, now time.Time) {
 	if kq.busy || kq.scheduled || len(kq.msgs) == 0 {
 		return
 	}
+	if kq.msgs[0].due.After(now) {
+		r.trim(kq)
+	}
 	kq.scheduled = true
 	r.schedule(readyItem{kq: kq, gen: kq.gen}, kq.msgs[0].due, now)
+}
+
+// trim bounds the memory a held key (its head waits for a retry or its
+// deliver_at) can take: messages past perKeyCap are forgotten and the key is
+// marked truncated. Without this, one poison key with a steady stream of
+// messages would fill MaxBuffered and pause fetching for every key.
+func (r *relay) trim(kq *keyQ) {
+	if kq.busy || len(kq.msgs) <= r.perKeyCap {
+		return
+	}
+	cut := kq.msgs[r.perKeyCap:]
+	for _, m := range cut {
+		if m.atSink || m.dead {
+			return
+		}
+	}
+	if kq.truncFrom == 0 || cut[0].ID < kq.truncFrom {
+		kq.truncFrom = cut[0].ID
+	}
+	r.log.Debug("wharf: held key truncated", "lane", kq.lane.id, "key", kq.key, "from", kq.truncFrom, "dropped", len(cut))
+	n := len(cut)
+	clear(cut)
+	kq.msgs = kq.msgs[:r.perKeyCap]
+	kq.lane.n -= n
+	r.buffered -= n
+}
+
+// maybeRefill asks for the rows of a truncated key once its queue is short.
+func (r *relay) maybeRefill(kq *keyQ) {
+	l := kq.lane
+	if kq.truncFrom == 0 || kq.refilling || len(kq.msgs) >= r.perKeyCap/2 || l.releasing || l.dropped || r.stopping {
+		return
+	}
+	kq.refilling = true
+	r.log.Debug("wharf: refilling truncated key", "lane", l.id, "key", kq.key, "from", kq.truncFrom)
+	r.refilling++
+	r.refills = append(r.refills, refillReq{lane: l.id, fence: l.fence, key: kq.key, from: kq.truncFrom})
+	r.wantFetch = true
 }
 
 func (r *relay) schedule(it readyItem, due time.Time, now time.Time) {
@@ -662,8 +768,9 @@ func (r *relay) onSink(b *sinkBatch) {
 // settle forgets an emptied key queue or makes its next message deliverable.
 func (r *relay) settle(kq *keyQ, now time.Time) {
 	l := kq.lane
+	r.maybeRefill(kq)
 	if len(kq.msgs) == 0 {
-		if l.keys[kq.key] == kq {
+		if l.keys[kq.key] == kq && kq.truncFrom == 0 {
 			delete(l.keys, kq.key)
 		}
 		return

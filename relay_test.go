@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
@@ -174,15 +175,20 @@ func keysOf(msgs []wharf.Message) []string {
 
 func waitDelivered(t *testing.T, rec *recorder, ids ...int64) {
 	t.Helper()
-	require.Eventuallyf(t, func() bool {
+	var missing []int64
+	ok := assert.Eventually(t, func() bool {
 		got := deliveredIDs(rec.snapshot())
+		missing = missing[:0]
 		for _, id := range ids {
 			if got[id] == 0 {
-				return false
+				missing = append(missing, id)
 			}
 		}
-		return true
-	}, 20*time.Second, 10*time.Millisecond, "messages %v not delivered", ids)
+		return len(missing) == 0
+	}, 20*time.Second, 10*time.Millisecond)
+	if !ok {
+		t.Fatalf("%d of %d messages not delivered; first missing: %v", len(missing), len(ids), missing[:min(len(missing), 20)])
+	}
 }
 
 // A message scheduled for later is not delivered before its time, and holds
@@ -564,4 +570,86 @@ func TestRebalanceWhenRelayJoins(t *testing.T) {
 	// handed over only after its in-flight messages were acknowledged.
 	requireKeyOrder(t, recA.snapshot())
 	requireKeyOrder(t, recB.snapshot())
+}
+
+// A failing key with a long queue behind it must not fill the relay's buffer
+// and stall everyone else: the other keys flow while it retries, and once it
+// heals its whole backlog arrives, in order.
+func TestPoisonKeyWithDeepBacklogDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	healed := false
+	rec := &recorder{fail: func(m *wharf.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if m.Key == "poison" && !healed {
+			return errors.New("downstream rejects this key")
+		}
+		return nil
+	}}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	cfg.FetchBatch = 64
+	cfg.MaxBuffered = 200 // a held key keeps at most 10 messages in memory
+	cfg.MaxAttempts = 1000
+	cfg.RetryBackoff = 20 * time.Millisecond
+	cfg.MaxRetryBackoff = 50 * time.Millisecond
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+
+	var poison, others []int64
+	for batch := 0; batch < 20; batch++ {
+		var msgs []wharf.Message
+		for i := 0; i < 50; i++ {
+			msgs = append(msgs, wharf.Message{Topic: "t", Key: "poison", Payload: []byte(`"p"`)})
+			msgs = append(msgs, wharf.Message{Topic: "t", Key: fmt.Sprintf("ok%d", i%20), Payload: []byte(`"ok"`)})
+		}
+		ids, err := client.Enqueue(ctx, msgs...)
+		require.NoError(t, err)
+		for i, id := range ids {
+			if i%2 == 0 {
+				poison = append(poison, id)
+			} else {
+				others = append(others, id)
+			}
+		}
+	}
+	require.NoError(t, client.Start(ctx))
+	defer func() { require.NoError(t, client.Stop(ctx)) }()
+
+	waitDelivered(t, rec, others...)
+	require.Zero(t, deliveredIDs(rec.snapshot())[poison[0]], "the poison key must still be failing")
+
+	// A second wave while the key keeps failing: new messages of other keys
+	// still flow past the truncated key.
+	var more []int64
+	for batch := 0; batch < 5; batch++ {
+		var msgs []wharf.Message
+		for i := 0; i < 50; i++ {
+			msgs = append(msgs, wharf.Message{Topic: "t", Key: "poison", Payload: []byte(`"p"`)},
+				wharf.Message{Topic: "t", Key: fmt.Sprintf("ok%d", i%20), Payload: []byte(`"ok"`)})
+		}
+		ids, err := client.Enqueue(ctx, msgs...)
+		require.NoError(t, err)
+		for i, id := range ids {
+			if i%2 == 0 {
+				poison = append(poison, id)
+			} else {
+				more = append(more, id)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitDelivered(t, rec, more...)
+	require.Zero(t, deliveredIDs(rec.snapshot())[poison[0]], "the poison key must still be failing")
+
+	mu.Lock()
+	healed = true
+	mu.Unlock()
+	waitDelivered(t, rec, poison...)
+	got := rec.snapshot()
+	requireKeyOrder(t, got)
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 10*time.Second, 20*time.Millisecond)
 }

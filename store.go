@@ -23,12 +23,28 @@ type pgStore struct {
 }
 
 type fetchRequest struct {
-	lanes    []int16
-	cursors  []int64
-	limits   []int32
-	fences   []int64
-	prevXmax string
-	prevXip  []string
+	lanes       []int16
+	cursors     []int64
+	limits      []int32
+	fences      []int64
+	prevXmax    string
+	prevXip     []string
+	refills     []refillReq
+	refillLimit int
+}
+
+// refillReq reads again the rows of a truncated key: id in [from, to].
+type refillReq struct {
+	lane  int16
+	fence int64
+	key   string
+	from  int64
+	to    int64
+}
+
+type refillKey struct {
+	lane int16
+	key  string
 }
 
 type fetchedRow struct {
@@ -37,12 +53,13 @@ type fetchedRow struct {
 }
 
 type fetchResult struct {
-	req     fetchRequest
-	started time.Time
-	rows    []fetchedRow
-	xmax    string
-	xip     []string
-	err     error
+	req        fetchRequest
+	started    time.Time
+	rows       []fetchedRow
+	refillRows []fetchedRow
+	xmax       string
+	xip        []string
+	err        error
 }
 
 func (f *fetchResult) fenceOf(lane int16) int64 {
@@ -69,6 +86,16 @@ func (s *pgStore) fetch(ctx context.Context, req fetchRequest) fetchResult {
 	batch.Queue("BEGIN READ ONLY")
 	batch.Queue("SET LOCAL jit = off")
 	batch.Queue(s.q.fetch, req.lanes, req.cursors, req.limits, req.prevXmax, xip)
+	if len(req.refills) > 0 {
+		lanes := make([]int16, len(req.refills))
+		keys := make([]string, len(req.refills))
+		from := make([]int64, len(req.refills))
+		to := make([]int64, len(req.refills))
+		for i, rf := range req.refills {
+			lanes[i], keys[i], from[i], to[i] = rf.lane, rf.key, rf.from, rf.to
+		}
+		batch.Queue(s.q.refill, lanes, keys, from, to, req.refillLimit)
+	}
 	batch.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, batch)
 	defer br.Close()
@@ -122,6 +149,12 @@ func (s *pgStore) fetch(ctx context.Context, req fetchRequest) fetchResult {
 		return res
 	}
 	rows.Close()
+	if len(req.refills) > 0 {
+		if res.refillRows, err = scanRefill(br); err != nil {
+			res.err = storeErr("refill", err)
+			return res
+		}
+	}
 	if _, err := br.Exec(); err != nil {
 		res.err = storeErr("fetch", err)
 		return res
@@ -130,6 +163,37 @@ func (s *pgStore) fetch(ctx context.Context, req fetchRequest) fetchResult {
 		res.err = fmt.Errorf("wharf: fetch returned no snapshot")
 	}
 	return res
+}
+
+func scanRefill(br pgx.BatchResults) ([]fetchedRow, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []fetchedRow
+	for rows.Next() {
+		var (
+			row       fetchedRow
+			key       pgtype.Text
+			headers   []byte
+			deliverAt pgtype.Timestamptz
+			createdAt pgtype.Timestamptz
+		)
+		if err := rows.Scan(&row.lane, &row.ID, &row.Topic, &key, &row.Payload, &headers, &deliverAt, &createdAt); err != nil {
+			return nil, err
+		}
+		row.Key = key.String
+		row.CreatedAt = createdAt.Time
+		if deliverAt.Valid {
+			row.DeliverAt = deliverAt.Time
+		}
+		if len(headers) > 0 {
+			row.Headers = decodeHeaders(headers)
+		}
+		out = append(out, row)
+	}
+	return out, rows.Err()
 }
 
 // decodeHeaders accepts any JSON object; non-string values (possible only
