@@ -1,0 +1,353 @@
+package wharfkafka
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/goleak"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/wharfsinktest"
+)
+
+// kfake and franz-go stop every goroutine they start on Close.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	testPrefix = "wharf-test."
+	// testMaxBytes leaves room for a 1 MiB payload with the suite's headers.
+	testMaxBytes = 1<<20 + 4096
+	// testDeliveryTimeout makes a broken broker fail records in seconds.
+	testDeliveryTimeout = 3 * time.Second
+)
+
+// world is one test's Kafka: its own in-process cluster, so that a test can
+// break its broker without touching the others running in parallel.
+type world struct {
+	cluster *kfake.Cluster
+	outage  *kfake.FaultHandle
+}
+
+type harness struct {
+	mu     sync.Mutex
+	worlds map[*testing.T]*world
+}
+
+func (h *harness) world(t *testing.T) *world {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.worlds[t]
+	if w == nil {
+		t.Fatal("the harness has no sink for this test: NewSink was not called")
+	}
+	return w
+}
+
+func newCluster(t testing.TB, extra ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	var topics []string
+	for _, tp := range wharfsinktest.Topics() {
+		topics = append(topics, testPrefix+tp)
+	}
+	opts := append([]kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.SeedTopics(3, topics...),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": fmt.Sprint(2 << 20)}),
+	}, extra...)
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func newTestSink(t testing.TB, c *kfake.Cluster) *Sink {
+	t.Helper()
+	s, err := New(Options{
+		Brokers:         c.ListenAddrs(),
+		TopicTemplate:   testPrefix + TopicPlaceholder,
+		MaxMessageBytes: testMaxBytes,
+		DeliveryTimeout: testDeliveryTimeout,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func (h *harness) newSink(t *testing.T) wharf.Sink {
+	c := newCluster(t)
+	h.mu.Lock()
+	h.worlds[t] = &world{cluster: c}
+	h.mu.Unlock()
+	t.Cleanup(func() {
+		h.mu.Lock()
+		delete(h.worlds, t)
+		h.mu.Unlock()
+	})
+	return newTestSink(t, c)
+}
+
+func (h *harness) consume(t *testing.T, topics []string, want int, timeout time.Duration) []wharfsinktest.Received {
+	return consume(t, h.world(t).cluster, topics, want, timeout)
+}
+
+// consume reads the topics from the start with a fresh consumer, keeping
+// each partition's order, which is each key's order.
+func consume(t *testing.T, c *kfake.Cluster, topics []string, want int, timeout time.Duration) []wharfsinktest.Received {
+	t.Helper()
+	var dest []string
+	for _, tp := range topics {
+		dest = append(dest, testPrefix+tp)
+	}
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(c.ListenAddrs()...),
+		kgo.ConsumeTopics(dest...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.FetchMaxBytes(8<<20),
+		kgo.FetchMaxPartitionBytes(8<<20),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var got []wharfsinktest.Received
+	for len(got) < want && ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachError(func(topic string, p int32, err error) {
+			if ctx.Err() == nil {
+				t.Logf("consume %s/%d: %v", topic, p, err)
+			}
+		})
+		fs.EachRecord(func(r *kgo.Record) {
+			rc := wharfsinktest.Received{
+				Topic:   strings.TrimPrefix(r.Topic, testPrefix),
+				Key:     string(r.Key),
+				Payload: r.Value,
+			}
+			for _, hd := range r.Headers {
+				if hd.Key == HeaderMessageID {
+					rc.ID = string(hd.Value)
+					continue
+				}
+				if rc.Headers == nil {
+					rc.Headers = map[string]string{}
+				}
+				rc.Headers[hd.Key] = string(hd.Value)
+			}
+			got = append(got, rc)
+		})
+	}
+	return got
+}
+
+func TestConformance(t *testing.T) {
+	h := &harness{worlds: map[*testing.T]*world{}}
+	wharfsinktest.Run(t, wharfsinktest.Harness{
+		NewSink: h.newSink,
+		Consume: h.consume,
+		BreakBroker: func(t *testing.T) {
+			w := h.world(t)
+			// Every produce is answered with a retriable error, as when
+			// too few replicas are in sync for acks=all.
+			w.outage = w.cluster.Fault(kfake.Fault{
+				Keys:  []kmsg.Key{kmsg.Produce},
+				Err:   kerr.NotEnoughReplicas,
+				Count: -1,
+			})
+		},
+		HealBroker: func(t *testing.T) { h.world(t).outage.Remove() },
+		Features: wharfsinktest.Features{
+			MaxPayload:      1 << 20,
+			SupportsHeaders: true,
+		},
+	})
+}
+
+// A record the broker rejects as invalid is dead-lettered at once; the other
+// records of the batch are unaffected.
+func TestInvalidRecordIsPermanent(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	s := newTestSink(t, c)
+	c.Fault(kfake.Fault{
+		Keys:  []kmsg.Key{kmsg.Produce},
+		Topic: testPrefix + wharfsinktest.TopicEvents,
+		Err:   kerr.InvalidRecord,
+		Count: -1,
+	})
+	msgs := []*wharf.Message{
+		{ID: 1, Topic: wharfsinktest.TopicEvents, Key: "a", Payload: []byte("x")},
+		{ID: 2, Topic: wharfsinktest.TopicOrders, Key: "a", Payload: []byte("y")},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := s.Publish(ctx, msgs)
+	if len(errs) != 2 || !wharf.IsPermanent(errs[0]) || errs[1] != nil {
+		t.Fatalf("results %v: want a permanent error, then success", errs)
+	}
+}
+
+// An unknown topic (the broker does not create topics) is retried, not
+// dead-lettered: an operator can create it.
+func TestUnknownTopicIsRetryable(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	s, err := New(Options{
+		Brokers:         c.ListenAddrs(),
+		TopicTemplate:   "missing.{{topic}}",
+		DeliveryTimeout: testDeliveryTimeout,
+	}, kgo.UnknownTopicRetries(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	errs := s.Publish(ctx, []*wharf.Message{{ID: 1, Topic: "t", Payload: []byte("x")}})
+	if len(errs) != 1 || errs[0] == nil || wharf.IsPermanent(errs[0]) {
+		t.Fatalf("results %v: want one retryable error", errs)
+	}
+}
+
+func TestTopicTemplate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ tmpl, topic, want string }{
+		{"", "orders", "orders"},
+		{"prod.{{topic}}", "orders", "prod.orders"},
+		{"{{topic}}-v2", "orders", "orders-v2"},
+		{"all-events", "orders", "all-events"},
+	} {
+		s, err := New(Options{Brokers: []string{"127.0.0.1:1"}, TopicTemplate: tc.tmpl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.Topic(tc.topic); got != tc.want {
+			t.Errorf("template %q: topic %q -> %q, want %q", tc.tmpl, tc.topic, got, tc.want)
+		}
+		_ = s.Close()
+	}
+	if _, err := New(Options{Brokers: []string{"h:1"}, TopicTemplate: "{{topic}}.{{topic}}"}); err == nil {
+		t.Error("a template with two placeholders was accepted")
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	t.Parallel()
+	good := []struct {
+		raw  string
+		want Options
+		tls  bool
+	}{
+		{"kafka://k1:9092", Options{Brokers: []string{"k1:9092"}}, false},
+		{"kafka://k1,k2:9093/", Options{Brokers: []string{"k1:9092", "k2:9093"}}, false},
+		{
+			"kafka://k1:9092?topic_template=prod.%7B%7Btopic%7D%7D&client_id=relay-1&max_message_bytes=2000000&delivery_timeout=10s&compression=zstd&tls=true",
+			Options{Brokers: []string{"k1:9092"}, TopicTemplate: "prod.{{topic}}", ClientID: "relay-1", MaxMessageBytes: 2000000, DeliveryTimeout: 10 * time.Second, Compression: "zstd"},
+			true,
+		},
+		{"kafka://k1:9092?topic_template=prod.{{topic}}", Options{Brokers: []string{"k1:9092"}, TopicTemplate: "prod.{{topic}}"}, false},
+	}
+	for _, tc := range good {
+		u, err := url.Parse(tc.raw)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.raw, err)
+		}
+		got, tlsOn, err := parseURL(u)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.raw, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) || tlsOn != tc.tls {
+			t.Errorf("%s: got %+v tls=%v, want %+v tls=%v", tc.raw, got, tlsOn, tc.want, tc.tls)
+		}
+	}
+	bad := map[string]string{
+		"kafka://":                                     "names no broker",
+		"kafka://k1?acks=1":                            `unknown option "acks"`,
+		"kafka://u:s3cret@k1":                          "no user or password",
+		"kafka://k1?max_message_bytes=big":             "max_message_bytes",
+		"kafka://k1?delivery_timeout=soon":             "delivery_timeout",
+		"kafka://k1?compression=brotli":                "compression",
+		"kafka://k1/some/path":                         "write kafka://",
+		"kafka://k1?tls=maybe":                         "tls=",
+		"kafka://k1?topic_template={{topic}}{{topic}}": "more than once",
+	}
+	for raw, want := range bad {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		s, err := Open(context.Background(), u)
+		if err == nil {
+			_ = s.Close()
+			t.Errorf("%s: accepted", raw)
+			continue
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %q does not say %q", raw, err, want)
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: error %q shows the password", raw, err)
+		}
+	}
+}
+
+// BenchmarkPublish measures the direct publish rate into kfake: 200-byte
+// payloads in batches of 1,000 over 100 keys, one Publish at a time
+// (serial) and four at once (the relay's default sink concurrency).
+// Run with -benchtime=200000x for the 200k-message figure.
+func BenchmarkPublish(b *testing.B) {
+	for _, conc := range []int{1, 4} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+			c := newCluster(b)
+			s, err := New(Options{Brokers: c.ListenAddrs(), TopicTemplate: testPrefix + TopicPlaceholder})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			payload := []byte(strings.Repeat("x", 200))
+			const batch = 1000
+			batches := make(chan []*wharf.Message)
+			go func() {
+				defer close(batches)
+				id := int64(0)
+				for left := b.N; left > 0; left -= batch {
+					msgs := make([]*wharf.Message, min(batch, left))
+					for i := range msgs {
+						id++
+						msgs[i] = &wharf.Message{ID: id, Topic: wharfsinktest.TopicOrders, Key: fmt.Sprintf("k%d", id%100), Payload: payload}
+					}
+					batches <- msgs
+				}
+			}()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range conc {
+				wg.Go(func() {
+					for msgs := range batches {
+						if errs := s.Publish(context.Background(), msgs); errs != nil {
+							b.Error(errs[0])
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		})
+	}
+}

@@ -1,0 +1,525 @@
+package wharfnats
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/wharfsinktest"
+)
+
+// nats.go stops every goroutine it starts when its connection closes.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	sharedURL       = "nats://127.0.0.1:4222"
+	startHint       = "start it with: nats-server -js -a 127.0.0.1 -p 4222 -sd /var/lib/nats-server &"
+	testAckTimeout  = 3 * time.Second
+	adminTimeout    = 10 * time.Second
+	serverStartWait = 10 * time.Second
+)
+
+// requireServer connects to url or, when nothing answers, fails the test
+// under CI=true and skips it otherwise.
+func requireServer(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err == nil {
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	msg := fmt.Sprintf("no NATS server with JetStream at %s (%v): %s", url, err, startHint)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return nil
+}
+
+// world is one test's destination: a stream of its own on a server.
+type world struct {
+	url    string
+	stream string
+	prefix string
+	server *privateServer // for the broker-outage case only
+}
+
+type harness struct {
+	mu     sync.Mutex
+	worlds map[*testing.T]*world
+}
+
+func (h *harness) world(t *testing.T) *world {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.worlds[t]
+	if w == nil {
+		t.Fatal("the harness has no sink for this test: NewSink was not called")
+	}
+	return w
+}
+
+func randomID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newWorld creates a uniquely named stream on url, deleted at cleanup, and
+// opens a sink on it through Open, as the CLI does.
+func newWorld(t testing.TB, serverURL string) (*world, wharf.Sink) {
+	t.Helper()
+	nc := requireServer(t, serverURL)
+	id := randomID()
+	w := &world{url: serverURL, stream: "WHARFTEST_" + id, prefix: "wharftest." + id}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:     w.stream,
+		Subjects: []string{w.prefix + ".>"},
+		Storage:  jetstream.FileStorage,
+		MaxAge:   time.Hour, // in case cleanup never runs
+	}); err != nil {
+		t.Fatalf("create stream %s: %v (is JetStream enabled? %s)", w.stream, err, startHint)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+		defer cancel()
+		if err := js.DeleteStream(ctx, w.stream); err != nil {
+			t.Logf("delete stream %s: %v", w.stream, err)
+		}
+	})
+	raw := fmt.Sprintf("%s?stream=%s&subject_template=%s.%s&ack_timeout=%s", serverURL, w.stream, w.prefix, url.QueryEscape(TopicPlaceholder), testAckTimeout)
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return w, s
+}
+
+func (h *harness) register(t *testing.T, w *world) {
+	h.mu.Lock()
+	h.worlds[t] = w
+	h.mu.Unlock()
+	t.Cleanup(func() {
+		h.mu.Lock()
+		delete(h.worlds, t)
+		h.mu.Unlock()
+	})
+}
+
+func (h *harness) newSink(t *testing.T) wharf.Sink {
+	w, s := newWorld(t, sharedURL)
+	h.register(t, w)
+	return s
+}
+
+// newBreakableSink runs a private nats-server for the test, so that breaking
+// it leaves the shared one alone.
+func (h *harness) newBreakableSink(t *testing.T) wharf.Sink {
+	srv := startPrivateServer(t)
+	w, s := newWorld(t, srv.url())
+	w.server = srv
+	h.register(t, w)
+	return s
+}
+
+// consume reads the test's stream from its first message with direct gets,
+// which keep the stream's order: the order JetStream stored the messages in.
+func (h *harness) consume(t *testing.T, topics []string, want int, timeout time.Duration) []wharfsinktest.Received {
+	t.Helper()
+	w := h.world(t)
+	nc, err := nats.Connect(w.url, nats.Timeout(2*time.Second))
+	if err != nil {
+		t.Fatalf("consume: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wanted := map[string]string{} // subject -> wharf topic
+	for _, tp := range topics {
+		wanted[w.prefix+"."+tp] = tp
+	}
+	deadline := time.Now().Add(timeout)
+	var got []wharfsinktest.Received
+	next := uint64(1)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+		st, err := js.Stream(ctx, w.stream)
+		if err != nil {
+			cancel()
+			t.Fatalf("consume: stream %s: %v", w.stream, err)
+		}
+		last := st.CachedInfo().State.LastSeq
+		for ; next <= last; next++ {
+			m, err := st.GetMsg(ctx, next)
+			if err != nil {
+				cancel()
+				t.Fatalf("consume: get %s #%d: %v", w.stream, next, err)
+			}
+			tp, ok := wanted[m.Subject]
+			if !ok {
+				continue
+			}
+			r := wharfsinktest.Received{Topic: tp, Payload: m.Data}
+			for k, vs := range m.Header {
+				switch k {
+				case jetstream.MsgIDHeader:
+					r.ID = vs[0]
+				case HeaderKey:
+					r.Key = vs[0]
+				case jetstream.ExpectedStreamHeader:
+					// Set by the sink for JetStream, which stores it too.
+				default:
+					if r.Headers == nil {
+						r.Headers = map[string]string{}
+					}
+					r.Headers[k] = vs[0]
+				}
+			}
+			got = append(got, r)
+		}
+		cancel()
+		if len(got) >= want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	nc := requireServer(t, sharedURL)
+	h := &harness{worlds: map[*testing.T]*world{}}
+	maxPayload := 1 << 20
+	if nc.MaxPayload() > 0 {
+		// NATS counts headers in max_payload; leave room for the suite's.
+		maxPayload = min(maxPayload, int(nc.MaxPayload())-1024)
+	}
+	wharfsinktest.Run(t, wharfsinktest.Harness{
+		NewSink:          h.newSink,
+		NewBreakableSink: h.newBreakableSink,
+		Consume:          h.consume,
+		BreakBroker:      func(t *testing.T) { h.world(t).server.stop(t) },
+		HealBroker:       func(t *testing.T) { h.world(t).server.start(t) },
+		Features: wharfsinktest.Features{
+			MaxPayload:      maxPayload,
+			SupportsHeaders: true,
+		},
+	})
+}
+
+// privateServer is a nats-server of one test, restartable on the same port
+// and store directory.
+type privateServer struct {
+	bin  string
+	port int
+	dir  string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+}
+
+func startPrivateServer(t *testing.T) *privateServer {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/nats-server"); serr != nil {
+			msg := "nats-server is not installed: the broker-outage case needs it to run a private server"
+			if os.Getenv("CI") == "true" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		}
+		bin = "/usr/sbin/nats-server"
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s := &privateServer{bin: bin, port: port, dir: t.TempDir()}
+	s.start(t)
+	t.Cleanup(func() { s.stop(t) })
+	return s
+}
+
+func (s *privateServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+
+func (s *privateServer) start(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cmd := exec.Command(s.bin, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-sd", s.dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start nats-server: %v", err)
+	}
+	s.cmd = cmd
+	// Ready when JetStream answers, which is after it recovered its store.
+	deadline := time.Now().Add(serverStartWait)
+	for {
+		nc, err := nats.Connect(s.url(), nats.Timeout(time.Second), nats.NoReconnect())
+		if err == nil {
+			js, jerr := jetstream.New(nc)
+			if jerr == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				_, jerr = js.AccountInfo(ctx)
+				cancel()
+			}
+			nc.Close()
+			if jerr == nil {
+				return
+			}
+			err = jerr
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nats-server on port %d did not get ready: %v", s.port, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *privateServer) stop(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// A payload over the server's max_payload fails permanently before sending,
+// and the next message of its key is not attempted.
+func TestMaxPayloadIsPermanent(t *testing.T) {
+	t.Parallel()
+	_, s := newWorld(t, sharedURL)
+	big := make([]byte, 64<<20)
+	msgs := []*wharf.Message{
+		{ID: 1, Topic: "t", Key: "k", Payload: big},
+		{ID: 2, Topic: "t", Key: "k", Payload: []byte("x")},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := s.Publish(ctx, msgs)
+	if len(errs) != 2 || !wharf.IsPermanent(errs[0]) || !errors.Is(errs[1], wharf.ErrNotAttempted) {
+		t.Fatalf("results %v: want permanent, then not attempted", errs)
+	}
+}
+
+// A subject no stream listens on is retried, not dead-lettered: an operator
+// can create the stream.
+func TestNoStreamIsRetryable(t *testing.T) {
+	t.Parallel()
+	nc := requireServer(t, sharedURL)
+	s, err := New(nc, Options{SubjectTemplate: "wharftest.nostream." + randomID() + ".{{topic}}", AckTimeout: testAckTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := s.Publish(ctx, []*wharf.Message{{ID: 1, Topic: "t", Payload: []byte("x")}})
+	if len(errs) != 1 || errs[0] == nil || wharf.IsPermanent(errs[0]) {
+		t.Fatalf("results %v: want one retryable error", errs)
+	}
+}
+
+// Subjects and headers NATS cannot carry fail permanently before sending.
+func TestInvalidSubjectAndHeader(t *testing.T) {
+	t.Parallel()
+	nc := requireServer(t, sharedURL)
+	s, err := New(nc, Options{SubjectTemplate: "wharftest.invalid.{{topic}}", AckTimeout: testAckTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	msgs := []*wharf.Message{
+		{ID: 1, Topic: "has space", Key: "a"},
+		{ID: 2, Topic: "ok", Key: "a"},
+		{ID: 3, Topic: "*", Key: "b"},
+		{ID: 4, Topic: "ok", Key: "c", Headers: map[string]string{"bad:name": "v"}},
+		{ID: 5, Topic: "ok", Key: "d", Headers: map[string]string{"n": "line\nbreak"}},
+		{ID: 6, Topic: "", Key: "e"},
+	}
+	errs := s.Publish(context.Background(), msgs)
+	if len(errs) != len(msgs) {
+		t.Fatalf("%d results for %d messages", len(errs), len(msgs))
+	}
+	for i, err := range errs {
+		if i == 1 {
+			if !errors.Is(err, wharf.ErrNotAttempted) {
+				t.Errorf("message 2: %v, want ErrNotAttempted", err)
+			}
+			continue
+		}
+		if !wharf.IsPermanent(err) {
+			t.Errorf("message %d: %v, want a permanent error", i+1, err)
+		}
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	t.Parallel()
+	u, _ := url.Parse("nats://u:p%40ss@n1:4222,n2:4223/?subject_template=wharf.%7B%7Btopic%7D%7D&stream=WHARF&create_stream=true&ack_timeout=5s&name=relay-1&tls=true")
+	cfg, err := parseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := urlConfig{
+		servers:      []string{"nats://u:p%40ss@n1:4222", "nats://u:p%40ss@n2:4223"},
+		opts:         Options{SubjectTemplate: "wharf.{{topic}}", Stream: "WHARF", AckTimeout: 5 * time.Second},
+		createStream: true,
+		name:         "relay-1",
+		tls:          true,
+	}
+	if fmt.Sprint(cfg) != fmt.Sprint(want) {
+		t.Fatalf("got %+v, want %+v", cfg, want)
+	}
+	bad := map[string]string{
+		"nats://":                                        "names no server",
+		"nats://u:s3cret@n1?acks=1":                      `unknown option "acks"`,
+		"nats://n1?create_stream=true":                   "needs stream=NAME",
+		"nats://n1?create_stream=true&stream=S":          "prefix.{{topic}}",
+		"nats://n1?ack_timeout=soon":                     "ack_timeout",
+		"nats://n1?create_stream=maybe":                  "create_stream=",
+		"nats://n1/path":                                 "write nats://",
+		"nats://n1?subject_template={{topic}}.{{topic}}": "more than once",
+	}
+	for raw, wantErr := range bad {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		_, err = parseURL(u)
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: error %v, want one saying %q", raw, err, wantErr)
+		} else if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: error %q shows the password", raw, err)
+		}
+	}
+}
+
+// Open with create_stream=true creates the stream once and reuses it after.
+func TestOpenCreatesStream(t *testing.T) {
+	t.Parallel()
+	nc := requireServer(t, sharedURL)
+	id := randomID()
+	stream := "WHARFTEST_CREATE_" + id
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+		defer cancel()
+		_ = js.DeleteStream(ctx, stream)
+	})
+	raw := fmt.Sprintf("%s?stream=%s&subject_template=wharftest.%s.%s", sharedURL, stream, id, url.QueryEscape(TopicPlaceholder))
+	u, _ := url.Parse(raw)
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	if s, err := Open(ctx, u); err == nil {
+		_ = s.Close()
+		t.Fatal("Open succeeded on a missing stream without create_stream=true")
+	} else if !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("Open on a missing stream: %v", err)
+	}
+	u, _ = url.Parse(raw + "&create_stream=true")
+	for range 2 {
+		s, err := Open(ctx, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if errs := s.Publish(ctx, []*wharf.Message{{ID: 1, Topic: "t", Payload: []byte("x")}}); errs != nil {
+			t.Fatal(errs)
+		}
+		_ = s.Close()
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second publish had the same Nats-Msg-Id: JetStream dropped it.
+	if n := st.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("stream holds %d messages, want 1 (deduplicated by Nats-Msg-Id)", n)
+	}
+}
+
+// BenchmarkPublish measures the direct publish rate into the real JetStream
+// (file storage): 200-byte payloads in batches of 1,000 over 100 keys, one
+// Publish at a time and four at once (the relay's default sink
+// concurrency). Run with -benchtime=200000x for the 200k-message figure.
+func BenchmarkPublish(b *testing.B) {
+	for _, conc := range []int{1, 4} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+			_, s := newWorld(b, sharedURL)
+			payload := []byte(strings.Repeat("x", 200))
+			const batch = 1000
+			batches := make(chan []*wharf.Message)
+			go func() {
+				defer close(batches)
+				id := time.Now().UnixNano()
+				for left := b.N; left > 0; left -= batch {
+					msgs := make([]*wharf.Message, min(batch, left))
+					for i := range msgs {
+						id++
+						msgs[i] = &wharf.Message{ID: id, Topic: wharfsinktest.TopicOrders, Key: fmt.Sprintf("k%d", id%100), Payload: payload}
+					}
+					batches <- msgs
+				}
+			}()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range conc {
+				wg.Go(func() {
+					for msgs := range batches {
+						if errs := s.Publish(context.Background(), msgs); errs != nil {
+							b.Error(firstErr(errs))
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		})
+	}
+}
+
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
