@@ -52,6 +52,7 @@ type relay struct {
 	fetching   bool
 	wantFetch  bool
 	lastFetch  time.Time
+	emptyRun   int // consecutive empty fetches, for the idle backoff
 	fetchErrs  int
 	lastEmpty  bool
 	uncovered  int // lanes nobody live owns, from the lease manager
@@ -139,6 +140,7 @@ func newRelay(c *Client, sink Sink, drain bool) *relay {
 		lanes:     map[int16]*laneState{},
 		prevXmax:  "0",
 		perKeyCap: max(10, c.cfg.MaxBuffered/200),
+		emptyRun:  64, // no activity seen yet: poll at PollInterval
 	}
 	return r
 }
@@ -270,8 +272,21 @@ func (r *relay) finished() bool {
 	return true
 }
 
+// pollWait is how long to wait after the last fetch before polling again.
+// Right after a fetch returned rows, more are likely on their way (producers
+// commit between fetches), so the wait starts at 2 ms and doubles with each
+// empty fetch up to PollInterval: low latency under load, cheap when idle. A
+// relay that has seen no rows yet polls at PollInterval.
+func (r *relay) pollWait() time.Duration {
+	d := 2 * time.Millisecond
+	for i := 1; i < r.emptyRun && d < r.cfg.PollInterval; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.PollInterval)
+}
+
 func (r *relay) nextWake(now time.Time) time.Duration {
-	d := r.cfg.PollInterval - now.Sub(r.lastFetch)
+	d := r.pollWait() - now.Sub(r.lastFetch)
 	if len(r.timers) > 0 {
 		if t := r.timers[0].at.Sub(now); t < d {
 			d = t
@@ -399,7 +414,7 @@ func (r *relay) maybeFetch(now time.Time) {
 	if r.fetching || r.stopping || len(r.lanes) == 0 || now.Before(r.fetchRetry) {
 		return
 	}
-	if !r.wantFetch && now.Sub(r.lastFetch) < r.cfg.PollInterval {
+	if !r.wantFetch && now.Sub(r.lastFetch) < r.pollWait() {
 		return
 	}
 	full := r.buffered+r.cfg.FetchBatch > r.cfg.MaxBuffered
@@ -492,6 +507,11 @@ func (r *relay) onFetch(res fetchResult) {
 		}
 	}
 	r.lastEmpty = len(res.rows) == 0
+	if r.lastEmpty {
+		r.emptyRun++
+	} else {
+		r.emptyRun = 0
+	}
 	if len(res.rows) > 0 {
 		r.wantFetch = true
 		if r.firstRows.IsZero() {

@@ -150,6 +150,7 @@ the flag names with underscores (database_url, sink, lease_ttl, ...).`,
 		newDeadCmd(g),
 		newNotifyCmd(g),
 		newDemoCmd(g),
+		newBenchCmd(g),
 		newVersionCmd(g),
 	)
 	for _, c := range root.Commands() {

@@ -1,0 +1,244 @@
+// Package bench implements `wharf bench`, the project's reproducible
+// benchmark (DESIGN.md §6): drain a pre-filled outbox, find the producers'
+// insert ceiling, run producers at a fixed rate against relays and judge
+// whether the rate is sustainable, and search for the highest sustainable
+// rate. Run does the work and returns a Result; WriteSummary, WriteJSON and
+// WriteReport present it.
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/wharfhq/wharf"
+)
+
+// Mode selects what Run measures.
+type Mode string
+
+// The benchmark modes.
+const (
+	// ModeDrain pre-fills Messages rows with COPY, then times the relays
+	// emptying the outbox.
+	ModeDrain Mode = "drain"
+	// ModeBaseline runs the producers alone, flat out, for Duration: the insert
+	// ceiling a relay can at best approach.
+	ModeBaseline Mode = "baseline"
+	// ModeSteady runs the producers at Rate msgs/s for Warmup+Duration with the
+	// relays running, and judges whether the rate is sustainable.
+	ModeSteady Mode = "steady"
+	// ModeSweep bisects the rate between MinRate and MaxRate with SweepSteps
+	// steady runs and reports the highest sustainable one.
+	ModeSweep Mode = "sweep"
+)
+
+// Modes lists the modes, for help texts and errors.
+var Modes = []Mode{ModeDrain, ModeBaseline, ModeSteady, ModeSweep}
+
+// Options configures Run. The zero value of a field means its default, as
+// the CLI flag of the same name documents.
+type Options struct {
+	// Mode is what to measure. Required.
+	Mode Mode
+	// DatabaseURL is the PostgreSQL to measure. Required (the CLI starts a
+	// throwaway cluster when none is given).
+	DatabaseURL string
+	// Schema is the fresh schema to work in; it must not exist. Defaults to
+	// wharf_bench_<random>. Sweep steps use Schema_<step>.
+	Schema string
+	// Keep leaves the schema in place at the end instead of dropping it.
+	Keep bool
+
+	// Messages is the drain backlog. Defaults to 200000.
+	Messages int
+	// Duration is how long producers run after the warm-up (baseline, steady,
+	// each sweep step). Defaults to 10s.
+	Duration time.Duration
+	// Warmup precedes Duration in steady runs; its samples are excluded from
+	// the slope, the rates and the latency. Defaults to 5s; negative means none.
+	Warmup time.Duration
+	// Rate is the steady target in msgs/s. Required for steady.
+	Rate int
+	// MinRate and MaxRate bound the sweep. Default to 10000 and 400000.
+	MinRate, MaxRate int
+	// SweepSteps is how many steady runs the sweep makes. Defaults to 5.
+	SweepSteps int
+
+	// Producers is the number of producer connections. Defaults to 4.
+	Producers int
+	// ProducerBatch is the messages per producer transaction. Defaults to 100.
+	ProducerBatch int
+	// RecordsPerKey is how many consecutive messages share a key before a new
+	// key is used (the Namastack shape); negative means no keys (NULL).
+	// Defaults to 10. Ignored when Keys is set.
+	RecordsPerKey int
+	// Keys, when positive, cycles message i over keys k<i % Keys> instead (the
+	// shape of scripts/drain-bench.sh and wharf demo).
+	Keys int
+	// PayloadBytes is the payload size. Defaults to 200.
+	PayloadBytes int
+
+	// Relays is the number of relays. Defaults to 1; baseline runs none.
+	Relays int
+	// InProcess runs the single relay inside this process, behind a probe
+	// sink that records acknowledgement times: the only way to measure
+	// commit-to-ack latency. Requires Relays == 1.
+	InProcess bool
+	// Sink is the sink URL. Defaults to "null:".
+	Sink string
+	// RelayConfig tunes the in-process relay (Schema, Sink and Logger are set
+	// by Run).
+	RelayConfig wharf.Config
+	// RelayArgs are extra flags for relay processes (`wharf relay ...`).
+	RelayArgs []string
+	// RelayCommand is the program and leading arguments that run a relay
+	// process; "relay" and its flags are appended. Defaults to this executable.
+	RelayCommand []string
+	// RelayStderr receives the relay processes' stderr. Defaults to discarding it.
+	RelayStderr io.Writer
+
+	// SampleInterval is the sampling period. Defaults to 1s.
+	SampleInterval time.Duration
+	// TailWait bounds how long a steady run waits after the producers stopped
+	// for the relays to deliver the rest (for complete latency figures).
+	// Defaults to 10s; negative means none. In a sweep, runs already judged
+	// unsustainable skip it.
+	TailWait time.Duration
+	// Timeout bounds a drain. Defaults to 10m.
+	Timeout time.Duration
+
+	// Progress receives a progress line per sample; nil for none.
+	Progress io.Writer
+	// Logger receives the in-process relay's logs. Defaults to discarding them
+	// below warn.
+	Logger *slog.Logger
+}
+
+// Validate checks the options other than the database URL, with one-line
+// errors that name the CLI flag to fix.
+func (o Options) Validate() error {
+	_, err := o.withDefaults()
+	return err
+}
+
+func (o Options) withDefaults() (Options, error) {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Messages, 200000)
+	def(&o.MinRate, 10000)
+	def(&o.MaxRate, 400000)
+	def(&o.SweepSteps, 5)
+	def(&o.Producers, 4)
+	def(&o.ProducerBatch, 100)
+	def(&o.RecordsPerKey, 10)
+	def(&o.PayloadBytes, 200)
+	def(&o.Relays, 1)
+	defDur(&o.Duration, 10*time.Second)
+	defDur(&o.Warmup, 5*time.Second)
+	defDur(&o.SampleInterval, time.Second)
+	defDur(&o.TailWait, 10*time.Second)
+	defDur(&o.Timeout, 10*time.Minute)
+	if o.Warmup < 0 {
+		o.Warmup = 0
+	}
+	if o.TailWait < 0 {
+		o.TailWait = 0
+	}
+	if o.Sink == "" {
+		o.Sink = "null:"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.RelayStderr == nil {
+		o.RelayStderr = io.Discard
+	}
+	switch o.Mode {
+	case ModeDrain, ModeBaseline, ModeSteady, ModeSweep:
+	case "":
+		return o, errors.New("--mode is required: drain, baseline, steady or sweep")
+	default:
+		return o, fmt.Errorf("--mode %q: use drain, baseline, steady or sweep", o.Mode)
+	}
+	for _, c := range []struct {
+		name string
+		v    int
+	}{
+		{"--messages", o.Messages}, {"--producers", o.Producers}, {"--producer-batch", o.ProducerBatch},
+		{"--relays", o.Relays}, {"--sweep-steps", o.SweepSteps}, {"--min-rate", o.MinRate},
+	} {
+		if c.v < 1 {
+			return o, fmt.Errorf("%s must be at least 1, got %d", c.name, c.v)
+		}
+	}
+	if o.Keys < 0 {
+		return o, fmt.Errorf("--keys must not be negative, got %d", o.Keys)
+	}
+	if o.PayloadBytes < 2 {
+		return o, fmt.Errorf("--payload-bytes must be at least 2, got %d", o.PayloadBytes)
+	}
+	if o.Mode == ModeSteady && o.Rate < 1 {
+		return o, fmt.Errorf("--rate must be at least 1 msg/s in steady mode, got %d", o.Rate)
+	}
+	if o.Mode == ModeSweep && o.MaxRate <= o.MinRate {
+		return o, fmt.Errorf("--max-rate (%d) must be above --min-rate (%d)", o.MaxRate, o.MinRate)
+	}
+	for _, c := range []struct {
+		name string
+		v    time.Duration
+	}{{"--duration", o.Duration}, {"--sample-interval", o.SampleInterval}, {"--timeout", o.Timeout}} {
+		if c.v < 0 {
+			return o, fmt.Errorf("%s must not be negative, got %s", c.name, c.v)
+		}
+	}
+	if o.InProcess && o.Relays != 1 {
+		return o, fmt.Errorf("--in-process needs --relays 1 (got %d): several relays run as processes", o.Relays)
+	}
+	return o, nil
+}
+
+// Settings are the options a run used, as recorded in the JSON output. The
+// database URL is left out: it may hold a password.
+type Settings struct {
+	Mode           Mode     `json:"mode"`
+	Schema         string   `json:"schema"`
+	Messages       int      `json:"messages"`
+	Duration       string   `json:"duration"`
+	Warmup         string   `json:"warmup"`
+	Rate           int      `json:"rate"`
+	MinRate        int      `json:"min_rate"`
+	MaxRate        int      `json:"max_rate"`
+	SweepSteps     int      `json:"sweep_steps"`
+	Producers      int      `json:"producers"`
+	ProducerBatch  int      `json:"producer_batch"`
+	RecordsPerKey  int      `json:"records_per_key"`
+	Keys           int      `json:"keys"`
+	PayloadBytes   int      `json:"payload_bytes"`
+	Relays         int      `json:"relays"`
+	InProcess      bool     `json:"in_process"`
+	Sink           string   `json:"sink"`
+	RelayArgs      []string `json:"relay_args"`
+	SampleInterval string   `json:"sample_interval"`
+	TailWait       string   `json:"tail_wait"`
+}
+
+func (o Options) settings() Settings {
+	return Settings{
+		Mode: o.Mode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
+		Rate: o.Rate, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps,
+		Producers: o.Producers, ProducerBatch: o.ProducerBatch, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
+		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink,
+		RelayArgs: append([]string{}, o.RelayArgs...), SampleInterval: o.SampleInterval.String(), TailWait: o.TailWait.String(),
+	}
+}

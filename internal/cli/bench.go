@@ -1,0 +1,208 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wharfhq/wharf/internal/bench"
+	"github.com/wharfhq/wharf/internal/pgembed"
+)
+
+type benchFlags struct {
+	opts          bench.Options
+	mode          string
+	recordsPerKey int
+	jsonPath      string
+	reportDir     string
+}
+
+func newBenchCmd(g *globals) *cobra.Command {
+	f := &benchFlags{}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure throughput, sustainable rate and latency (drain, baseline, steady, sweep)",
+		Long: `Runs the project's benchmark (DESIGN.md §6) in a fresh schema wharf_bench_<random>,
+dropped at the end unless --keep is given. Without a database URL it starts a
+throwaway PostgreSQL (fsync on) from the local server binaries.
+
+Modes:
+  drain     pre-fill --messages with COPY, then time --relays relays emptying the outbox
+  baseline  the producers alone, flat out, for --duration: the insert ceiling
+  steady    producers at --rate msgs/s for --warmup + --duration with the relays
+            running; sustainable when the producers reached 99 % of the rate, the
+            backlog's least-squares slope after the warm-up is at most
+            max(1, 1 % of the rate) msgs/s, and the backlog at the producers' stop
+            is at most 2 s of load
+  sweep     bisect the rate between --min-rate and --max-rate in --sweep-steps
+            steady runs; report the highest sustainable one
+
+One relay runs in this process by default, behind a probe sink that records when the
+sink acknowledged each message: that gives commit-to-ack latency. With --relays > 1
+(or --in-process=false) relays run as 'wharf relay' processes; latency is then not
+measured. A live progress line goes to stderr, the summary to stdout; --json and
+--report DIR (samples.csv and a self-contained index.html with charts) keep the results.`,
+		Example: `  wharf bench --mode drain --messages 1000000
+  wharf bench --mode steady --rate 20000 --duration 30s --report out/
+  wharf bench --mode sweep --records-per-key 10 --producer-batch 100 --payload-bytes 200 --json sweep.json
+  wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runBench(ctx, g, f, cmd)
+		},
+	}
+	o := &f.opts
+	fl := cmd.Flags()
+	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady or sweep")
+	fl.IntVar(&o.Messages, "messages", 200000, "drain: messages to pre-fill")
+	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady and each sweep step: how long the producers run after the warm-up")
+	fl.DurationVar(&o.Warmup, "warmup", 5*time.Second, "steady and sweep: warm-up before --duration, excluded from the rates, slope and latency (0 = none)")
+	fl.IntVar(&o.Rate, "rate", 0, "steady: target msgs/s")
+	fl.IntVar(&o.MinRate, "min-rate", 10000, "sweep: lowest rate in msgs/s")
+	fl.IntVar(&o.MaxRate, "max-rate", 400000, "sweep: highest rate in msgs/s")
+	fl.IntVar(&o.SweepSteps, "sweep-steps", 5, "sweep: number of steady runs in the bisection")
+	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
+	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction")
+	fl.IntVar(&f.recordsPerKey, "records-per-key", 10, "consecutive messages per key before a new key is used; 0 = no keys (NULL)")
+	fl.IntVar(&o.Keys, "keys", 0, "instead of --records-per-key, cycle over this many keys (message i gets key k<i mod keys>)")
+	fl.IntVar(&o.PayloadBytes, "payload-bytes", 200, "payload size in bytes")
+	fl.IntVar(&o.Relays, "relays", 1, "relays to run (baseline runs none)")
+	fl.BoolVar(&o.InProcess, "in-process", true, "run the relay in this process to measure latency (only with --relays 1; default true when --relays is 1)")
+	fl.StringVar(&o.Sink, "sink", "null:", "sink URL: null:, stdout:, file:///path.jsonl (see README)")
+	fl.StringArrayVar(&o.RelayArgs, "relay-arg", nil, "extra relay flag, repeatable, e.g. --relay-arg=--fetch-batch=8000 (applies to in-process and process relays)")
+	fl.StringVar(&f.jsonPath, "json", "", "write the result as JSON to this file")
+	fl.StringVar(&f.reportDir, "report", "", "write samples.csv and index.html (charts) into this directory")
+	fl.BoolVar(&o.Keep, "keep", false, "keep the bench schema at the end")
+	fl.DurationVar(&o.SampleInterval, "sample-interval", time.Second, "sampling and progress period")
+	fl.DurationVar(&o.TailWait, "tail-wait", 10*time.Second, "steady: after the producers stop, wait at most this long for the relays to catch up (0 = do not wait)")
+	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "drain: give up after this long")
+	return cmd
+}
+
+// parseRelayArgs checks --relay-arg values against the relay's own flags and
+// returns the settings they make, for the in-process relay.
+func parseRelayArgs(args []string) (relayFlags, error) {
+	var rf relayFlags
+	tmp := &cobra.Command{Use: "relay"}
+	rf.register(tmp, "")
+	fs := tmp.Flags()
+	if err := fs.Parse(args); err != nil {
+		return rf, fmt.Errorf("--relay-arg: %w", err)
+	}
+	if fs.NArg() > 0 {
+		return rf, fmt.Errorf("--relay-arg: %q is not a flag (write --relay-arg=--name=value)", fs.Args()[0])
+	}
+	for _, name := range []string{"sink", "drain"} {
+		if fs.Changed(name) {
+			return rf, fmt.Errorf("--relay-arg: --%s is set by the bench (use the bench's own --sink)", name)
+		}
+	}
+	return rf, nil
+}
+
+func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command) error {
+	o := f.opts
+	o.Mode = bench.Mode(f.mode)
+	switch {
+	case f.recordsPerKey < 0:
+		return usageError{fmt.Errorf("--records-per-key must not be negative, got %d", f.recordsPerKey)}
+	case f.recordsPerKey == 0:
+		o.RecordsPerKey = -1
+	default:
+		o.RecordsPerKey = f.recordsPerKey
+	}
+	// In Options zero means the default; on the command line 0 means none.
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+	}{{"--warmup", &o.Warmup}, {"--tail-wait", &o.TailWait}} {
+		switch {
+		case *d.v < 0:
+			return usageError{fmt.Errorf("%s must not be negative, got %s", d.name, *d.v)}
+		case *d.v == 0:
+			*d.v = -1
+		}
+	}
+	if !cmd.Flags().Changed("in-process") {
+		o.InProcess = o.Relays == 1
+	}
+	rf, err := parseRelayArgs(o.RelayArgs)
+	if err != nil {
+		return usageError{err}
+	}
+	if rf.cfg.RelayID != "" && o.Relays > 1 {
+		return usageError{errors.New("--relay-arg: --relay-id would give every relay process the same name; leave it out with --relays > 1")}
+	}
+	o.RelayConfig = rf.cfg
+	if cmd.Flags().Changed("schema") {
+		o.Schema = g.schema
+	}
+	o.Progress = g.stderr
+	o.RelayStderr = g.stderr
+	o.Logger = g.log
+	if !cmd.Flags().Changed("log-level") {
+		// The relay's info lines would break up the progress line.
+		o.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	// Check the flags before starting a throwaway cluster.
+	if err := o.Validate(); err != nil {
+		return usageError{err}
+	}
+
+	if g.databaseURL == "" {
+		dir, err := pgembed.FindBinaries()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stderr, "No database URL given: starting a throwaway PostgreSQL (fsync on) from %s ...\n", dir)
+		startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		cluster, err := pgembed.Start(startCtx, pgembed.Options{Fsync: true, Logger: g.log})
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := cluster.Stop(); err != nil {
+				g.log.Warn("wharf: removing the throwaway PostgreSQL failed", "err", err)
+			}
+		}()
+		g.databaseURL = cluster.URL()
+	}
+	o.DatabaseURL = g.databaseURL
+
+	res, err := bench.Run(ctx, o)
+	if err != nil {
+		if ctx.Err() != nil {
+			return errors.New("interrupted")
+		}
+		if strings.HasPrefix(err.Error(), "--") {
+			return usageError{err}
+		}
+		return err
+	}
+	if err := bench.WriteSummary(g.stdout, res); err != nil {
+		return err
+	}
+	if f.jsonPath != "" {
+		if err := bench.WriteJSONFile(f.jsonPath, res); err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stderr, "wrote %s\n", f.jsonPath)
+	}
+	if f.reportDir != "" {
+		if err := bench.WriteReport(f.reportDir, res); err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stderr, "wrote %s/samples.csv and %s/index.html\n", f.reportDir, f.reportDir)
+	}
+	return nil
+}
