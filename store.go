@@ -14,6 +14,17 @@ import (
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
+// hotPathSettings pins the plans of the relay's statements for the length of
+// their transaction. A queue table's statistics are wrong most of the time:
+// vacuumed while nearly empty, it claims a few rows while the backlog grows to
+// hundreds of thousands, and the planner then joins the batch against the
+// outbox with sequential scans, which stalled a relay outright (a fenced
+// removal of 2,800 rows ran for minutes). With these off, every outbox access
+// stays the index scan docs/plans.md shows, whatever the statistics say. JIT
+// is off because compiling cost more than the fetch itself.
+const hotPathSettings = `SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+
 // pgStore is the storage behind the relay: every statement the hot path runs
 // goes through it, so another layout (an append-only log) can replace it.
 type pgStore struct {
@@ -78,13 +89,12 @@ func (s *pgStore) fetch(ctx context.Context, req fetchRequest) fetchResult {
 	if xip == nil {
 		xip = []string{}
 	}
-	// JIT off for this statement only: its estimated cost crosses
-	// jit_above_cost, and compiling took 19 ms of a 26 ms fetch. SET LOCAL in
-	// an explicit transaction, pipelined into one round trip, leaves no
-	// session state behind (safe behind PgBouncer in transaction mode).
+	// The settings are local to an explicit transaction, pipelined into one
+	// round trip: no session state is left behind (safe behind PgBouncer in
+	// transaction mode).
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN READ ONLY")
-	batch.Queue("SET LOCAL jit = off")
+	batch.Queue(hotPathSettings)
 	batch.Queue(s.q.fetch, req.lanes, req.cursors, req.limits, req.prevXmax, xip)
 	if len(req.refills) > 0 {
 		lanes := make([]int16, len(req.refills))
@@ -292,6 +302,8 @@ func (s *pgStore) writeOps(ctx context.Context, ops []op) opsResult {
 		fs = append(fs, f)
 	}
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(hotPathSettings)
 	if len(ackID) > 0 {
 		b.Queue(s.q.ack, lanes, fs, s.owner, ackLane, ackID, clearRetry)
 	}
@@ -301,10 +313,17 @@ func (s *pgStore) writeOps(ctx context.Context, ops []op) opsResult {
 	if len(deadID) > 0 {
 		b.Queue(s.q.dead, lanes, fs, s.owner, deadLane, deadID, deadAtt, deadErr)
 	}
-	// A batch is one implicit transaction (one Sync): atomic, one round trip.
+	b.Queue("COMMIT")
+	// One transaction, pipelined into one round trip.
 	err := func() error {
 		br := s.pool.SendBatch(ctx, b)
-		for i := 0; i < b.Len(); i++ {
+		for i := 0; i < 2; i++ {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		for i := 2; i < b.Len()-1; i++ {
 			rows, err := br.Query()
 			if err != nil {
 				br.Close()
@@ -323,6 +342,10 @@ func (s *pgStore) writeOps(ctx context.Context, ops []op) opsResult {
 				br.Close()
 				return err
 			}
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
 		}
 		return br.Close()
 	}()
@@ -351,9 +374,11 @@ func storeErr(what string, err error) error {
 func (r *relay) fetcher() {
 	for req := range r.fetchReq {
 		res := r.st.fetch(r.hardCtx, req)
+		// run returns without reading this only on a hard stop, which
+		// cancels hardCtx: never block on it then.
 		select {
 		case r.fetchRes <- res:
-		case <-r.done:
+		case <-r.hardCtx.Done():
 			return
 		}
 	}
@@ -364,7 +389,7 @@ func (r *relay) completer() {
 		res := r.st.writeOps(r.hardCtx, ops)
 		select {
 		case r.opsRes <- res:
-		case <-r.done:
+		case <-r.hardCtx.Done():
 			return
 		}
 	}

@@ -48,6 +48,10 @@ type Sample struct {
 	// previous sample, in ms (0 when unknown).
 	P50 float64 `json:"p50_ms"`
 	P99 float64 `json:"p99_ms"`
+	// CPUPercent is the CPU the bench process used over the interval, in
+	// percent of one core, when the relay runs in-process (the producers are
+	// included); 0 with relay processes, which are not sampled per interval.
+	CPUPercent float64 `json:"cpu_pct"`
 	// Phase is warmup, measure or tail (after the producers stopped).
 	Phase string `json:"phase"`
 }

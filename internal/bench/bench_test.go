@@ -82,7 +82,7 @@ func TestDrain(t *testing.T) {
 	require.NoError(t, WriteReport(dir, r))
 	csvData, err := os.ReadFile(filepath.Join(dir, "samples.csv"))
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(string(csvData), "second,produced,processed,backlog,p50_ms,p99_ms\n"))
+	require.True(t, strings.HasPrefix(string(csvData), "second,produced,processed,backlog,p50_ms,p99_ms,cpu_pct\n"))
 	html, err := os.ReadFile(filepath.Join(dir, "index.html"))
 	require.NoError(t, err)
 	require.Contains(t, string(html), "<svg")

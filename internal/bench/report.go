@@ -161,11 +161,11 @@ func writeCSV(path string, samples []Sample) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	_ = w.Write([]string{"second", "produced", "processed", "backlog", "p50_ms", "p99_ms"})
+	_ = w.Write([]string{"second", "produced", "processed", "backlog", "p50_ms", "p99_ms", "cpu_pct"})
 	ff := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
 	for _, s := range samples {
 		_ = w.Write([]string{ff(s.Seconds, 3), ff(s.ProducedRate, 0), ff(s.ProcessedRate, 0),
-			strconv.FormatInt(s.Backlog, 10), ff(s.P50, 3), ff(s.P99, 3)})
+			strconv.FormatInt(s.Backlog, 10), ff(s.P50, 3), ff(s.P99, 3), ff(s.CPUPercent, 1)})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
@@ -283,9 +283,11 @@ func writeHTML(w io.Writer, r *Result) error {
 	}
 	n := len(r.Samples)
 	xs := make([]float64, n)
-	prod, proc, backlog, p50, p99 := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+	prod, proc, backlog, p50, p99, cpu := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+	anyCPU := false
 	for i, s := range r.Samples {
-		xs[i], prod[i], proc[i], backlog[i], p50[i], p99[i] = s.Seconds, s.ProducedRate, s.ProcessedRate, float64(s.Backlog), s.P50, s.P99
+		xs[i], prod[i], proc[i], backlog[i], p50[i], p99[i], cpu[i] = s.Seconds, s.ProducedRate, s.ProcessedRate, float64(s.Backlog), s.P50, s.P99, s.CPUPercent
+		anyCPU = anyCPU || s.CPUPercent > 0
 	}
 	charts := []template.HTML{
 		lineChart("Produced vs processed", "msg/s", xs, []series{{"produced", "#1f77b4", prod}, {"processed", "#d62728", proc}}),
@@ -293,6 +295,9 @@ func writeHTML(w io.Writer, r *Result) error {
 	}
 	if r.LatencyMS != nil {
 		charts = append(charts, lineChart("Latency commit → ack (per sample interval)", "ms", xs, []series{{"p50", "#9467bd", p50}, {"p99", "#ff7f0e", p99}}))
+	}
+	if anyCPU {
+		charts = append(charts, lineChart("CPU of the bench process with the in-process relay (producers included)", "% of a core", xs, []series{{"cpu", "#8c564b", cpu}}))
 	}
 	settings, _ := json.MarshalIndent(r.Settings, "", "  ")
 	return reportTmpl.Execute(w, map[string]any{

@@ -25,6 +25,7 @@ type sampler struct {
 
 	samples []Sample
 	prev    Sample
+	prevCPU time.Duration // process CPU at the previous sample (in-process relay)
 	tty     bool
 	drawn   bool
 }
@@ -70,6 +71,14 @@ func (s *sampler) sample(ctx context.Context, phase string) error {
 	if dt := x.Seconds - s.prev.Seconds; dt > 0 {
 		x.ProducedRate = float64(x.Produced-s.prev.Produced) / dt
 		x.ProcessedRate = float64(x.Processed-s.prev.Processed) / dt
+		if s.inProcess {
+			if c, _, ok := selfUsage(); ok {
+				if s.prevCPU > 0 {
+					x.CPUPercent = 100 * (c - s.prevCPU).Seconds() / dt
+				}
+				s.prevCPU = c
+			}
+		}
 	}
 	s.samples = append(s.samples, x)
 	s.prev = x
