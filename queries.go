@@ -94,10 +94,17 @@ CROSS JOIN LATERAL (
     SELECT * FROM S.outbox o WHERE o.lane = r.lane AND o.id >= r.from_id AND o.id <= r.to_id AND o.key = r.key
     ORDER BY o.id LIMIT $5) o`),
 
-		ack: q(`WITH ` + fenced + `, del AS (
-    DELETE FROM S.outbox o USING unnest($4::smallint[], $5::bigint[]) AS d(lane, id)
-    WHERE o.lane = d.lane AND o.id = d.id AND d.lane IN (SELECT lane FROM f)
-    RETURNING o.id
+		// Each acknowledged (lane, id) is its own LATERAL ... LIMIT 1 probe of
+		// outbox_lane_id, and the rows go by ctid: the planner has no join
+		// order to choose, so wrong statistics (a queue table vacuumed while
+		// nearly empty) cannot turn the removal into a scan of whole lanes.
+		ack: q(`WITH ` + fenced + `, hit AS (
+    SELECT x.ctid FROM unnest($4::smallint[], $5::bigint[]) AS d(lane, id)
+    CROSS JOIN LATERAL (SELECT o.ctid FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id LIMIT 1) x
+    WHERE d.lane IN (SELECT lane FROM f)
+), del AS (
+    DELETE FROM S.outbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM hit))
+    RETURNING id
 ), r AS (
     DELETE FROM S.retries WHERE id = ANY($6::bigint[]) AND lane IN (SELECT lane FROM f)
 )
@@ -112,10 +119,13 @@ ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, next_attempt_at = e
     last_error = excluded.last_error, updated_at = now()
 RETURNING lane`),
 
-		dead: q(`WITH ` + fenced + `, moved AS (
-    DELETE FROM S.outbox o USING unnest($4::smallint[], $5::bigint[], $6::int[], $7::text[]) AS d(lane, id, attempts, err)
-    WHERE o.lane = d.lane AND o.id = d.id AND d.lane IN (SELECT lane FROM f)
-    RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, d.attempts, d.err
+		dead: q(`WITH ` + fenced + `, hit AS (
+    SELECT x.ctid, d.attempts, d.err FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::text[]) AS d(lane, id, attempts, err)
+    CROSS JOIN LATERAL (SELECT o.ctid FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id LIMIT 1) x
+    WHERE d.lane IN (SELECT lane FROM f)
+), moved AS (
+    DELETE FROM S.outbox o USING hit WHERE o.ctid = hit.ctid
+    RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, hit.attempts, hit.err
 ), ins AS (
     INSERT INTO S.dead_letters (id, topic, key, payload, headers, deliver_at, created_at, attempts, last_error)
     SELECT * FROM moved

@@ -14,16 +14,11 @@ import (
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
-// hotPathSettings pins the plans of the relay's statements for the length of
-// their transaction. A queue table's statistics are wrong most of the time:
-// vacuumed while nearly empty, it claims a few rows while the backlog grows to
-// hundreds of thousands, and the planner then joins the batch against the
-// outbox with sequential scans, which stalled a relay outright (a fenced
-// removal of 2,800 rows ran for minutes). With these off, every outbox access
-// stays the index scan docs/plans.md shows, whatever the statistics say. JIT
-// is off because compiling cost more than the fetch itself.
-const hotPathSettings = `SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),
-       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+// hotPathSettings applies to the relay's transactions only: JIT off, because
+// compiling cost more than the fetch itself. (Plans need no pinning: every
+// outbox access is a per-lane or per-row LATERAL probe with nothing for wrong
+// statistics to reorder; see queries.go.)
+const hotPathSettings = `SELECT set_config('jit', 'off', true)`
 
 // pgStore is the storage behind the relay: every statement the hot path runs
 // goes through it, so another layout (an append-only log) can replace it.
