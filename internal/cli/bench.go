@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/wharfhq/wharf/internal/bench"
-	"github.com/wharfhq/wharf/internal/pgembed"
 )
 
 type benchFlags struct {
@@ -158,25 +157,11 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 		return usageError{err}
 	}
 
-	if g.databaseURL == "" {
-		dir, err := pgembed.FindBinaries()
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(g.stderr, "No database URL given: starting a throwaway PostgreSQL (fsync on) from %s ...\n", dir)
-		startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		cluster, err := pgembed.Start(startCtx, pgembed.Options{Fsync: true, Logger: g.log})
-		cancel()
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := cluster.Stop(); err != nil {
-				g.log.Warn("wharf: removing the throwaway PostgreSQL failed", "err", err)
-			}
-		}()
-		g.databaseURL = cluster.URL()
+	_, stopDB, err := g.throwawayDatabase(ctx)
+	if err != nil {
+		return err
 	}
+	defer stopDB()
 	o.DatabaseURL = g.databaseURL
 
 	res, err := bench.Run(ctx, o)

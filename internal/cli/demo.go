@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/wharfhq/wharf"
-	"github.com/wharfhq/wharf/internal/pgembed"
 	"github.com/wharfhq/wharf/internal/sinkurl"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
@@ -97,24 +96,12 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 	schema := g.schema
 	where := ""
 	dropSchema := false
-	if g.databaseURL == "" {
-		dir, err := pgembed.FindBinaries()
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(g.stderr, "No database URL given: starting a throwaway PostgreSQL from %s ...\n", dir)
-		startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		cluster, err := pgembed.Start(startCtx, pgembed.Options{Fsync: true, Logger: g.log})
-		cancel()
-		if err != nil {
-			return err
-		}
-		defer func() {
-			if err := cluster.Stop(); err != nil {
-				g.log.Warn("wharf: removing the throwaway PostgreSQL failed", "err", err)
-			}
-		}()
-		g.databaseURL = cluster.URL()
+	started, stopDB, err := g.throwawayDatabase(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopDB()
+	if started {
 		where = "throwaway local PostgreSQL"
 	} else {
 		if !schemaGiven {

@@ -22,6 +22,7 @@ import (
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
 
+	"github.com/wharfhq/wharf/internal/pgembed"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -285,6 +286,32 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 		return nil, fmt.Errorf("cannot connect to the database at %s:%d: %s (check --database-url / WHARF_DATABASE_URL)", cfg.ConnConfig.Host, cfg.ConnConfig.Port, oneLineError(err))
 	}
 	return pool, nil
+}
+
+// throwawayDatabase starts a private PostgreSQL (fsync on, for honest
+// numbers) when no database URL was given, points g.databaseURL at it and
+// returns the function that removes it; with a URL it does nothing.
+func (g *globals) throwawayDatabase(ctx context.Context) (started bool, stop func(), err error) {
+	if g.databaseURL != "" {
+		return false, func() {}, nil
+	}
+	dir, err := pgembed.FindBinaries()
+	if err != nil {
+		return false, nil, err
+	}
+	fmt.Fprintf(g.stderr, "No database URL given: starting a throwaway PostgreSQL (fsync on) from %s ...\n", dir)
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	cluster, err := pgembed.Start(startCtx, pgembed.Options{Fsync: true, Logger: g.log})
+	cancel()
+	if err != nil {
+		return false, nil, err
+	}
+	g.databaseURL = cluster.URL()
+	return true, func() {
+		if err := cluster.Stop(); err != nil {
+			g.log.Warn("wharf: removing the throwaway PostgreSQL failed", "err", err)
+		}
+	}, nil
 }
 
 func newVersionCmd(g *globals) *cobra.Command {
