@@ -61,6 +61,16 @@ type Sink interface {
 	Close() error
 }
 
+// FailAll returns n copies of err: the result of a Publish whose whole batch
+// failed (broker down, write error, context cancelled).
+func FailAll(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
 // HandlerFunc handles one message in-process. Returning nil acknowledges it.
 type HandlerFunc func(ctx context.Context, msg *Message) error
 

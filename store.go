@@ -408,20 +408,12 @@ func (r *relay) sinkWorker() {
 func (r *relay) publish(b *sinkBatch) (errs []error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err := fmt.Errorf("wharf: sink panicked: %v", p)
-			errs = make([]error, len(b.pub))
-			for i := range errs {
-				errs[i] = err
-			}
+			errs = FailAll(len(b.pub), fmt.Errorf("wharf: sink panicked: %v", p))
 		}
 	}()
 	errs = r.sink.Publish(r.hardCtx, b.pub)
 	if errs != nil && len(errs) != len(b.pub) {
-		err := fmt.Errorf("wharf: sink returned %d results for %d messages", len(errs), len(b.pub))
-		errs = make([]error, len(b.pub))
-		for i := range errs {
-			errs[i] = err
-		}
+		errs = FailAll(len(b.pub), fmt.Errorf("wharf: sink returned %d results for %d messages", len(errs), len(b.pub)))
 	}
 	allOK := true
 	for _, e := range errs {

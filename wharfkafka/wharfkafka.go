@@ -271,7 +271,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
-		return fill(len(msgs), fmt.Errorf("wharfkafka: %w", err))
+		return wharf.FailAll(len(msgs), fmt.Errorf("wharfkafka: %w", err))
 	}
 	c := &call{
 		errs:     make([]error, len(msgs)),
@@ -408,14 +408,6 @@ func classify(topic string, err error) error {
 func (s *Sink) Close() error {
 	s.closeOnce.Do(s.cl.Close)
 	return nil
-}
-
-func fill(n int, err error) []error {
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
 }
 
 // Open opens the sink a kafka:// URL names (see the package documentation

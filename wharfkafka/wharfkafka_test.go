@@ -306,48 +306,15 @@ func TestParseURL(t *testing.T) {
 	}
 }
 
-// BenchmarkPublish measures the direct publish rate into kfake: 200-byte
-// payloads in batches of 1,000 over 100 keys, one Publish at a time
-// (serial) and four at once (the relay's default sink concurrency).
-// Run with -benchtime=200000x for the 200k-message figure.
+// BenchmarkPublish is franz-go's direct-publish rate into kfake (in memory,
+// same process: an upper bound for the client, not a real broker's rate).
 func BenchmarkPublish(b *testing.B) {
-	for _, conc := range []int{1, 4} {
-		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
-			c := newCluster(b)
-			s, err := New(Options{Brokers: c.ListenAddrs(), TopicTemplate: testPrefix + TopicPlaceholder})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
-			payload := []byte(strings.Repeat("x", 200))
-			const batch = 1000
-			batches := make(chan []*wharf.Message)
-			go func() {
-				defer close(batches)
-				id := int64(0)
-				for left := b.N; left > 0; left -= batch {
-					msgs := make([]*wharf.Message, min(batch, left))
-					for i := range msgs {
-						id++
-						msgs[i] = &wharf.Message{ID: id, Topic: wharfsinktest.TopicOrders, Key: fmt.Sprintf("k%d", id%100), Payload: payload}
-					}
-					batches <- msgs
-				}
-			}()
-			b.ResetTimer()
-			start := time.Now()
-			var wg sync.WaitGroup
-			for range conc {
-				wg.Go(func() {
-					for msgs := range batches {
-						if errs := s.Publish(context.Background(), msgs); errs != nil {
-							b.Error(errs[0])
-						}
-					}
-				})
-			}
-			wg.Wait()
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
-		})
-	}
+	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
+		c := newCluster(b)
+		s, err := New(Options{Brokers: c.ListenAddrs(), TopicTemplate: testPrefix + TopicPlaceholder})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	})
 }

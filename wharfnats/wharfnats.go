@@ -164,7 +164,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
-		return fill(len(msgs), fmt.Errorf("wharfnats: %w", err))
+		return wharf.FailAll(len(msgs), fmt.Errorf("wharfnats: %w", err))
 	}
 	errs := make([]error, len(msgs))
 	futures := make([]jetstream.PubAckFuture, len(msgs))
@@ -311,14 +311,6 @@ func (s *Sink) Close() error {
 		}
 	})
 	return nil
-}
-
-func fill(n int, err error) []error {
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
 }
 
 // urlConfig is what a nats:// URL says.

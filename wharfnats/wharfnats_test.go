@@ -474,52 +474,10 @@ func TestOpenCreatesStream(t *testing.T) {
 	}
 }
 
-// BenchmarkPublish measures the direct publish rate into the real JetStream
-// (file storage): 200-byte payloads in batches of 1,000 over 100 keys, one
-// Publish at a time and four at once (the relay's default sink
-// concurrency). Run with -benchtime=200000x for the 200k-message figure.
+// BenchmarkPublish is nats.go's direct-publish rate into the real JetStream.
 func BenchmarkPublish(b *testing.B) {
-	for _, conc := range []int{1, 4} {
-		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
-			_, s := newWorld(b, sharedURL)
-			payload := []byte(strings.Repeat("x", 200))
-			const batch = 1000
-			batches := make(chan []*wharf.Message)
-			go func() {
-				defer close(batches)
-				id := time.Now().UnixNano()
-				for left := b.N; left > 0; left -= batch {
-					msgs := make([]*wharf.Message, min(batch, left))
-					for i := range msgs {
-						id++
-						msgs[i] = &wharf.Message{ID: id, Topic: wharfsinktest.TopicOrders, Key: fmt.Sprintf("k%d", id%100), Payload: payload}
-					}
-					batches <- msgs
-				}
-			}()
-			b.ResetTimer()
-			start := time.Now()
-			var wg sync.WaitGroup
-			for range conc {
-				wg.Go(func() {
-					for msgs := range batches {
-						if errs := s.Publish(context.Background(), msgs); errs != nil {
-							b.Error(firstErr(errs))
-						}
-					}
-				})
-			}
-			wg.Wait()
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
-		})
-	}
-}
-
-func firstErr(errs []error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
+		_, s := newWorld(b, sharedURL)
+		return s
+	})
 }

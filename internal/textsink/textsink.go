@@ -128,16 +128,16 @@ func (s *sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
-		return fill(len(msgs), err)
+		return wharf.FailAll(len(msgs), err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Waiting for the lock may have outlasted the context.
 	if err := ctx.Err(); err != nil {
-		return fill(len(msgs), err)
+		return wharf.FailAll(len(msgs), err)
 	}
 	if s.closed {
-		return fill(len(msgs), &fs.PathError{Op: "write", Path: s.name, Err: fs.ErrClosed})
+		return wharf.FailAll(len(msgs), &fs.PathError{Op: "write", Path: s.name, Err: fs.ErrClosed})
 	}
 
 	buf := s.enc.buf[:0]
@@ -166,11 +166,11 @@ func (s *sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		s.enc.buf = nil
 	}
 	if err != nil {
-		return fill(len(msgs), s.wrap("write", err))
+		return wharf.FailAll(len(msgs), s.wrap("write", err))
 	}
 	if s.sync != nil {
 		if err := s.sync(); err != nil {
-			return fill(len(msgs), s.wrap("fsync", err))
+			return wharf.FailAll(len(msgs), s.wrap("fsync", err))
 		}
 	}
 	return nil
@@ -200,14 +200,6 @@ func (s *sink) Close() error {
 		return s.wrap("close", err)
 	}
 	return nil
-}
-
-func fill(n int, err error) []error {
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
 }
 
 // encoder holds the scratch space reused across batches so that encoding a
