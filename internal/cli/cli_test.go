@@ -67,6 +67,12 @@ func TestConfigErrorsAreOneLineAndNameTheField(t *testing.T) {
 		{"dead retry without selector", []string{"dead", "retry"}, "--all", 2},
 		{"demo bad count", []string{"demo", "--messages", "0"}, "--messages must be at least 1", 2},
 		{"stray argument", []string{"version", "now"}, "takes no arguments", 2},
+		{"route without url", []string{"--database-url", "postgres://x@127.0.0.1:1/x", "relay", "--route", "orders.*"}, `--route "orders.*": write PATTERN=SINK_URL`, 2},
+		{"route bad pattern", []string{"--database-url", "postgres://x@127.0.0.1:1/x", "relay", "--route", "orders*=stdout:"}, `"*" must be a whole segment`, 2},
+		{"route unknown sink", []string{"--database-url", "postgres://x@127.0.0.1:1/x", "relay", "--route", "a.*=kafak://x"}, `route "a.*": unknown sink scheme "kafak"`, 2},
+		{"yaml routes not a list", []string{"--config", writeConfig(t, "routes: \"stdout:\"\n"), "relay"}, "routes must be a list of {topic: PATTERN, sink: URL} items", 1},
+		{"yaml route missing sink", []string{"--config", writeConfig(t, "routes:\n  - topic: orders.*\n"), "relay"}, "line 2: a route needs both topic and sink", 1},
+		{"yaml route unknown field", []string{"--config", writeConfig(t, "routes:\n  - topic: orders.*\n    sinc: \"stdout:\"\n"), "relay"}, `line 3: unknown route field "sinc"`, 1},
 		{"library validation names the flag", []string{"--database-url", "postgres://x@127.0.0.1:1/x", "relay", "--sink", "stdout:", "--fetch-batch", "10"}, "--fetch-batch must be at least 64", 2},
 	}
 	for _, c := range cases {
@@ -101,4 +107,11 @@ func TestOneLineErrorFoldsConnectionAttempts(t *testing.T) {
 	require.Equal(t, "cannot connect: failed to connect to `user=postgres`: 127.0.0.1:1 (127.0.0.1): dial error: refused", oneLineError(err))
 	require.Equal(t, "--max-retry-backoff (1s) must be at least --retry-backoff (2s)",
 		oneLineError(errors.New("wharf: Config.MaxRetryBackoff (1s) must be at least Config.RetryBackoff (2s)")))
+}
+
+func TestRouteSecretsAreRedacted(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "orders.*=https://u:xxxxx@h/x?wharf_header_Authorization=xxxxx&wharf_mode=batch",
+		redactRoute("orders.*=https://u:pw@h/x?wharf_header_Authorization=Bearer+s3cret&wharf_mode=batch"))
+	require.Equal(t, "https://h/?wharf_secret_env=HOOK_SECRET", redactURL("https://h/?wharf_secret_env=HOOK_SECRET"))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 // relayFlags are the relay settings shared by `relay` and `demo`.
 type relayFlags struct {
 	sink     string
+	routes   []string
 	drain    bool
 	stopWait time.Duration
 	cfg      wharf.Config
@@ -23,7 +25,8 @@ type relayFlags struct {
 
 func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.sink, "sink", sinkDefault, "where messages go: stdout:, file:///path.jsonl, null: (see README)")
+	fl.StringVar(&f.sink, "sink", sinkDefault, "where messages go: stdout:, file:///path.jsonl, null:, kafka://, nats://, amqp://, redis://, https:// (see README); with --route, where unrouted topics go")
+	fl.StringArrayVar(&f.routes, "route", nil, "PATTERN=SINK_URL: send topics matching PATTERN (orders.*, hooks.**) to that sink; repeatable, first match wins (YAML: routes)")
 	fl.BoolVar(&f.drain, "drain", false, "exit 0 once nothing deliverable is left: nothing due, in flight or waiting for a retry (messages scheduled for later stay)")
 	fl.DurationVar(&f.stopWait, "stop-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for in-flight deliveries")
 	fl.StringVar(&f.cfg.RelayID, "relay-id", "", "name of this relay in the lanes table (default host-pid-random)")
@@ -60,8 +63,8 @@ Logs go to stderr; SIGINT/SIGTERM stop it gracefully (exit 0).`,
 }
 
 func runRelay(ctx context.Context, g *globals, f *relayFlags) error {
-	if f.sink == "" {
-		return usageError{fmt.Errorf("--sink is required (one of: %s)", joinSchemes())}
+	if f.sink == "" && len(f.routes) == 0 {
+		return usageError{fmt.Errorf("--sink is required (one of: %s), or --route PATTERN=URL", joinSchemes())}
 	}
 	cfg := f.cfg
 	cfg.Schema = g.schema
@@ -70,7 +73,7 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags) error {
 	if _, err := wharf.NewClient(nil, &cfg); err != nil {
 		return usageError{err}
 	}
-	sink, err := sinkurl.Open(ctx, f.sink)
+	sink, err := openSinks(ctx, f.sink, f.routes)
 	if err != nil {
 		return usageError{err}
 	}
@@ -92,7 +95,7 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags) error {
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	g.log.Info("wharf: relay started", "schema", g.schema, "sink", redactURL(f.sink))
+	g.log.Info("wharf: relay started", "schema", g.schema, "sink", redactURL(f.sink), "routes", redactRoutes(f.routes))
 	select {
 	case <-ctx.Done():
 	case <-client.Stopped():
@@ -115,4 +118,70 @@ func joinSchemes() string {
 		s += x
 	}
 	return s
+}
+
+// openSinks opens the relay's sink: the --sink URL alone, or a router over the
+// --route PATTERN=URL pairs with --sink (when given) for every other topic.
+// Each distinct URL is opened once.
+func openSinks(ctx context.Context, sinkURL string, routes []string) (wharf.Sink, error) {
+	if len(routes) == 0 {
+		return sinkurl.Open(ctx, sinkURL)
+	}
+	type pair struct{ pattern, url string }
+	pairs := make([]pair, 0, len(routes)+1)
+	for _, r := range routes {
+		pattern, u, ok := strings.Cut(r, "=")
+		pattern = strings.TrimSpace(pattern)
+		if !ok || strings.TrimSpace(u) == "" {
+			return nil, fmt.Errorf("--route %q: write PATTERN=SINK_URL, e.g. --route 'orders.*=kafka://127.0.0.1:9092'", redactRoute(r))
+		}
+		if err := wharf.ValidatePattern(pattern); err != nil {
+			return nil, fmt.Errorf("--route %q: %w", redactRoute(r), err)
+		}
+		pairs = append(pairs, pair{pattern, strings.TrimSpace(u)})
+	}
+	if sinkURL != "" {
+		pairs = append(pairs, pair{"**", sinkURL})
+	}
+	opened := map[string]wharf.Sink{}
+	closeAll := func() {
+		for _, s := range opened {
+			_ = s.Close()
+		}
+	}
+	rs := make([]wharf.Route, 0, len(pairs))
+	for _, p := range pairs {
+		s, ok := opened[p.url]
+		if !ok {
+			var err error
+			if s, err = sinkurl.Open(ctx, p.url); err != nil {
+				closeAll()
+				return nil, fmt.Errorf("route %q: %w", p.pattern, err)
+			}
+			opened[p.url] = s
+		}
+		rs = append(rs, wharf.Route{Pattern: p.pattern, Sink: s})
+	}
+	router, err := wharf.NewRouter(rs...)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return router, nil
+}
+
+func redactRoute(r string) string {
+	pattern, u, ok := strings.Cut(r, "=")
+	if !ok {
+		return r
+	}
+	return pattern + "=" + redactURL(u)
+}
+
+func redactRoutes(routes []string) []string {
+	out := make([]string, len(routes))
+	for i, r := range routes {
+		out[i] = redactRoute(r)
+	}
+	return out
 }

@@ -172,7 +172,9 @@ func (g *globals) load(cmd *cobra.Command) error {
 		if err := f.Value.Set(value); err != nil {
 			return fmt.Errorf("%s: invalid value %q for %s: %w", source, value, name, err)
 		}
-		f.Changed = true
+		// A repeatable flag (--route) takes every value of the file; the
+		// flag is marked set once all of them are in.
+		f.Changed = !isSliceFlag(f)
 		return nil
 	}
 	for _, env := range []struct{ name, flag string }{
@@ -197,8 +199,10 @@ func (g *globals) load(cmd *cobra.Command) error {
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			if err := setIfUnset(strings.ReplaceAll(k, "_", "-"), values[k], "config file "+g.configFile); err != nil {
-				return err
+			for _, v := range values[k] {
+				if err := setIfUnset(strings.ReplaceAll(k, "_", "-"), v, "config file "+g.configFile); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -222,8 +226,9 @@ func (g *globals) load(cmd *cobra.Command) error {
 }
 
 // readConfigFile reads a flat YAML map and checks every key names a flag of
-// some wharf command, so a typo fails instead of being ignored.
-func readConfigFile(path string, root *cobra.Command) (map[string]string, error) {
+// some wharf command, so a typo fails instead of being ignored. The one
+// structured key is routes: a list of {topic, sink} maps, given to --route.
+func readConfigFile(path string, root *cobra.Command) (map[string][]string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
@@ -245,18 +250,62 @@ func readConfigFile(path string, root *cobra.Command) (map[string]string, error)
 	walk(root)
 	delete(known, "config")
 	delete(known, "help")
-	out := map[string]string{}
+	delete(known, "route") // written as routes: in the file
+	out := map[string][]string{}
 	for k, node := range raw {
+		if k == "routes" {
+			routes, err := readRoutes(path, &node)
+			if err != nil {
+				return nil, err
+			}
+			out["route"] = routes
+			continue
+		}
 		name := strings.ReplaceAll(k, "_", "-")
 		if !known[name] {
-			return nil, fmt.Errorf("config file %s: line %d: unknown field %q (keys are flag names with underscores, e.g. database_url, sink, lease_ttl)", path, node.Line, k)
+			return nil, fmt.Errorf("config file %s: line %d: unknown field %q (keys are flag names with underscores, e.g. database_url, sink, lease_ttl, or routes)", path, node.Line, k)
 		}
 		if node.Kind != yaml.ScalarNode {
 			return nil, fmt.Errorf("config file %s: line %d: field %q must be a single value", path, node.Line, k)
 		}
-		out[k] = node.Value
+		out[k] = []string{node.Value}
 	}
 	return out, nil
+}
+
+// readRoutes reads the routes: list, each item {topic: PATTERN, sink: URL},
+// as --route values PATTERN=URL, in file order (the first match wins).
+func readRoutes(path string, node *yaml.Node) ([]string, error) {
+	const want = "routes must be a list of {topic: PATTERN, sink: URL} items, e.g. - {topic: \"orders.*\", sink: \"kafka://127.0.0.1:9092\"}"
+	if node.Kind != yaml.SequenceNode {
+		return nil, fmt.Errorf("config file %s: line %d: %s", path, node.Line, want)
+	}
+	var out []string
+	for _, item := range node.Content {
+		var r struct {
+			Topic string `yaml:"topic"`
+			Sink  string `yaml:"sink"`
+		}
+		if item.Kind != yaml.MappingNode {
+			return nil, fmt.Errorf("config file %s: line %d: %s", path, item.Line, want)
+		}
+		for i := 0; i+1 < len(item.Content); i += 2 {
+			if k := item.Content[i].Value; k != "topic" && k != "sink" {
+				return nil, fmt.Errorf("config file %s: line %d: unknown route field %q: a route has topic and sink", path, item.Content[i].Line, k)
+			}
+		}
+		if err := item.Decode(&r); err != nil || r.Topic == "" || r.Sink == "" {
+			return nil, fmt.Errorf("config file %s: line %d: a route needs both topic and sink: %s", path, item.Line, want)
+		}
+		out = append(out, r.Topic+"="+r.Sink)
+	}
+	return out, nil
+}
+
+// isSliceFlag reports whether f accumulates values (a repeatable flag).
+func isSliceFlag(f *pflag.Flag) bool {
+	t := f.Value.Type()
+	return strings.HasSuffix(t, "Slice") || strings.HasSuffix(t, "Array")
 }
 
 // connect opens a pool and checks the database answers, with errors that say

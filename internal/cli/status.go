@@ -21,7 +21,31 @@ func redactURL(raw string) string {
 	if err != nil {
 		return "(unparsable URL)"
 	}
+	q := u.Query()
+	changed := false
+	for k := range q {
+		if sensitiveOption(k) {
+			q.Set(k, "xxxxx")
+			changed = true
+		}
+	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
 	return u.Redacted()
+}
+
+// sensitiveOption reports whether a sink URL option may hold a credential
+// (a webhook's static Authorization header, a SASL password), whose value
+// must not reach logs.
+func sensitiveOption(k string) bool {
+	k = strings.ToLower(k)
+	for _, w := range []string{"header", "secret", "password", "token", "sasl", "key"} {
+		if strings.Contains(k, w) && !strings.HasSuffix(k, "_template") && !strings.HasSuffix(k, "_env") && !strings.HasSuffix(k, "_file") {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *globals) client(cmd *cobra.Command) (*wharf.Client, func(), error) {
