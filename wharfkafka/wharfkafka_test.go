@@ -318,3 +318,27 @@ func BenchmarkPublish(b *testing.B) {
 		return s
 	})
 }
+
+// BenchmarkDirectPublish is the same workload produced with franz-go alone
+// (idempotent, acks=all, every record of a batch in flight, waiting for all
+// of them): the baseline BenchmarkPublish is compared with.
+func BenchmarkDirectPublish(b *testing.B) {
+	wharfsinktest.BenchmarkDirect(b, func(b *testing.B) func(context.Context, []*wharf.Message) error {
+		c := newCluster(b)
+		cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RequiredAcks(kgo.AllISRAcks()),
+			kgo.ProducerBatchCompression(kgo.SnappyCompression()), kgo.ProducerLinger(0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(cl.Close)
+		topic := testPrefix + wharfsinktest.TopicOrders
+		return func(ctx context.Context, msgs []*wharf.Message) error {
+			recs := make([]*kgo.Record, len(msgs))
+			for i, m := range msgs {
+				recs[i] = &kgo.Record{Topic: topic, Key: []byte(m.Key), Value: m.Payload,
+					Headers: []kgo.RecordHeader{{Key: HeaderMessageID, Value: []byte(m.MessageID())}}}
+			}
+			return cl.ProduceSync(ctx, recs...).FirstErr()
+		}
+	})
+}

@@ -481,3 +481,39 @@ func BenchmarkPublish(b *testing.B) {
 		return s
 	})
 }
+
+// BenchmarkDirectPublish is the same workload published with nats.go alone
+// (async JetStream publishes with Nats-Msg-Id, waiting for every PubAck of a
+// batch): the baseline BenchmarkPublish is compared with.
+func BenchmarkDirectPublish(b *testing.B) {
+	wharfsinktest.BenchmarkDirect(b, func(b *testing.B) func(context.Context, []*wharf.Message) error {
+		w, _ := newWorld(b, sharedURL)
+		nc := requireServer(b, sharedURL)
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
+		if err != nil {
+			b.Fatal(err)
+		}
+		subject := w.prefix + "." + wharfsinktest.TopicOrders
+		return func(ctx context.Context, msgs []*wharf.Message) error {
+			futures := make([]jetstream.PubAckFuture, len(msgs))
+			for i, m := range msgs {
+				msg := &nats.Msg{Subject: subject, Data: m.Payload, Header: nats.Header{HeaderKey: []string{m.Key}}}
+				f, err := js.PublishMsgAsync(msg, jetstream.WithMsgID(m.MessageID()), jetstream.WithExpectStream(w.stream))
+				if err != nil {
+					return err
+				}
+				futures[i] = f
+			}
+			for _, f := range futures {
+				select {
+				case <-f.Ok():
+				case err := <-f.Err():
+					return err
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		}
+	})
+}
