@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,18 +37,7 @@ type world struct {
 }
 
 type harness struct {
-	mu     sync.Mutex
-	worlds map[*testing.T]*world
-}
-
-func (h *harness) world(t *testing.T) *world {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	w := h.worlds[t]
-	if w == nil {
-		t.Fatal("the harness has no sink for this test: NewSink was not called")
-	}
-	return w
+	worlds wharfsinktest.PerTest[*world]
 }
 
 func newCluster(t testing.TB, extra ...kfake.Opt) *kfake.Cluster {
@@ -88,19 +76,12 @@ func newTestSink(t testing.TB, c *kfake.Cluster) *Sink {
 
 func (h *harness) newSink(t *testing.T) wharf.Sink {
 	c := newCluster(t)
-	h.mu.Lock()
-	h.worlds[t] = &world{cluster: c}
-	h.mu.Unlock()
-	t.Cleanup(func() {
-		h.mu.Lock()
-		delete(h.worlds, t)
-		h.mu.Unlock()
-	})
+	h.worlds.Set(t, &world{cluster: c})
 	return newTestSink(t, c)
 }
 
 func (h *harness) consume(t *testing.T, topics []string, want int, timeout time.Duration) []wharfsinktest.Received {
-	return consume(t, h.world(t).cluster, topics, want, timeout)
+	return consume(t, h.worlds.Get(t).cluster, topics, want, timeout)
 }
 
 // consume reads the topics from the start with a fresh consumer, keeping
@@ -156,12 +137,12 @@ func consume(t *testing.T, c *kfake.Cluster, topics []string, want int, timeout 
 }
 
 func TestConformance(t *testing.T) {
-	h := &harness{worlds: map[*testing.T]*world{}}
+	h := &harness{}
 	wharfsinktest.Run(t, wharfsinktest.Harness{
 		NewSink: h.newSink,
 		Consume: h.consume,
 		BreakBroker: func(t *testing.T) {
-			w := h.world(t)
+			w := h.worlds.Get(t)
 			// Every produce is answered with a retriable error, as when
 			// too few replicas are in sync for acks=all.
 			w.outage = w.cluster.Fault(kfake.Fault{
@@ -170,7 +151,7 @@ func TestConformance(t *testing.T) {
 				Count: -1,
 			})
 		},
-		HealBroker: func(t *testing.T) { h.world(t).outage.Remove() },
+		HealBroker: func(t *testing.T) { h.worlds.Get(t).outage.Remove() },
 		Features: wharfsinktest.Features{
 			MaxPayload:      1 << 20,
 			SupportsHeaders: true,

@@ -61,18 +61,7 @@ type world struct {
 }
 
 type harness struct {
-	mu     sync.Mutex
-	worlds map[*testing.T]*world
-}
-
-func (h *harness) world(t *testing.T) *world {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	w := h.worlds[t]
-	if w == nil {
-		t.Fatal("the harness has no sink for this test: NewSink was not called")
-	}
-	return w
+	worlds wharfsinktest.PerTest[*world]
 }
 
 func randomID() string {
@@ -122,20 +111,9 @@ func newWorld(t testing.TB, serverURL string) (*world, wharf.Sink) {
 	return w, s
 }
 
-func (h *harness) register(t *testing.T, w *world) {
-	h.mu.Lock()
-	h.worlds[t] = w
-	h.mu.Unlock()
-	t.Cleanup(func() {
-		h.mu.Lock()
-		delete(h.worlds, t)
-		h.mu.Unlock()
-	})
-}
-
 func (h *harness) newSink(t *testing.T) wharf.Sink {
 	w, s := newWorld(t, sharedURL)
-	h.register(t, w)
+	h.worlds.Set(t, w)
 	return s
 }
 
@@ -145,7 +123,7 @@ func (h *harness) newBreakableSink(t *testing.T) wharf.Sink {
 	srv := startPrivateServer(t)
 	w, s := newWorld(t, srv.url())
 	w.server = srv
-	h.register(t, w)
+	h.worlds.Set(t, w)
 	return s
 }
 
@@ -153,7 +131,7 @@ func (h *harness) newBreakableSink(t *testing.T) wharf.Sink {
 // which keep the stream's order: the order JetStream stored the messages in.
 func (h *harness) consume(t *testing.T, topics []string, want int, timeout time.Duration) []wharfsinktest.Received {
 	t.Helper()
-	w := h.world(t)
+	w := h.worlds.Get(t)
 	nc, err := nats.Connect(w.url, nats.Timeout(2*time.Second))
 	if err != nil {
 		t.Fatalf("consume: %v", err)
@@ -216,7 +194,7 @@ func (h *harness) consume(t *testing.T, topics []string, want int, timeout time.
 
 func TestConformance(t *testing.T) {
 	nc := requireServer(t, sharedURL)
-	h := &harness{worlds: map[*testing.T]*world{}}
+	h := &harness{}
 	maxPayload := 1 << 20
 	if nc.MaxPayload() > 0 {
 		// NATS counts headers in max_payload; leave room for the suite's.
@@ -226,8 +204,8 @@ func TestConformance(t *testing.T) {
 		NewSink:          h.newSink,
 		NewBreakableSink: h.newBreakableSink,
 		Consume:          h.consume,
-		BreakBroker:      func(t *testing.T) { h.world(t).server.stop(t) },
-		HealBroker:       func(t *testing.T) { h.world(t).server.start(t) },
+		BreakBroker:      func(t *testing.T) { h.worlds.Get(t).server.stop(t) },
+		HealBroker:       func(t *testing.T) { h.worlds.Get(t).server.start(t) },
 		Features: wharfsinktest.Features{
 			MaxPayload:      maxPayload,
 			SupportsHeaders: true,

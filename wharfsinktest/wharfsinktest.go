@@ -96,6 +96,41 @@ type Harness struct {
 	Features Features
 }
 
+// PerTest keeps one value per test, such as the destination a harness's
+// NewSink made for it, for the callbacks that get only t (Consume,
+// BreakBroker, HealBroker). The value is forgotten at t's cleanup. The zero
+// value is ready to use and safe for concurrent use.
+type PerTest[V any] struct {
+	mu sync.Mutex
+	m  map[*testing.T]V
+}
+
+// Set stores v for t until t's cleanup.
+func (p *PerTest[V]) Set(t *testing.T, v V) {
+	p.mu.Lock()
+	if p.m == nil {
+		p.m = map[*testing.T]V{}
+	}
+	p.m[t] = v
+	p.mu.Unlock()
+	t.Cleanup(func() {
+		p.mu.Lock()
+		delete(p.m, t)
+		p.mu.Unlock()
+	})
+}
+
+// Get returns t's value, and fails t when NewSink did not Set one.
+func (p *PerTest[V]) Get(t *testing.T) V {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, ok := p.m[t]
+	if !ok {
+		t.Fatal("wharfsinktest: the harness has no sink for this test: NewSink was not called")
+	}
+	return v
+}
+
 // Topic names the suite publishes to, so that a harness whose destinations
 // must exist beforehand (Kafka topics, NATS stream subjects) can create them
 // in NewSink.
