@@ -18,6 +18,7 @@ import (
 	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
@@ -222,7 +223,16 @@ func (g *globals) load(cmd *cobra.Command) error {
 	default:
 		return usageError{fmt.Errorf("--log-format %q: use text or json", g.logFormat)}
 	}
+	// go-redis logs every failed dial to stderr on its own; the sink reports
+	// the failure as a retryable error already, so its lines go to debug.
+	redis.SetLogger(redisLogger{g.log})
 	return nil
+}
+
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
 }
 
 // readConfigFile reads a flat YAML map and checks every key names a flag of
