@@ -104,12 +104,21 @@ func (s *sampler) measure(ctx context.Context, phase string, interval bool) (Sam
 			x.P50, x.P99 = h.quantile(0.5), h.quantile(0.99)
 		}
 	default:
-		n, err := s.e.outboxRemoved(ctx, s.schema)
+		if s.fixedProduced > 0 { // drain: a large backlog, not worth scanning
+			n, err := s.e.outboxRemoved(ctx, s.schema)
+			if err != nil {
+				return x, err
+			}
+			x.Processed = min(n, x.Produced)
+			x.Backlog = x.Produced - x.Processed
+			break
+		}
+		n, err := s.e.outboxCount(ctx, s.schema)
 		if err != nil {
 			return x, err
 		}
-		x.Processed = min(n, x.Produced)
-		x.Backlog = x.Produced - x.Processed
+		x.Backlog = n
+		x.Processed = max(0, x.Produced-n)
 	}
 	return x, nil
 }
