@@ -119,7 +119,7 @@ const HeaderKey = "wharf-key"
 
 // TopicPlaceholder is replaced by the wharf topic in Options.Exchange and
 // Options.RoutingKeyTemplate.
-const TopicPlaceholder = "{{topic}}"
+const TopicPlaceholder = wharf.TopicPlaceholder
 
 // KeyPlaceholder is replaced by the message key in
 // Options.RoutingKeyTemplate.

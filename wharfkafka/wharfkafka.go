@@ -86,7 +86,7 @@ import (
 const HeaderMessageID = "wharf-message-id"
 
 // TopicPlaceholder is replaced by the wharf topic in Options.TopicTemplate.
-const TopicPlaceholder = "{{topic}}"
+const TopicPlaceholder = wharf.TopicPlaceholder
 
 const (
 	defaultClientID        = "wharf"
@@ -119,9 +119,7 @@ type Options struct {
 // Sink is a [wharf.Sink] that produces to Kafka. It is safe for concurrent use.
 type Sink struct {
 	cl        *kgo.Client
-	prefix    string // the template around the placeholder; no placeholder means a fixed topic
-	suffix    string
-	fixed     bool
+	topics    wharf.TopicTemplate
 	maxBytes  func(string) int32
 	closeOnce sync.Once
 }
@@ -157,7 +155,7 @@ func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 		return nil, fmt.Errorf("wharfkafka: %w", err)
 	}
 	s := &Sink{cl: cl}
-	s.prefix, s.suffix, s.fixed = splitTemplate(opts.TopicTemplate)
+	s.topics, _ = wharf.ParseTopicTemplate(opts.TopicTemplate) // checked by validate
 	s.maxBytes = func(string) int32 { return opts.MaxMessageBytes }
 	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
 		s.maxBytes = fn // extra options may have changed it
@@ -177,8 +175,8 @@ func (o *Options) validate() error {
 	if o.TopicTemplate == "" {
 		o.TopicTemplate = TopicPlaceholder
 	}
-	if strings.Count(o.TopicTemplate, TopicPlaceholder) > 1 {
-		return fmt.Errorf("wharfkafka: Options.TopicTemplate %q has %s more than once", o.TopicTemplate, TopicPlaceholder)
+	if _, err := wharf.ParseTopicTemplate(o.TopicTemplate); err != nil {
+		return fmt.Errorf("wharfkafka: Options.TopicTemplate: %w", err)
 	}
 	if o.ClientID == "" {
 		o.ClientID = defaultClientID
@@ -214,21 +212,8 @@ func codecFor(name string) (kgo.CompressionCodec, error) {
 	return kgo.CompressionCodec{}, fmt.Errorf("wharfkafka: unknown compression %q: want snappy, lz4, zstd, gzip or none", name)
 }
 
-func splitTemplate(tmpl string) (prefix, suffix string, fixed bool) {
-	before, after, found := strings.Cut(tmpl, TopicPlaceholder)
-	if !found {
-		return tmpl, "", true
-	}
-	return before, after, false
-}
-
 // Topic returns the Kafka topic a message of the wharf topic goes to.
-func (s *Sink) Topic(topic string) string {
-	if s.fixed {
-		return s.prefix
-	}
-	return s.prefix + topic + s.suffix
-}
+func (s *Sink) Topic(topic string) string { return s.topics.Expand(topic) }
 
 // Client returns the underlying franz-go client, for metrics or admin calls.
 // Closing it breaks the sink.

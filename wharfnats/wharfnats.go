@@ -57,6 +57,7 @@
 package wharfnats
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -78,7 +79,7 @@ import (
 const HeaderKey = "Wharf-Key"
 
 // TopicPlaceholder is replaced by the wharf topic in Options.SubjectTemplate.
-const TopicPlaceholder = "{{topic}}"
+const TopicPlaceholder = wharf.TopicPlaceholder
 
 const (
 	defaultAckTimeout = 10 * time.Second
@@ -104,9 +105,7 @@ type Sink struct {
 	nc        *nats.Conn
 	js        jetstream.JetStream
 	opts      Options
-	prefix    string
-	suffix    string
-	fixed     bool
+	names     wharf.TopicTemplate // destination per topic
 	ownsConn  bool
 	closeOnce sync.Once
 }
@@ -120,11 +119,9 @@ func New(nc *nats.Conn, opts Options) (*Sink, error) {
 	if nc == nil {
 		return nil, errors.New("wharfnats: New: nil connection")
 	}
-	if opts.SubjectTemplate == "" {
-		opts.SubjectTemplate = TopicPlaceholder
-	}
-	if strings.Count(opts.SubjectTemplate, TopicPlaceholder) > 1 {
-		return nil, fmt.Errorf("wharfnats: Options.SubjectTemplate %q has %s more than once", opts.SubjectTemplate, TopicPlaceholder)
+	names, err := wharf.ParseTopicTemplate(opts.SubjectTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("wharfnats: Options.SubjectTemplate: %w", err)
 	}
 	if opts.AckTimeout == 0 {
 		opts.AckTimeout = defaultAckTimeout
@@ -139,19 +136,12 @@ func New(nc *nats.Conn, opts Options) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wharfnats: %w", err)
 	}
-	s := &Sink{nc: nc, js: js, opts: opts}
-	before, after, found := strings.Cut(opts.SubjectTemplate, TopicPlaceholder)
-	s.prefix, s.suffix, s.fixed = before, after, !found
+	s := &Sink{names: names, nc: nc, js: js, opts: opts}
 	return s, nil
 }
 
 // Subject returns the subject a message of the wharf topic is published to.
-func (s *Sink) Subject(topic string) string {
-	if s.fixed {
-		return s.prefix
-	}
-	return s.prefix + topic + s.suffix
-}
+func (s *Sink) Subject(topic string) string { return s.names.Expand(topic) }
 
 // JetStream returns the JetStream context the sink publishes with.
 func (s *Sink) JetStream() jetstream.JetStream { return s.js }
@@ -372,11 +362,11 @@ func (s *Sink) ensureStream(ctx context.Context, create bool) error {
 	}
 	_, err = s.js.CreateStream(ctx, jetstream.StreamConfig{
 		Name:     name,
-		Subjects: []string{s.prefix + ">"},
+		Subjects: []string{s.names.Prefix() + ">"},
 		Storage:  jetstream.FileStorage,
 	})
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return fmt.Errorf("cannot create stream %q on %q: %w", name, s.prefix+">", err)
+		return fmt.Errorf("cannot create stream %q on %q: %w", name, s.names.Prefix()+">", err)
 	}
 	return nil
 }
@@ -434,17 +424,14 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, name and tls", shown, k)
 		}
 	}
-	tmpl := cfg.opts.SubjectTemplate
-	if tmpl == "" {
-		tmpl = TopicPlaceholder
-	}
-	if strings.Count(tmpl, TopicPlaceholder) > 1 {
-		return cfg, fmt.Errorf("sink URL %q: subject_template %q has %s more than once", shown, tmpl, TopicPlaceholder)
+	if _, err := wharf.ParseTopicTemplate(cfg.opts.SubjectTemplate); err != nil {
+		return cfg, fmt.Errorf("sink URL %q: subject_template: %w", shown, err)
 	}
 	if cfg.createStream {
 		if cfg.opts.Stream == "" {
 			return cfg, fmt.Errorf("sink URL %q: create_stream=true needs stream=NAME", shown)
 		}
+		tmpl := cmp.Or(cfg.opts.SubjectTemplate, TopicPlaceholder)
 		prefix, found := strings.CutSuffix(tmpl, TopicPlaceholder)
 		if !found || !strings.HasSuffix(prefix, ".") || checkSubject(prefix+"x") != nil {
 			return cfg, fmt.Errorf("sink URL %q: create_stream=true needs a subject_template of the form prefix.{{topic}} (the stream takes prefix.>), not %q", shown, tmpl)

@@ -117,7 +117,7 @@ const (
 )
 
 // TopicPlaceholder is replaced by the wharf topic in Options.StreamTemplate.
-const TopicPlaceholder = "{{topic}}"
+const TopicPlaceholder = wharf.TopicPlaceholder
 
 // DefaultMaxPayload is Redis's default proto-max-bulk-len, the largest bulk
 // string (payload, key or header value) a server takes.
@@ -151,9 +151,7 @@ type Options struct {
 type Sink struct {
 	client     redis.UniversalClient
 	opts       Options
-	prefix     string
-	suffix     string
-	fixed      bool
+	names      wharf.TopicTemplate // destination per topic
 	ownsClient bool
 	closeOnce  sync.Once
 	closeErr   error
@@ -169,11 +167,9 @@ func New(client redis.UniversalClient, opts Options) (*Sink, error) {
 	if client == nil {
 		return nil, errors.New("wharfredis: New: nil client")
 	}
-	if opts.StreamTemplate == "" {
-		opts.StreamTemplate = TopicPlaceholder
-	}
-	if strings.Count(opts.StreamTemplate, TopicPlaceholder) > 1 {
-		return nil, fmt.Errorf("wharfredis: Options.StreamTemplate %q has %s more than once", opts.StreamTemplate, TopicPlaceholder)
+	names, err := wharf.ParseTopicTemplate(opts.StreamTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("wharfredis: Options.StreamTemplate: %w", err)
 	}
 	if opts.MaxLen < 0 {
 		return nil, fmt.Errorf("wharfredis: Options.MaxLen %d is negative: use 0 for no trimming", opts.MaxLen)
@@ -190,19 +186,12 @@ func New(client redis.UniversalClient, opts Options) (*Sink, error) {
 	if opts.MaxPayload < 0 {
 		return nil, fmt.Errorf("wharfredis: Options.MaxPayload %d is negative", opts.MaxPayload)
 	}
-	s := &Sink{client: client, opts: opts}
-	before, after, found := strings.Cut(opts.StreamTemplate, TopicPlaceholder)
-	s.prefix, s.suffix, s.fixed = before, after, !found
+	s := &Sink{names: names, client: client, opts: opts}
 	return s, nil
 }
 
 // Stream returns the stream a message of the wharf topic is appended to.
-func (s *Sink) Stream(topic string) string {
-	if s.fixed {
-		return s.prefix
-	}
-	return s.prefix + topic + s.suffix
-}
+func (s *Sink) Stream(topic string) string { return s.names.Expand(topic) }
 
 // Client returns the go-redis client the sink writes with.
 func (s *Sink) Client() redis.UniversalClient { return s.client }
@@ -471,12 +460,8 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the redis sink takes %s", shown, k, validOptions)
 		}
 	}
-	tmpl := cfg.opts.StreamTemplate
-	if tmpl == "" {
-		tmpl = TopicPlaceholder
-	}
-	if strings.Count(tmpl, TopicPlaceholder) > 1 {
-		return cfg, fmt.Errorf("sink URL %q: stream_template %q has %s more than once", shown, tmpl, TopicPlaceholder)
+	if _, err := wharf.ParseTopicTemplate(cfg.opts.StreamTemplate); err != nil {
+		return cfg, fmt.Errorf("sink URL %q: stream_template: %w", shown, err)
 	}
 	if cfg.opts.Timeout == 0 {
 		cfg.opts.Timeout = defaultTimeout

@@ -143,7 +143,7 @@ import (
 
 // TopicPlaceholder is replaced by the path-escaped wharf topic in the
 // destination URL's path.
-const TopicPlaceholder = "{{topic}}"
+const TopicPlaceholder = wharf.TopicPlaceholder
 
 // The headers the sink sets on every request (HTTP header names are
 // case-insensitive).
