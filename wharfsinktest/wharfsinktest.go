@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,6 +130,33 @@ func (p *PerTest[V]) Get(t *testing.T) V {
 		t.Fatal("wharfsinktest: the harness has no sink for this test: NewSink was not called")
 	}
 	return v
+}
+
+// Secret is the password (or secret) the URLs given to [CheckURLErrors] use:
+// no error may show it.
+const Secret = "s3cret"
+
+// CheckURLErrors checks a sink's URL parser on bad URLs: parse must fail on
+// each key of bad with a one-line error containing its value, and the error
+// must not show [Secret]. It is the common half of every sink's URL test.
+func CheckURLErrors(t *testing.T, parse func(*url.URL) error, bad map[string]string) {
+	t.Helper()
+	for raw, want := range bad {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		shown := u.Redacted()
+		err = parse(u)
+		switch {
+		case err == nil || !strings.Contains(err.Error(), want):
+			t.Errorf("%s: error %v, want one saying %q", shown, err, want)
+		case strings.Contains(err.Error(), Secret):
+			t.Errorf("%s: error %q shows the secret", shown, err)
+		case strings.Contains(err.Error(), "\n"):
+			t.Errorf("%s: error %q has several lines", shown, err)
+		}
+	}
 }
 
 // Topic names the suite publishes to, so that a harness whose destinations
