@@ -26,6 +26,10 @@ type Config struct {
 	// Defaults to 16.
 	HandlerConcurrency int
 
+	// Tracer instruments enqueue and delivery (see wharfotel). Defaults to
+	// nil: no tracing, at no cost.
+	Tracer Tracer
+
 	// Logger receives the relay's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// RelayID names this relay in the lanes table. Defaults to host-pid-random.
@@ -40,9 +44,23 @@ type Config struct {
 	// SinkConcurrency is how many Publish calls may be in flight at once.
 	// Defaults to 4.
 	SinkConcurrency int
-	// MaxBuffered bounds the messages held in memory (fetched, not yet removed):
-	// about 1 KB each with 200-byte payloads. Defaults to 20000.
+	// MaxBuffered bounds the messages loaded in memory (fetched with their
+	// payloads, not yet removed): about 1 KB each with 200-byte payloads.
+	// Messages that wait (a retry backoff, a deliver_at in the future, or
+	// behind such a message of their key) are kept as positions only, about
+	// 8 bytes each, and do not count. Defaults to 20000.
 	MaxBuffered int
+	// MaxBufferedBytes bounds the payload bytes loaded in memory: a fetch
+	// brings at most a quarter of it (at least one message per lane), and no
+	// fetch starts while it is used up. Defaults to 64 MiB.
+	MaxBufferedBytes int64
+
+	// OrderAcrossTopics makes the key alone the ordering scope: messages with
+	// the same key are delivered in order whatever their topics (for
+	// example orders.created and orders.paid of one order, sent to one
+	// webhook). By default the scope is (topic, key): a held key of one
+	// topic never holds another topic's messages. Defaults to false.
+	OrderAcrossTopics bool
 
 	// PollOnly disables LISTEN (for PgBouncer in transaction mode). The relay
 	// listens by default so that enabling notifications (`wharf notify on`)
@@ -131,6 +149,15 @@ func (c *Config) withDefaults() (Config, error) {
 		if *f.v == 0 {
 			*f.v = f.def
 		}
+	}
+	if out.MaxBufferedBytes < 0 {
+		return out, fmt.Errorf("wharf: Config.MaxBufferedBytes must not be negative (got %d); leave it 0 for the default 64 MiB", out.MaxBufferedBytes)
+	}
+	if out.MaxBufferedBytes == 0 {
+		out.MaxBufferedBytes = 64 << 20
+	}
+	if out.MaxBufferedBytes < 1<<20 {
+		return out, fmt.Errorf("wharf: Config.MaxBufferedBytes must be at least 1 MiB (got %d)", out.MaxBufferedBytes)
 	}
 	if out.FetchBatch < wharfmigrate.Lanes {
 		return out, fmt.Errorf("wharf: Config.FetchBatch must be at least %d (one row per lane), got %d", wharfmigrate.Lanes, out.FetchBatch)

@@ -22,7 +22,7 @@ func TestFencedRelayCannotRemoveRowsAfterTakeover(t *testing.T) {
 	t.Parallel()
 	b := setupDB(t)
 	ctx := context.Background()
-	inHandler := make(chan int64, 1)
+	inHandler := make(chan string, 1)
 	release := make(chan struct{})
 	cfg := testConfig(b.schema)
 	cfg.LeaseTTL = time.Hour // no expiry: only the takeover moves the lanes
@@ -107,7 +107,7 @@ func TestEnqueueSQLTx(t *testing.T) {
 	relay, err := wharf.NewClient(b.pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, relay.Drain(ctx))
-	got := map[int64]wharf.Message{}
+	got := map[string]wharf.Message{}
 	for _, m := range rec.snapshot() {
 		got[m.ID] = m
 	}
@@ -173,7 +173,7 @@ func TestQueryExecModes(t *testing.T) {
 			require.NoError(t, client.Drain(ctx))
 			got := rec.snapshot()
 			require.Len(t, got, 3)
-			byID := map[int64]wharf.Message{}
+			byID := map[string]wharf.Message{}
 			for _, m := range got {
 				byID[m.ID] = m
 			}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -51,6 +53,40 @@ func setupDB(t *testing.T) *testBundle {
 		pool.Close()
 	})
 	return &testBundle{pool: pool, schema: schema}
+}
+
+var (
+	sharedOnce   sync.Once
+	sharedSchema string
+	sharedPool   *pgxpool.Pool
+	sharedErr    error
+)
+
+// testTx gives a test a transaction in one migrated schema shared by the
+// package, rolled back at cleanup: for tests that need no committed rows
+// (enqueue and its validation), far cheaper than a schema each.
+func testTx(t *testing.T) (pgx.Tx, string) {
+	t.Helper()
+	sharedOnce.Do(func() {
+		ctx := context.Background()
+		// One fixed schema, reused by every run: it only ever holds
+		// rolled-back rows, and migrating it again is a no-op.
+		sharedSchema = "wt_shared"
+		if sharedPool, sharedErr = pgxpool.New(ctx, databaseURL); sharedErr != nil {
+			return
+		}
+		m, err := wharfmigrate.New(sharedSchema)
+		if err != nil {
+			sharedErr = err
+			return
+		}
+		_, sharedErr = m.Up(ctx, sharedPool)
+	})
+	require.NoError(t, sharedErr)
+	tx, err := sharedPool.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(context.Background())) })
+	return tx, sharedSchema
 }
 
 // testConfig is a relay configuration fast enough for tests.
@@ -99,21 +135,21 @@ func (r *recorder) snapshot() []wharf.Message {
 }
 
 // deliveredIDs returns the distinct delivered ids.
-func deliveredIDs(msgs []wharf.Message) map[int64]int {
-	out := map[int64]int{}
+func deliveredIDs(msgs []wharf.Message) map[string]int {
+	out := map[string]int{}
 	for _, m := range msgs {
 		out[m.ID]++
 	}
 	return out
 }
 
-// requireKeyOrder checks per-key FIFO over a delivery log that may hold
-// redeliveries: each message delivered for the first time must have a higher
-// id than every message of its key delivered before it.
+// requireKeyOrder checks per-(topic, key) FIFO over a delivery log that may
+// hold redeliveries: each message delivered for the first time must have a
+// higher seq than every message of its topic and key delivered before it.
 func requireKeyOrder(t *testing.T, msgs []wharf.Message) {
 	t.Helper()
-	seen := map[int64]bool{}
-	maxByKey := map[string]int64{}
+	seen := map[string]bool{}
+	maxByKey := map[[2]string]int64{}
 	for _, m := range msgs {
 		if m.Key == "" {
 			continue
@@ -122,8 +158,9 @@ func requireKeyOrder(t *testing.T, msgs []wharf.Message) {
 			continue
 		}
 		seen[m.ID] = true
-		require.Greaterf(t, m.ID, maxByKey[m.Key], "key %q: message %d delivered after %d", m.Key, m.ID, maxByKey[m.Key])
-		maxByKey[m.Key] = m.ID
+		k := [2]string{m.Topic, m.Key}
+		require.Greaterf(t, m.Seq, maxByKey[k], "topic %q key %q: message %d delivered after %d", m.Topic, m.Key, m.Seq, maxByKey[k])
+		maxByKey[k] = m.Seq
 	}
 }
 

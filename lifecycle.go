@@ -2,15 +2,20 @@ package wharf
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"runtime/debug"
 	"sync"
 
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
-// Start runs the relay in the background until Stop is called or ctx is
-// cancelled (which stops it gracefully, like Stop with no deadline). It fails
-// at once if the schema is not migrated or no Sink/Handler is configured.
+// Start runs the relay in the background until Stop or StopAndCancel is
+// called or ctx is cancelled. Cancelling ctx stops it like StopAndCancel with
+// no deadline: sink calls in flight are cancelled (their messages are
+// delivered again later). For a graceful stop, call Stop. Start fails at once
+// if the schema is not migrated, no Sink/Handler is configured, the relay is
+// already running ([ErrRelayRunning]) or another live relay uses the same
+// RelayID ([ErrRelayIDInUse]).
 func (c *Client) Start(ctx context.Context) error {
 	r, err := c.newRelay(ctx, false)
 	if err != nil {
@@ -19,7 +24,7 @@ func (c *Client) Start(ctx context.Context) error {
 	go func() {
 		select {
 		case <-ctx.Done():
-			r.requestStop()
+			r.hardStp()
 		case <-r.done:
 		}
 	}()
@@ -30,6 +35,8 @@ func (c *Client) Start(ctx context.Context) error {
 // in flight or waiting for a retry, every lane owned by a live relay — then
 // stops it and returns. Messages scheduled for later (DeliverAt) are left in
 // the outbox; failing messages are retried until delivered or dead-lettered.
+// Cancelling ctx stops the relay like StopAndCancel; call Stop from another
+// goroutine for a graceful stop with a deadline.
 func (c *Client) Drain(ctx context.Context) error {
 	r, err := c.newRelay(ctx, true)
 	if err != nil {
@@ -39,21 +46,22 @@ func (c *Client) Drain(ctx context.Context) error {
 	case <-r.done:
 		return r.err
 	case <-ctx.Done():
-		r.requestStop()
-		return r.wait(context.Background())
+		r.hardStp()
+		<-r.done
+		return ctx.Err()
 	}
 }
 
 func (c *Client) newRelay(ctx context.Context, drain bool) (*relay, error) {
 	if c.pool == nil {
-		return nil, errors.New("wharf: the relay needs a client created with a pool")
+		return nil, ErrNoPool
 	}
 	sink := c.cfg.Sink
 	if sink == nil && c.cfg.Handler != nil {
 		sink = NewHandlerSink(c.cfg.Handler, c.cfg.HandlerConcurrency)
 	}
 	if sink == nil {
-		return nil, errors.New("wharf: Config.Sink or Config.Handler is required to run a relay")
+		return nil, fmt.Errorf("wharf: Config.Sink or Config.Handler is required to run a relay")
 	}
 	m, err := wharfmigrate.New(c.cfg.Schema)
 	if err != nil {
@@ -62,17 +70,27 @@ func (c *Client) newRelay(ctx context.Context, drain bool) (*relay, error) {
 	if err := m.Check(ctx, c.pool); err != nil {
 		return nil, err
 	}
+	sinks, route := []Sink{sink}, func(string) int { return 0 }
+	if rt, ok := sink.(*Router); ok {
+		sinks, route = rt.split()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.relay != nil {
 		select {
 		case <-c.relay.done:
 		default:
-			return nil, errors.New("wharf: relay already running")
+			return nil, ErrRelayRunning
 		}
 		c.stopped = make(chan struct{})
 	}
-	r := newRelay(c, sink, drain)
+	r := newRelay(c, sinks, route, drain)
+	if len(sinks) == 1 {
+		r.route = nil
+	}
+	if err := r.st.register(ctx, c.cfg.LeaseTTL); err != nil {
+		return nil, err
+	}
 	c.relay = r
 	stopped := c.stopped
 	r.start()
@@ -85,17 +103,40 @@ func (c *Client) newRelay(ctx context.Context, drain bool) (*relay, error) {
 
 // Stop stops the relay gracefully: it stops fetching, waits for the messages at
 // the sink, writes their results, and hands its lanes back so other relays
-// take over at once. If ctx ends first, in-flight deliveries are abandoned
-// (they will be redelivered) and the lanes are left to expire.
+// take over at once. If ctx ends first, it escalates to StopAndCancel: sink
+// calls in flight are cancelled and their messages delivered again later.
 func (c *Client) Stop(ctx context.Context) error {
-	c.mu.Lock()
-	r := c.relay
-	c.mu.Unlock()
+	r := c.current()
 	if r == nil {
 		return nil
 	}
 	r.requestStop()
 	return r.wait(ctx)
+}
+
+// StopAndCancel stops the relay at once: sink calls in flight are cancelled
+// (their messages are delivered again later, by this or another relay) and
+// no further results are written. It waits until every sink call returned,
+// then hands the lanes back; if ctx ends first (a sink that ignores its
+// context) it returns and the lanes' leases expire instead.
+func (c *Client) StopAndCancel(ctx context.Context) error {
+	r := c.current()
+	if r == nil {
+		return nil
+	}
+	r.hardStp()
+	select {
+	case <-r.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wharf: sink calls still running after StopAndCancel: %w", ctx.Err())
+	}
+}
+
+func (c *Client) current() *relay {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.relay
 }
 
 // Stopped is closed when the relay has stopped.
@@ -105,9 +146,15 @@ func (c *Client) Stopped() <-chan struct{} {
 	return c.stopped
 }
 
-// NewHandlerSink adapts a handler function to a Sink: messages of one key are
-// handled in order, one at a time; different keys run on up to concurrency
-// goroutines at once.
+// Metrics returns the relay's counters and histograms (zero until a relay
+// ran). They accumulate across relay runs of the client.
+func (c *Client) Metrics() *Stats { return c.stats }
+
+// NewHandlerSink adapts a handler function to a Sink: messages of one ordering
+// key are handled in order, one at a time; different keys run on up to
+// concurrency goroutines at once. Once ctx is done no further handler call
+// starts. A handler that panics fails its message with the panic value and
+// stack.
 func NewHandlerSink(h HandlerFunc, concurrency int) Sink {
 	if concurrency <= 0 {
 		concurrency = 16
@@ -121,57 +168,81 @@ type handlerSink struct {
 }
 
 func (s *handlerSink) Publish(ctx context.Context, msgs []*Message) []error {
-	errs := make([]error, len(msgs))
-	// Group by key, keeping order; unkeyed messages are groups of one.
+	// Group by ordering key, keeping order; unkeyed messages are groups of one.
 	groups := make([][]int, 0, len(msgs))
 	byKey := map[string]int{}
 	for i, m := range msgs {
-		if m.Key == "" {
+		k := m.OrderingKey()
+		if k == "" {
 			groups = append(groups, []int{i})
 			continue
 		}
-		g, ok := byKey[m.Key]
+		g, ok := byKey[k]
 		if !ok {
 			g = len(groups)
-			byKey[m.Key] = g
+			byKey[k] = g
 			groups = append(groups, nil)
 		}
 		groups[g] = append(groups[g], i)
 	}
+	errs := make([]error, len(msgs))
 	work := make(chan []int)
 	var wg sync.WaitGroup
 	for w := 0; w < min(s.n, len(groups)); w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for g := range work {
 				failed := false
 				for _, i := range g {
-					if failed {
+					switch {
+					case failed:
 						errs[i] = ErrNotAttempted
-						continue
+					case ctx.Err() != nil:
+						errs[i], failed = fmt.Errorf("wharf: not handled: %w", ctx.Err()), true
+					default:
+						errs[i] = s.call(ctx, msgs[i])
+						failed = errs[i] != nil
 					}
-					errs[i] = s.call(ctx, msgs[i])
-					failed = errs[i] != nil
 				}
 			}
-		}()
+		})
 	}
 	for _, g := range groups {
 		work <- g
 	}
 	close(work)
 	wg.Wait()
-	return errs
+	for _, e := range errs {
+		if e != nil {
+			return errs
+		}
+	}
+	return nil
 }
 
 func (s *handlerSink) call(ctx context.Context, m *Message) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = errors.New("handler panicked")
+			err = fmt.Errorf("wharf: handler panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
 	return s.h(ctx, m)
 }
 
 func (s *handlerSink) Close() error { return nil }
+
+// RelayID returns the relay id this client registers under.
+func (c *Client) RelayID() string { return c.cfg.RelayID }
+
+// BacklogEstimate returns PostgreSQL's estimate of the messages in the outbox
+// (its statistics' live rows: no count, no scan; it lags by a few seconds).
+func (c *Client) BacklogEstimate(ctx context.Context) (int64, error) {
+	if c.pool == nil {
+		return 0, ErrNoPool
+	}
+	var n int64
+	err := c.pool.QueryRow(ctx, `SELECT coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'outbox'), 0)`, c.cfg.Schema).Scan(&n)
+	if err != nil {
+		return 0, storeErr("backlog estimate", err)
+	}
+	return n, nil
+}

@@ -1,28 +1,29 @@
-// Package wharf is a transactional outbox for PostgreSQL.
-//
-// An application enqueues messages with [Client.EnqueueTx] (or the SQL function
-// wharf.enqueue) inside the same transaction as its business data; a relay
-// ([Client.Start], or the wharf CLI) delivers every committed message to a [Sink]
-// at least once, in id order per key.
 package wharf
 
 import (
-	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 )
 
 // Message is one outbox message.
 type Message struct {
-	// ID is assigned at enqueue: unique in the database and increasing in
-	// enqueue order. It is the stable message id carried on every redelivery.
-	ID int64
+	// ID is the message's id, unique beyond its database: the same on every
+	// redelivery and different for every other message of every outbox, so
+	// it is what sinks send as the destination's deduplication id (Kafka
+	// header, Nats-Msg-Id, AMQP message-id, webhook-id). Assigned at enqueue;
+	// ignored on enqueue. Its format is described at [FormatID].
+	ID string
+	// Seq is the message's position in its outbox: increasing in enqueue
+	// order, unique in one outbox only. Per-key order is Seq order. Assigned
+	// at enqueue; ignored on enqueue.
+	Seq int64
 	// Topic routes the message to a sink and names the destination. Required.
 	Topic string
-	// Key is the ordering scope: messages with the same key are delivered in
-	// id order. The empty string means no key and no ordering promise.
+	// Key is, with Topic, the ordering scope: messages with the same topic and
+	// key are delivered in Seq order. The empty string means no key and no
+	// ordering promise.
 	Key string
 	// Payload is the message body.
 	Payload []byte
@@ -38,90 +39,97 @@ type Message struct {
 	// Attempt is 1 on the first delivery and grows with each retry (set by the
 	// relay; ignored on enqueue).
 	Attempt int
+
+	// orderKey is the ordering scope the relay assigned (see OrderingKey).
+	orderKey string
 }
 
-// MessageID returns the stable message id as text, the value sinks put in the
-// broker's dedup field (Kafka header, Nats-Msg-Id, AMQP message-id, webhook-id).
-func (m *Message) MessageID() string { return strconv.FormatInt(m.ID, 10) }
+// OrderingKey returns the scope within which the relay keeps this message's
+// order: "" for an unkeyed message, otherwise a value shared by exactly the
+// messages that must stay in order with it — the same topic and key by
+// default, the same key with [Config.OrderAcrossTopics]. Sinks group and hold
+// messages by it (see [Results]); it is not meant to be sent anywhere.
+func (m *Message) OrderingKey() string {
+	if m.Key == "" {
+		return ""
+	}
+	if m.orderKey != "" {
+		return m.orderKey
+	}
+	return orderingKey(m.Topic, m.Key, false)
+}
 
-// Sink delivers batches of messages. Implementations must acknowledge a
-// message (nil error) only once the destination durably accepted it.
+func orderingKey(topic, key string, acrossTopics bool) string {
+	if key == "" {
+		return ""
+	}
+	if acrossTopics {
+		return "\x00" + key
+	}
+	return topic + "\x00" + key
+}
+
+// nonceBits is how many bits of a message id are random.
+const nonceBits = 62
+
+// FormatID returns the message id of the message at position seq of its
+// outbox with the given nonce (a random value the database draws for every
+// message at enqueue). The id is a UUID in the RFC 9562 version 8 layout:
 //
-// Ordering contract: a batch may hold several messages of the same key, in id
-// order. A sink must deliver them in that order, and once one of them fails it
-// must not deliver the later ones of that key in the batch (report them with
-// [ErrNotAttempted]).
-type Sink interface {
-	// Publish delivers msgs and returns one error per message, in the same
-	// order, or a nil slice when all were acknowledged. Classify failures
-	// with [Permanent] and [RetryAfter]; any other error is retried with
-	// exponential backoff.
-	Publish(ctx context.Context, msgs []*Message) []error
-	// Close releases the sink's resources.
-	Close() error
-}
-
-// FailAll returns n copies of err: the result of a Publish whose whole batch
-// failed (broker down, write error, context cancelled).
-func FailAll(n int, err error) []error {
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
+//	bits   0-47  seq >> 12
+//	bits  48-51  version (8)
+//	bits  52-63  seq & 0xfff
+//	bits  64-65  variant (0b10)
+//	bits 66-127  the low 62 bits of nonce
+//
+// so ids of one outbox sort (as text, too) in Seq order, and two messages share
+// an id only if they share both the position and 62 random bits: never in
+// practice, across databases, schemas, re-migrations, restores and failovers.
+// The database function <schema>.message_id(seq, nonce) computes the same.
+func FormatID(seq, nonce int64) string {
+	var u [16]byte
+	hi := uint64(seq>>12)<<16 | 0x8000 | uint64(seq)&0xfff
+	lo := uint64(nonce)&(1<<nonceBits-1) | 1<<63
+	for i := 0; i < 8; i++ {
+		u[i] = byte(hi >> (56 - 8*i))
+		u[8+i] = byte(lo >> (56 - 8*i))
 	}
-	return errs
+	var out [36]byte
+	hex.Encode(out[0:8], u[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], u[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], u[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], u[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:36], u[10:16])
+	return string(out[:])
 }
 
-// HandlerFunc handles one message in-process. Returning nil acknowledges it.
-type HandlerFunc func(ctx context.Context, msg *Message) error
+// ErrBadID is returned by [ParseID] for text that is not a Wharf message id.
+var ErrBadID = errors.New("wharf: not a message id (want a UUID such as 00000000-0001-8002-a3f1-9c2e4d5b6a70)")
 
-// ErrNotAttempted reports that a sink did not try a message because an
-// earlier message of the same key in the batch failed. It costs no attempt.
-var ErrNotAttempted = errors.New("wharf: not attempted: an earlier message of the same key failed")
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
-
-// Permanent marks err as not worth retrying: the message moves to the
-// dead-letter table at once.
-func Permanent(err error) error {
-	if err == nil {
-		err = errors.New("permanent failure")
+// ParseID returns the position in its outbox and the nonce of a message id
+// made by [FormatID].
+func ParseID(id string) (seq, nonce int64, err error) {
+	if len(id) != 36 || id[8] != '-' || id[13] != '-' || id[18] != '-' || id[23] != '-' {
+		return 0, 0, fmt.Errorf("%w: %q", ErrBadID, id)
 	}
-	return &permanentError{err: err}
-}
-
-// IsPermanent reports whether err was marked with [Permanent].
-func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p)
-}
-
-type retryAfterError struct {
-	err   error
-	delay time.Duration
-}
-
-func (e *retryAfterError) Error() string {
-	return fmt.Sprintf("retry after %s: %v", e.delay, e.err)
-}
-func (e *retryAfterError) Unwrap() error { return e.err }
-
-// RetryAfter asks for the message to be retried no sooner than d from now
-// (for example from an HTTP Retry-After header). It counts as an attempt.
-func RetryAfter(d time.Duration, err error) error {
-	if err == nil {
-		err = errors.New("retry requested")
+	var u [16]byte
+	src := []byte(id[0:8] + id[9:13] + id[14:18] + id[19:23] + id[24:36])
+	if _, err := hex.Decode(u[:], src); err != nil {
+		return 0, 0, fmt.Errorf("%w: %q", ErrBadID, id)
 	}
-	return &retryAfterError{err: err, delay: d}
-}
-
-// retryDelay returns the delay requested with RetryAfter, if any.
-func retryDelay(err error) (time.Duration, bool) {
-	var r *retryAfterError
-	if errors.As(err, &r) {
-		return r.delay, true
+	var hi, lo uint64
+	for i := 0; i < 8; i++ {
+		hi = hi<<8 | uint64(u[i])
+		lo = lo<<8 | uint64(u[8+i])
 	}
-	return 0, false
+	if hi>>12&0xf != 8 || lo>>62 != 2 {
+		return 0, 0, fmt.Errorf("%w: %q is not version 8 with the RFC 9562 variant", ErrBadID, id)
+	}
+	seq = int64(hi>>16)<<12 | int64(hi&0xfff)
+	nonce = int64(lo & (1<<nonceBits - 1))
+	return seq, nonce, nil
 }

@@ -2,22 +2,25 @@ package wharf
 
 import "strings"
 
-// queries holds every SQL statement Wharf runs, with the schema filled in once.
-// The hot-path statements (fetch, ack) and their plans are described in
-// docs/architecture.md.
+// queries holds the SQL statements of the table outbox, with the schema filled
+// in once. The hot-path statements (fetch, load, ack) and their plans are
+// described in docs/architecture.md and docs/plans.md.
 type queries struct {
 	enqueueArrays      string
 	enqueueArraysDedup string
 	enqueueJSON        string
 	enqueueJSONDedup   string
 	dedupLookup        string
+	dedupLookupJSON    string
 
 	fetch  string
+	load   string
 	refill string
 	ack    string
 	retry  string
 	dead   string
 
+	register    string
 	heartbeat   string
 	renew       string
 	claim       string
@@ -49,49 +52,62 @@ FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
     WHERE l.owner = $3
     FOR SHARE OF l)`
 
-	return queries{
-		enqueueArrays:      q(arrays + ` RETURNING id`),
-		enqueueArraysDedup: q(arrays + onConflict + ` RETURNING id, dedup_key`),
-		enqueueJSON:        q(jsonSrc + ` RETURNING id`),
-		enqueueJSONDedup:   q(jsonSrc + onConflict + ` RETURNING id, dedup_key`),
-		dedupLookup:        q(`SELECT id, dedup_key FROM S.outbox WHERE dedup_key = ANY($1::text[])`),
+	const cols = `o.lane, o.id, o.nonce, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at`
 
-		// One statement, one snapshot: forward rows above each lane's cursor,
-		// plus rows below the cursor that were invisible to the previous read
-		// (their transaction started after it, or was in progress then and has
-		// finished now), plus the snapshot itself for the next read. Every part
-		// is an index range scan bounded by the batch or by the rows written
-		// since the last read, never by the backlog.
+	return queries{
+		enqueueArrays:      q(arrays + ` RETURNING id, nonce`),
+		enqueueArraysDedup: q(arrays + onConflict + ` RETURNING id, nonce, dedup_key`),
+		enqueueJSON:        q(jsonSrc + ` RETURNING id, nonce`),
+		enqueueJSONDedup:   q(jsonSrc + onConflict + ` RETURNING id, nonce, dedup_key`),
+		dedupLookup:        q(`SELECT id, nonce, dedup_key FROM S.outbox WHERE dedup_key = ANY($1::text[])`),
+		dedupLookupJSON:    q(`SELECT id, nonce, dedup_key FROM S.outbox WHERE dedup_key IN (SELECT jsonb_array_elements_text($1::jsonb))`),
+
+		// One statement, one snapshot: forward rows above each lane's cursor
+		// (at most lim), plus rows below the cursor that were invisible to the
+		// previous read (their transaction started after it, or was in
+		// progress then and has finished now), plus the snapshot itself and
+		// the database clock for the next read. Every part is an index range
+		// scan bounded by the batch or by the rows written since the last
+		// read, never by the backlog.
 		fetch: q(`WITH l AS (
     SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::int[]) AS l(lane, cur, lim)
 ), s AS MATERIALIZED (
-    SELECT pg_current_snapshot() AS snap
+    SELECT pg_current_snapshot() AS snap, clock_timestamp() AS now
 ), fin AS MATERIALIZED (
     -- One row per transaction that was in progress at the previous read and
     -- has finished since. Rows, not an array: an array here is flattened
     -- into a hash join over the whole outbox (docs/plans.md).
     SELECT x FROM unnest($5::text[]::xid8[]) AS x, s WHERE pg_visible_in_snapshot(x, s.snap)
 )
-SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL::text AS snap
+SELECT ` + cols + `, NULL::text AS snap, NULL::timestamptz AS now
 FROM l CROSS JOIN LATERAL (
     SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.id > l.cur ORDER BY o.id LIMIT l.lim) o
 UNION ALL
-SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL
+SELECT ` + cols + `, NULL, NULL
 FROM l CROSS JOIN LATERAL (
     SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid >= $4::text::xid8 AND o.id <= l.cur) o
 UNION ALL
-SELECT o.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, NULL
+SELECT ` + cols + `, NULL, NULL
 FROM l CROSS JOIN fin CROSS JOIN LATERAL (
     SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid = fin.x AND o.id <= l.cur OFFSET 0) o
 UNION ALL
-SELECT -1, 0, '', NULL, NULL, NULL, NULL, NULL, s.snap::text FROM s`),
+SELECT -1, 0, 0, '', NULL, NULL, NULL, NULL, NULL, s.snap::text, s.now FROM s`),
 
-		// Rows of keys the relay stopped buffering while they were held (see
-		// relay.trim): rare, one range scan of the key's lane per key.
-		refill: q(`SELECT r.lane, o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at
-FROM unnest($1::smallint[], $2::text[], $3::bigint[], $4::bigint[]) AS r(lane, key, from_id, to_id)
+		// Messages the relay keeps only as positions (held keys, scheduled
+		// and retrying messages) are read again by exact (lane, id) probes
+		// when they are due: one index probe each.
+		load: q(`SELECT ` + cols + `
+FROM unnest($1::smallint[], $2::bigint[]) AS r(lane, id)
+CROSS JOIN LATERAL (SELECT * FROM S.outbox o WHERE o.lane = r.lane AND o.id = r.id LIMIT 1) o`),
+
+		// Rows of keys with more held messages than the relay records one by
+		// one (see relay_keys.go): rare, one range scan of the key's lane per
+		// key.
+		refill: q(`SELECT ` + cols + `
+FROM unnest($1::smallint[], $2::text[], $3::bigint[], $4::bigint[], $6::text[]) AS r(lane, key, from_id, to_id, topic)
 CROSS JOIN LATERAL (
     SELECT * FROM S.outbox o WHERE o.lane = r.lane AND o.id >= r.from_id AND o.id <= r.to_id AND o.key = r.key
+        AND (r.topic IS NULL OR o.topic = r.topic)
     ORDER BY o.id LIMIT $5) o`),
 
 		// Each acknowledged (lane, id) is its own LATERAL ... LIMIT 1 probe of
@@ -125,9 +141,9 @@ RETURNING lane`),
     WHERE d.lane IN (SELECT lane FROM f)
 ), moved AS (
     DELETE FROM S.outbox o USING hit WHERE o.ctid = hit.ctid
-    RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, hit.attempts, hit.err
+    RETURNING o.id, o.nonce, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.dedup_key, o.created_at, hit.attempts, hit.err
 ), ins AS (
-    INSERT INTO S.dead_letters (id, topic, key, payload, headers, deliver_at, created_at, attempts, last_error)
+    INSERT INTO S.dead_letters (id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at, attempts, last_error)
     SELECT * FROM moved
     ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, last_error = excluded.last_error, failed_at = now()
 ), r AS (
@@ -135,13 +151,25 @@ RETURNING lane`),
 )
 SELECT lane FROM f`),
 
-		heartbeat: q(`WITH hb AS (
-    INSERT INTO S.relays (relay_id, host, pid) VALUES ($1, $2, $3)
-    ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now()
-), gone AS (
-    DELETE FROM S.relays WHERE heartbeat_at < now() - 3 * $4::interval AND relay_id <> $1
+		// register claims the relay id for this incarnation, unless another
+		// incarnation heartbeated within three lease TTLs (then it returns
+		// that one's host, pid and heartbeat age instead).
+		register: q(`WITH up AS (
+    INSERT INTO S.relays AS r (relay_id, host, pid, incarnation) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (relay_id) DO UPDATE SET host = excluded.host, pid = excluded.pid, incarnation = excluded.incarnation,
+        started_at = now(), heartbeat_at = now()
+    WHERE r.incarnation = excluded.incarnation OR r.heartbeat_at < now() - 3 * $5::interval
+    RETURNING 1
 )
-SELECT count(*) + 1 FROM S.relays WHERE heartbeat_at > now() - $4::interval AND relay_id <> $1`),
+SELECT EXISTS (SELECT 1 FROM up), coalesce(r.host, ''), coalesce(r.pid, 0),
+    coalesce(extract(epoch FROM now() - r.heartbeat_at)::float8, 0)
+FROM (SELECT 1) AS one LEFT JOIN S.relays r ON r.relay_id = $1`),
+		heartbeat: q(`WITH hb AS (
+    UPDATE S.relays SET heartbeat_at = now() WHERE relay_id = $1 AND incarnation = $2 RETURNING 1
+), gone AS (
+    DELETE FROM S.relays WHERE heartbeat_at < now() - 3 * $3::interval AND relay_id <> $1
+)
+SELECT (SELECT count(*) FROM hb), count(*) + 1 FROM S.relays WHERE heartbeat_at > now() - $3::interval AND relay_id <> $1`),
 		renew: q(`UPDATE S.lanes SET lease_until = now() + $2::interval
 WHERE owner = $1 RETURNING lane, fence`),
 		claim: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1, lease_until = now() + $2::interval
@@ -151,7 +179,7 @@ WHERE l.lane IN (
 RETURNING l.lane, l.fence`),
 		release:     q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),
 		releaseAll:  q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE owner = $1 AND lane = ANY($2::smallint[])`),
-		unregister:  q(`DELETE FROM S.relays WHERE relay_id = $1`),
+		unregister:  q(`DELETE FROM S.relays WHERE relay_id = $1 AND incarnation = $2`),
 		loadRetries: q(`SELECT id, attempts, next_attempt_at, lane FROM S.retries WHERE lane = ANY($1::smallint[])`),
 		laneOwners: q(`SELECT count(*) FILTER (WHERE owner IS NULL OR lease_until < now() OR owner NOT IN (
     SELECT relay_id FROM S.relays WHERE heartbeat_at > now() - $1::interval)) FROM S.lanes`),

@@ -32,8 +32,8 @@ func TestConcurrentProducersDeliverCommittedInKeyOrder(t *testing.T) {
 
 	const producers, txPerProducer, perTx, keys = 6, 60, 25, 200
 	var mu sync.Mutex
-	committed := map[int64]bool{}
-	rolledBack := map[int64]bool{}
+	committed := map[string]bool{}
+	rolledBack := map[string]bool{}
 	g, gctx := errgroup.WithContext(ctx)
 	for p := 0; p < producers; p++ {
 		g.Go(func() error {
@@ -153,7 +153,7 @@ func TestLateCommitIsDeliveredAndLongTransactionDoesNotStall(t *testing.T) {
 
 	got := rec.snapshot()
 	requireKeyOrder(t, got)
-	pos := map[int64]int{}
+	pos := map[string]int{}
 	for i, m := range got {
 		if _, ok := pos[m.ID]; !ok {
 			pos[m.ID] = i
@@ -173,9 +173,9 @@ func keysOf(msgs []wharf.Message) []string {
 	return out
 }
 
-func waitDelivered(t *testing.T, rec *recorder, ids ...int64) {
+func waitDelivered(t *testing.T, rec *recorder, ids ...string) {
 	t.Helper()
-	var missing []int64
+	var missing []string
 	ok := assert.Eventually(t, func() bool {
 		got := deliveredIDs(rec.snapshot())
 		missing = missing[:0]
@@ -198,7 +198,7 @@ func TestScheduledMessageWaitsForDeliverAt(t *testing.T) {
 	b := setupDB(t)
 	ctx := context.Background()
 	type stamped struct {
-		id int64
+		id string
 		at time.Time
 	}
 	var mu sync.Mutex
@@ -231,8 +231,8 @@ func TestScheduledMessageWaitsForDeliverAt(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
-	when := map[int64]time.Time{}
-	order := []int64{}
+	when := map[string]time.Time{}
+	order := []string{}
 	for _, s := range got {
 		when[s.id] = s.at
 		order = append(order, s.id)
@@ -251,7 +251,7 @@ func TestPoisonMessageRetriesThenDeadLetters(t *testing.T) {
 	b := setupDB(t)
 	ctx := context.Background()
 	var mu sync.Mutex
-	attempts := map[int64][]time.Time{}
+	attempts := map[string][]time.Time{}
 	healed := false
 	rec := &recorder{fail: func(m *wharf.Message) error {
 		mu.Lock()
@@ -319,13 +319,13 @@ func TestPoisonMessageRetriesThenDeadLetters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, n)
 	require.NoError(t, client.Drain(ctx))
-	var redelivered []int64
+	var redelivered []string
 	for _, m := range rec.snapshot() {
 		if m.Key == "poison" {
 			redelivered = append(redelivered, m.ID)
 		}
 	}
-	require.Equal(t, []int64{poison1, poison2}, redelivered)
+	require.Equal(t, []string{poison1, poison2}, redelivered)
 	dead, err = client.DeadLetters(ctx, wharf.DeadLetterFilter{})
 	require.NoError(t, err)
 	require.Empty(t, dead)
@@ -377,9 +377,9 @@ func TestEnqueueAPIsAndDedup(t *testing.T) {
 	require.Equal(t, ids[1], again[1], "a duplicate returns the original id")
 	require.Greater(t, again[0], ids[2])
 
-	var sqlID int64
+	var sqlID string
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT "+b.schema+`.enqueue('a', 'k', '{"y":2}', '{"h":"w"}')`).Scan(&sqlID))
-	var dupID int64
+	var dupID string
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT "+b.schema+`.enqueue('a', 'k', '1', '{}', NULL, 'once')`).Scan(&dupID))
 	require.Equal(t, ids[1], dupID)
 
@@ -396,7 +396,7 @@ func TestEnqueueAPIsAndDedup(t *testing.T) {
 	relay, err := wharf.NewClient(b.pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, relay.Drain(ctx))
-	got := map[int64]wharf.Message{}
+	got := map[string]wharf.Message{}
 	for _, m := range rec.snapshot() {
 		got[m.ID] = m
 	}
@@ -529,9 +529,9 @@ func TestRebalanceWhenRelayJoins(t *testing.T) {
 	require.Eventually(t, func() bool { return owned("relay-a") == 64 }, 5*time.Second, 20*time.Millisecond)
 
 	stop := make(chan struct{})
-	produced := make(chan []int64, 1)
+	produced := make(chan []string, 1)
 	go func() {
-		var ids []int64
+		var ids []string
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -599,7 +599,7 @@ func TestPoisonKeyWithDeepBacklogDoesNotStallOthers(t *testing.T) {
 	client, err := wharf.NewClient(b.pool, cfg)
 	require.NoError(t, err)
 
-	var poison, others []int64
+	var poison, others []string
 	for batch := 0; batch < 20; batch++ {
 		var msgs []wharf.Message
 		for i := 0; i < 50; i++ {
@@ -624,7 +624,7 @@ func TestPoisonKeyWithDeepBacklogDoesNotStallOthers(t *testing.T) {
 
 	// A second wave while the key keeps failing: new messages of other keys
 	// still flow past the truncated key.
-	var more []int64
+	var more []string
 	for batch := 0; batch < 5; batch++ {
 		var msgs []wharf.Message
 		for i := 0; i < 50; i++ {

@@ -147,26 +147,26 @@ func (r *Router) Publish(ctx context.Context, msgs []*Message) []error {
 		closed := map[string]bool{}   // keys whose next message waits for a later round
 		for _, i := range pending {
 			m := msgs[i]
-			if m.Key != "" && blocked[m.Key] {
+			if k := m.OrderingKey(); k != "" && blocked[k] {
 				errs[i], failed = ErrNotAttempted, true
 				continue
 			}
-			if m.Key != "" {
-				if closed[m.Key] {
+			if k := m.OrderingKey(); k != "" {
+				if closed[k] {
 					next = append(next, i)
 					continue
 				}
-				if s, ok := roundSink[m.Key]; ok && s != dest[i] {
-					closed[m.Key] = true
+				if s, ok := roundSink[k]; ok && s != dest[i] {
+					closed[k] = true
 					next = append(next, i)
 					continue
 				}
-				roundSink[m.Key] = dest[i]
+				roundSink[k] = dest[i]
 			}
 			if dest[i] < 0 {
 				errs[i], failed = Permanent(fmt.Errorf("no route matches topic %q: add a route for it (or a default sink), then retry the dead letter", m.Topic)), true
-				if m.Key != "" {
-					blocked[m.Key] = true
+				if k := m.OrderingKey(); k != "" {
+					blocked[k] = true
 				}
 				continue
 			}
@@ -218,7 +218,7 @@ func (r *Router) publishRound(ctx context.Context, msgs []*Message, groups [][]i
 				continue
 			}
 			errs[i], failed = res[j], true
-			if k := msgs[i].Key; k != "" {
+			if k := msgs[i].OrderingKey(); k != "" {
 				blocked[k] = true
 			}
 		}
@@ -235,6 +235,50 @@ func anyOther(groups [][]int, s int) bool {
 		}
 	}
 	return false
+}
+
+// split returns the router's distinct sinks and a function that gives the
+// index of a topic's sink; a topic no route matches gets the index of an
+// extra sink that fails it permanently. The relay dispatches to each sink
+// itself (its own workers per sink), keeping per-key order across sinks by
+// never having two runs of a key out at once.
+func (r *Router) split() ([]Sink, func(topic string) int) {
+	sinks := append(append([]Sink(nil), r.sinks...), noRouteSink{})
+	none := len(r.sinks)
+	return sinks, func(topic string) int {
+		if i := r.route(topic); i >= 0 {
+			return i
+		}
+		return none
+	}
+}
+
+type noRouteSink struct{}
+
+func (noRouteSink) Publish(_ context.Context, msgs []*Message) []error {
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		errs[i] = Permanent(fmt.Errorf("no route matches topic %q: add a route for it (or a default sink), then retry the dead letter", m.Topic))
+	}
+	return errs
+}
+
+func (noRouteSink) Close() error { return nil }
+
+// Name labels the sink's metrics.
+func (noRouteSink) Name() string { return "no_route" }
+
+// Ping pings every sink of the router that implements [Pinger].
+func (r *Router) Ping(ctx context.Context) error {
+	var errs []error
+	for _, s := range r.sinks {
+		if p, ok := s.(Pinger); ok {
+			if err := p.Ping(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Close closes every distinct sink and returns their errors joined.

@@ -155,16 +155,140 @@ func (m *Migrator) Up(ctx context.Context, conn Conn) ([]int, error) {
 // and returns the versions reverted. Reverting migration 1 drops the outbox and
 // every message in it.
 func (m *Migrator) Down(ctx context.Context, conn Conn, n int) ([]int, error) {
+	target := -1
 	return m.run(ctx, conn, func(applied int) []step {
-		var steps []step
-		for i := len(m.migrations) - 1; i >= 0; i-- {
-			mg := m.migrations[i]
-			if mg.Version <= applied && (n <= 0 || len(steps) < n) {
-				steps = append(steps, step{mg: mg, up: false})
+		if target < 0 {
+			// Fixed at the first step, under the lock: each later step
+			// recomputes the plan from the version it finds.
+			target = 0
+			if n > 0 {
+				target = max(0, applied-n)
 			}
 		}
-		return steps
+		return m.downTo(applied, target)
 	})
+}
+
+// DownTo reverts migrations until version target is the latest applied (0
+// reverts everything) and returns the versions reverted.
+func (m *Migrator) DownTo(ctx context.Context, conn Conn, target int) ([]int, error) {
+	if target < 0 || target > m.Latest() {
+		return nil, fmt.Errorf("wharfmigrate: target version %d is outside 0..%d", target, m.Latest())
+	}
+	return m.run(ctx, conn, func(applied int) []step { return m.downTo(applied, target) })
+}
+
+// ErrNotEmpty is returned by [Migrator.DownToIfEmpty] when the outbox or
+// the dead-letter table holds rows: reverting migrations drops them (version
+// 1) or the message ids consumers deduplicate by (version 2).
+var ErrNotEmpty = errors.New("the outbox is not empty")
+
+// DownToIfEmpty is DownTo that refuses, with an error wrapping ErrNotEmpty,
+// while the outbox or the dead-letter table holds rows. The check runs in
+// each step's transaction after locking both tables, so no message enqueued
+// meanwhile can be dropped unseen.
+func (m *Migrator) DownToIfEmpty(ctx context.Context, conn Conn, target int) ([]int, error) {
+	if target < 0 || target > m.Latest() {
+		return nil, fmt.Errorf("wharfmigrate: target version %d is outside 0..%d", target, m.Latest())
+	}
+	return m.runGuarded(ctx, conn, func(applied int) []step { return m.downTo(applied, target) }, m.requireEmpty)
+}
+
+// PlanDownTo returns the migrations DownTo(target) would revert now, in the
+// order it would revert them, and the version applied now.
+func (m *Migrator) PlanDownTo(ctx context.Context, q querier, target int) (applied int, plan []Migration, err error) {
+	if target < 0 || target > m.Latest() {
+		return 0, nil, fmt.Errorf("wharfmigrate: target version %d is outside 0..%d", target, m.Latest())
+	}
+	if applied, err = m.Version(ctx, q); err != nil {
+		return 0, nil, err
+	}
+	for _, s := range m.downTo(applied, target) {
+		plan = append(plan, s.mg)
+	}
+	return applied, plan, nil
+}
+
+// Version returns the latest applied migration (0 when none is).
+func (m *Migrator) Version(ctx context.Context, q querier) (int, error) {
+	exists, err := m.versionTableExists(ctx, q)
+	if err != nil || !exists {
+		return 0, err
+	}
+	return m.appliedVersion(ctx, q)
+}
+
+// Contents counts the rows of the outbox and of the dead-letter table, up to
+// 1001 each (enough to say "more than 1000"); 0 for a table that does not
+// exist.
+func (m *Migrator) Contents(ctx context.Context, q querier) (messages, deadLetters int64, err error) {
+	if messages, err = m.countUpTo(ctx, q, "outbox", 1001); err != nil {
+		return 0, 0, err
+	}
+	deadLetters, err = m.countUpTo(ctx, q, "dead_letters", 1001)
+	return messages, deadLetters, err
+}
+
+func (m *Migrator) countUpTo(ctx context.Context, q querier, table string, limit int) (int64, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+"."+table).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("wharfmigrate: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var n int64
+	if err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s.%s LIMIT %d) t`, m.schema, table, limit)).Scan(&n); err != nil {
+		return 0, fmt.Errorf("wharfmigrate: count %s: %w", table, err)
+	}
+	return n, nil
+}
+
+// requireEmpty locks the outbox and the dead-letter table against writes
+// until the step's transaction ends and refuses while either holds rows.
+func (m *Migrator) requireEmpty(ctx context.Context, tx pgx.Tx) error {
+	for _, table := range []string{"outbox", "dead_letters"} {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+"."+table).Scan(&exists); err != nil {
+			return fmt.Errorf("wharfmigrate: %w", err)
+		}
+		if exists {
+			if _, err := tx.Exec(ctx, `LOCK TABLE `+m.schema+`.`+table+` IN SHARE MODE`); err != nil {
+				return fmt.Errorf("wharfmigrate: lock %s: %w", table, err)
+			}
+		}
+	}
+	msgs, dead, err := m.Contents(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if msgs > 0 || dead > 0 {
+		return fmt.Errorf("%w: schema %s holds %s and %s; reverting would drop them or change their ids",
+			ErrNotEmpty, m.schema, plural(msgs, "pending message"), plural(dead, "dead letter"))
+	}
+	return nil
+}
+
+func plural(n int64, what string) string {
+	switch {
+	case n > 1000:
+		return "more than 1000 " + what + "s"
+	case n == 1:
+		return "1 " + what
+	default:
+		return fmt.Sprintf("%d %ss", n, what)
+	}
+}
+
+func (m *Migrator) downTo(applied, target int) []step {
+	var steps []step
+	for i := len(m.migrations) - 1; i >= 0; i-- {
+		mg := m.migrations[i]
+		if mg.Version <= applied && mg.Version > target {
+			steps = append(steps, step{mg: mg, up: false})
+		}
+	}
+	return steps
 }
 
 type step struct {
@@ -173,13 +297,19 @@ type step struct {
 }
 
 func (m *Migrator) run(ctx context.Context, conn Conn, plan func(applied int) []step) ([]int, error) {
+	return m.runGuarded(ctx, conn, plan, nil)
+}
+
+// runGuarded applies the plan one step per transaction; guard, when set, runs
+// in each step's transaction before the step and can refuse it.
+func (m *Migrator) runGuarded(ctx context.Context, conn Conn, plan func(applied int) []step, guard func(context.Context, pgx.Tx) error) ([]int, error) {
 	var done []int
 	for {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			return done, fmt.Errorf("wharfmigrate: %w", err)
 		}
-		next, err := m.stepTx(ctx, tx, plan)
+		next, err := m.stepTx(ctx, tx, plan, guard)
 		if err != nil {
 			_ = tx.Rollback(ctx)
 			return done, err
@@ -196,7 +326,7 @@ func (m *Migrator) run(ctx context.Context, conn Conn, plan func(applied int) []
 
 // stepTx applies the first step of the plan computed under the lock, so two
 // migrators running at once never apply the same migration twice.
-func (m *Migrator) stepTx(ctx context.Context, tx pgx.Tx, plan func(applied int) []step) (*step, error) {
+func (m *Migrator) stepTx(ctx context.Context, tx pgx.Tx, plan func(applied int) []step, guard func(context.Context, pgx.Tx) error) (*step, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "wharfmigrate:"+m.schema); err != nil {
 		return nil, fmt.Errorf("wharfmigrate: lock: %w", err)
 	}
@@ -213,6 +343,11 @@ CREATE TABLE IF NOT EXISTS `+m.schema+`.schema_migrations (
 	steps := plan(applied)
 	if len(steps) == 0 {
 		return nil, nil
+	}
+	if guard != nil {
+		if err := guard(ctx, tx); err != nil {
+			return nil, err
+		}
 	}
 	s := steps[0]
 	body := s.mg.Down
@@ -357,4 +492,11 @@ func (m *Migrator) SQL(up bool) string {
 func IsUndefinedTable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
+}
+
+// IsUndefinedColumn reports whether err is PostgreSQL's "column does not
+// exist": a schema older than the statement (run `wharf migrate up`).
+func IsUndefinedColumn(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42703"
 }

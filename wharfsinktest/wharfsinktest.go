@@ -60,7 +60,7 @@ type Features struct {
 // harness.
 type Received struct {
 	// ID is the message id the sink put in the broker's dedup field or
-	// header; it must equal [wharf.Message.MessageID].
+	// header; it must equal [wharf.Message.ID].
 	ID string
 	// Topic is the wharf topic, mapped back from the destination's name.
 	Topic string
@@ -202,6 +202,8 @@ func Run(t *testing.T, h Harness) {
 		{"ResultShape", testResultShape},
 		{"BrokerUnavailable", testBrokerUnavailable},
 		{"CancelledContext", testCancelledContext},
+		{"ConcurrentPublish", testConcurrentPublish},
+		{"PublishAfterClose", testPublishAfterClose},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -218,7 +220,8 @@ var ids atomic.Int64
 func init() { ids.Store(time.Now().UnixMilli() * 1000) }
 
 func newMessage(topic, key string, payload []byte) *wharf.Message {
-	return &wharf.Message{ID: ids.Add(1), Topic: topic, Key: key, Payload: payload, Attempt: 1}
+	seq := ids.Add(1)
+	return &wharf.Message{ID: wharf.FormatID(seq, rand.Int64()), Seq: seq, Topic: topic, Key: key, Payload: payload, Attempt: 1}
 }
 
 func payloadFor(i int) []byte { return fmt.Appendf(nil, `{"n":%d}`, i) }
@@ -231,8 +234,8 @@ func publishOK(t *testing.T, s wharf.Sink, msgs []*wharf.Message) {
 	errs := s.Publish(ctx, msgs)
 	checkShape(t, errs, len(msgs))
 	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("Publish: message %d (id %d, key %q) failed: %v", i, msgs[i].ID, msgs[i].Key, err)
+		if err != nil && !errors.Is(err, wharf.ErrDuplicate) {
+			t.Fatalf("Publish: message %d (id %s, key %q) failed: %v", i, msgs[i].ID, msgs[i].Key, err)
 		}
 	}
 }
@@ -273,8 +276,8 @@ func missingIDs(msgs []*wharf.Message, got []Received) []string {
 	}
 	var missing []string
 	for _, m := range msgs {
-		if !seen[m.MessageID()] {
-			missing = append(missing, m.MessageID())
+		if !seen[m.ID] {
+			missing = append(missing, m.ID)
 		}
 	}
 	return missing
@@ -289,7 +292,7 @@ func checkOrder(t *testing.T, msgs []*wharf.Message, got []Received, exact bool)
 	t.Helper()
 	idOf := make(map[string]*wharf.Message, len(msgs))
 	for _, m := range msgs {
-		idOf[m.MessageID()] = m
+		idOf[m.ID] = m
 	}
 	type scope struct{ topic, key string }
 	last := map[scope]int64{}
@@ -313,10 +316,10 @@ func checkOrder(t *testing.T, msgs []*wharf.Message, got []Received, exact bool)
 			continue
 		}
 		sc := scope{m.Topic, m.Key}
-		if prev, ok := last[sc]; ok && m.ID < prev {
-			t.Fatalf("topic %q key %q: id %d arrived after id %d", m.Topic, m.Key, m.ID, prev)
+		if prev, ok := last[sc]; ok && m.Seq < prev {
+			t.Fatalf("topic %q key %q: seq %d arrived after seq %d", m.Topic, m.Key, m.Seq, prev)
 		}
-		last[sc] = m.ID
+		last[sc] = m.Seq
 	}
 }
 
@@ -347,6 +350,76 @@ func testOrderPerKey(t *testing.T, h *Harness) {
 	}
 }
 
+// testConcurrentPublish publishes from several goroutines at once, as the
+// relay does (SinkConcurrency), never two batches of one key at the same
+// time: every message arrives, each key in order.
+func testConcurrentPublish(t *testing.T, h *Harness) {
+	s := h.NewSink(t)
+	const workers, batches, size = 4, 5, 40
+	all := make([][]*wharf.Message, workers)
+	for w := range workers {
+		for b := range batches {
+			for i := range size {
+				key := fmt.Sprintf("w%d-k%d", w, i%4)
+				all[w] = append(all[w], newMessage(TopicOrders, key, payloadFor(b*size+i)))
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for b := range batches {
+				ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+				res := s.Publish(ctx, all[w][b*size:(b+1)*size])
+				cancel()
+				if err := firstErr(res); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Publish from one of %d goroutines failed: %v", workers, err)
+	}
+	var msgs []*wharf.Message
+	for _, m := range all {
+		msgs = append(msgs, m...)
+	}
+	got := consumeAll(t, h, []string{TopicOrders}, msgs, consumeTimeout)
+	checkOrder(t, msgs, got, true)
+	if len(got) != len(msgs) {
+		t.Fatalf("the destination holds %d messages, want %d", len(got), len(msgs))
+	}
+}
+
+// testPublishAfterClose checks that a closed sink fails every message (never
+// acknowledges one, never panics) and that closing twice is harmless.
+func testPublishAfterClose(t *testing.T, h *Harness) {
+	s := h.NewSink(t)
+	publishOK(t, s, []*wharf.Message{newMessage(TopicOrders, "k", payloadFor(0))})
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	msgs := []*wharf.Message{newMessage(TopicOrders, "k", payloadFor(1)), newMessage(TopicEvents, "", payloadFor(2))}
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	errs := s.Publish(ctx, msgs)
+	checkShape(t, errs, len(msgs))
+	if errs == nil {
+		t.Fatal("Publish after Close acknowledged the messages")
+	}
+	for i, err := range errs {
+		if err == nil || errors.Is(err, wharf.ErrDuplicate) {
+			t.Errorf("message %d: %v after Close, want an error", i, err)
+		}
+	}
+	_ = s.Close()
+}
+
 // testMessageID checks that every delivered message carries MessageID and
 // arrives with its topic, key and payload intact, keyed or not.
 func testMessageID(t *testing.T, h *Harness) {
@@ -362,7 +435,7 @@ func testMessageID(t *testing.T, h *Harness) {
 	checkOrder(t, msgs, got, true)
 	byID := map[string]*wharf.Message{}
 	for _, m := range msgs {
-		byID[m.MessageID()] = m
+		byID[m.ID] = m
 	}
 	for _, r := range got {
 		m := byID[r.ID]
@@ -425,7 +498,7 @@ func testLargePayload(t *testing.T, h *Harness) {
 	got := consumeAll(t, h, []string{TopicOrders}, msgs, consumeTimeout)
 	checkOrder(t, msgs, got, true)
 	for _, r := range got {
-		if r.ID == msgs[1].MessageID() && !bytes.Equal(r.Payload, msgs[1].Payload) {
+		if r.ID == msgs[1].ID && !bytes.Equal(r.Payload, msgs[1].Payload) {
 			t.Fatalf("the %d-byte payload arrived altered (%d bytes)", size, len(r.Payload))
 		}
 	}
@@ -466,7 +539,7 @@ func testOversizePayload(t *testing.T, h *Harness) {
 	// Wait a little longer for anything that should not be there.
 	got := h.Consume(t, []string{TopicOrders}, len(msgs), time.Second)
 	for _, r := range got {
-		if r.ID == msgs[1].MessageID() || r.ID == msgs[2].MessageID() {
+		if r.ID == msgs[1].ID || r.ID == msgs[2].ID {
 			t.Fatalf("id %s was delivered although Publish reported it failed or not attempted", r.ID)
 		}
 	}
@@ -494,7 +567,7 @@ func testHeaders(t *testing.T, h *Harness) {
 	checkOrder(t, msgs, got, true)
 	for _, r := range got {
 		for _, m := range msgs {
-			if r.ID != m.MessageID() {
+			if r.ID != m.ID {
 				continue
 			}
 			if len(r.Headers) != len(m.Headers) || !maps.Equal(r.Headers, m.Headers) {
@@ -588,9 +661,11 @@ func testBrokerUnavailable(t *testing.T, h *Harness) {
 	checkOrder(t, all, got, false)
 }
 
+// firstErr returns the first failure; a duplicate acknowledgement is a
+// delivery (the destination already holds the message).
 func firstErr(errs []error) error {
 	for _, err := range errs {
-		if err != nil {
+		if err != nil && !errors.Is(err, wharf.ErrDuplicate) {
 			return err
 		}
 	}
@@ -663,7 +738,7 @@ func BenchmarkDirect(b *testing.B, newPublish func(b *testing.B) func(ctx contex
 					msgs := make([]*wharf.Message, min(batch, left))
 					for i := range msgs {
 						id++
-						msgs[i] = &wharf.Message{ID: id, Topic: TopicOrders, Key: fmt.Sprintf("k%d", id%100), Payload: payload}
+						msgs[i] = &wharf.Message{ID: wharf.FormatID(id, rand.Int64()), Seq: id, Topic: TopicOrders, Key: fmt.Sprintf("k%d", id%100), Payload: payload}
 					}
 					batches <- msgs
 				}

@@ -22,6 +22,7 @@ type memSink struct {
 	mu      sync.Mutex
 	got     []wharfsinktest.Received
 	broken  bool
+	closed  bool
 	maxSize int
 }
 
@@ -40,9 +41,11 @@ func (s *memSink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		switch {
 		case ctx.Err() != nil:
 			errs[i] = ctx.Err()
+		case s.closed:
+			errs[i] = errors.New("memory sink is closed")
 		case s.broken:
 			errs[i] = errBroken
-		case m.Key != "" && failed[m.Key]:
+		case m.OrderingKey() != "" && failed[m.OrderingKey()]:
 			errs[i] = wharf.ErrNotAttempted
 		case len(m.Payload) > s.maxSize:
 			errs[i] = wharf.Permanent(errors.New("too large"))
@@ -51,11 +54,11 @@ func (s *memSink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 			if len(m.Headers) > 0 {
 				hs = maps.Clone(m.Headers)
 			}
-			s.got = append(s.got, wharfsinktest.Received{ID: m.MessageID(), Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: hs})
+			s.got = append(s.got, wharfsinktest.Received{ID: m.ID, Topic: m.Topic, Key: m.Key, Payload: m.Payload, Headers: hs})
 			continue
 		}
 		anyErr = true
-		failed[m.Key] = true
+		failed[m.OrderingKey()] = true
 	}
 	if !anyErr {
 		return nil
@@ -63,7 +66,12 @@ func (s *memSink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 	return errs
 }
 
-func (s *memSink) Close() error { return nil }
+func (s *memSink) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return nil
+}
 
 func TestRunOnMemorySink(t *testing.T) {
 	var mu sync.Mutex

@@ -64,6 +64,9 @@ type Cluster struct {
 	cred                          *syscall.Credential // non-nil when we must drop root
 	log                           *slog.Logger
 
+	opts      Options
+	socketDir string
+
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -134,7 +137,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("create temp dir for PostgreSQL: %w", err)
 	}
 	c := &Cluster{
-		binDir: binDir, dir: dir, cred: cred, log: log,
+		binDir: binDir, dir: dir, cred: cred, log: log, opts: opts,
 		dataDir: filepath.Join(dir, "data"),
 		logFile: filepath.Join(dir, "server.log"),
 	}
@@ -146,6 +149,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		}
 	}()
 	socketDir := filepath.Join(dir, "socket")
+	c.socketDir = socketDir
 	if err := os.Mkdir(socketDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create PostgreSQL socket dir: %w", err)
 	}
@@ -342,6 +346,52 @@ func ping(ctx context.Context, url string) error {
 // the socket so it works for any client on the machine.
 func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+// StopServer stops the server with pg_ctl's shutdown mode ("fast" or
+// "immediate", a crash) and keeps the data directory.
+func (c *Cluster) StopServer(mode string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return c.run(ctx, "pg_ctl", "-D", c.dataDir, "-w", "-t", "30", "stop", "-m", mode)
+}
+
+// StartServer starts a stopped server again on the same port.
+func (c *Cluster) StartServer(ctx context.Context) error {
+	if _, err := c.startServer(ctx, c.opts, c.socketDir); err != nil {
+		return err
+	}
+	return c.waitReady(ctx)
+}
+
+// SaveData stops the server, copies its data directory aside and starts it
+// again: RestoreData later puts the server back in exactly this state, as a
+// point-in-time restore or a failover to a lagging standby would.
+func (c *Cluster) SaveData(ctx context.Context) error {
+	if err := c.StopServer("fast"); err != nil {
+		return err
+	}
+	saved := filepath.Join(c.dir, "saved")
+	_ = os.RemoveAll(saved)
+	if out, err := exec.CommandContext(ctx, "cp", "-a", c.dataDir, saved).CombinedOutput(); err != nil {
+		return fmt.Errorf("copy data directory: %w: %s", err, out)
+	}
+	return c.StartServer(ctx)
+}
+
+// RestoreData crashes the server, replaces its data directory with the one
+// SaveData copied and starts it on the same port.
+func (c *Cluster) RestoreData(ctx context.Context) error {
+	if err := c.StopServer("immediate"); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(c.dataDir); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", filepath.Join(c.dir, "saved"), c.dataDir).CombinedOutput(); err != nil {
+		return fmt.Errorf("restore data directory: %w: %s", err, out)
+	}
+	return c.StartServer(ctx)
 }
 
 // Stop stops the server (pg_ctl stop -m fast, falling back to immediate) and

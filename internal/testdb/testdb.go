@@ -33,6 +33,8 @@ func Run(m *testing.M, url *string) int {
 			return 1
 		}
 		*url = cluster.URL()
+		// Tests in the package itself (not _test) read it from here.
+		_ = os.Setenv("TEST_DATABASE_URL", *url)
 	}
 	code := m.Run()
 	if cluster != nil {

@@ -30,144 +30,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// stdlibString is the oracle for appendString: encoding/json without HTML
-// escaping.
-func stdlibString(t testing.TB, s string) string {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	require.NoError(t, enc.Encode(s))
-	return strings.TrimSuffix(b.String(), "\n")
-}
-
+// weirdStrings are texts JSON encoders get wrong (the envelope package's
+// tests check each against encoding/json).
 var weirdStrings = []string{
-	"",
-	"plain",
-	`quote " and backslash \ and slash /`,
-	"newline\n carriage\r tab\t backspace\b formfeed\f",
-	"\x00\x01\x02\x1f\x7f",
-	"line\u2028sep\u2029para",
-	"<html>&amp;</html>",
-	"invalid \xff\xfe utf8 \xc3",
-	"truncated \xe2\x82",
-	"surrogate half \xed\xa0\x80",
-	"emoji 🦫 and é and 日本",
-	"literal \ufffd replacement",
-	"\"",
-	"\\",
-	strings.Repeat("long ", 100),
-}
-
-func TestAppendStringMatchesEncodingJSON(t *testing.T) {
-	t.Parallel()
-	for _, s := range weirdStrings {
-		require.Equal(t, stdlibString(t, s), string(appendString(nil, s)), "string %q", s)
-	}
-	for b := range 256 {
-		s := string([]byte{'a', byte(b), 'z'})
-		require.Equal(t, stdlibString(t, s), string(appendString(nil, s)), "byte %#x", b)
-	}
-}
-
-func FuzzAppendString(f *testing.F) {
-	for _, s := range weirdStrings {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		require.Equal(t, stdlibString(t, s), string(appendString(nil, s)))
-	})
-}
-
-var jsonSeeds = []string{
-	``, ` `, `1`, `-0`, `-`, `01`, `1.`, `1.5`, `.5`, `1e`, `1e+`, `1E-7`, `-12.5e+30`, `1 2`,
-	`true`, `tru`, `truex`, `false`, `null`, `nul`, `"`, `""`, `"\"`, `"\\"`, `"\u00e9"`, `"\u00G9"`,
-	`"\ud800"`, `"\x"`, "\"\t\"", "\"\x7f\"", "\"\xff\"", "\"\xed\xa0\x80\"", "\"\xef\xbf\xbd\"",
-	"\"\u2028\"", "\xef\xbb\xbf1", `[]`, `[ ]`, `[1,]`, `[,1]`, `[1 2]`, `[1,2]`, `{}`, `{ }`, `{"a"}`,
-	`{"a":}`, `{"a":1,}`, `{"a":1 "b":2}`, `{1:2}`, `{"a":[1,{"b":null}],"c":"d"}`, `[}`, `{]`, `[[[]]]`,
-	`[[[]]`, "{\r\n \"a\" :\t[1,\n2]\n}\n", "\n1\n", "[\"a\nb\"]", `[1]x`, `{"a":1}}`,
-	strings.Repeat("[", 64) + strings.Repeat("]", 64),
-	strings.Repeat("[", 65) + "\n" + strings.Repeat("]", 65),
-	strings.Repeat("[", 200) + strings.Repeat("]", 199),
-	strings.Repeat(`{"a":`, 70) + "1" + strings.Repeat("}", 70),
-}
-
-func checkScan(t *testing.T, p []byte) {
-	valid, multiline := scanJSON(p)
-	require.Equal(t, utf8.Valid(p) && json.Valid(p), valid, "%q", p)
-	if !valid {
-		return
-	}
-	require.Equal(t, bytes.ContainsAny(p, "\r\n"), multiline, "%q", p)
-	var want bytes.Buffer
-	require.NoError(t, json.Compact(&want, p))
-	require.Equal(t, want.String(), string(appendCompact([]byte("prefix"), p))[len("prefix"):], "%q", p)
-}
-
-func TestScanJSONMatchesEncodingJSON(t *testing.T) {
-	t.Parallel()
-	for _, s := range jsonSeeds {
-		checkScan(t, []byte(s))
-	}
-	r := rand.New(rand.NewPCG(rand.Uint64(), 2))
-	for range 2000 {
-		p := randPayload(r)
-		checkScan(t, p)
-		if len(p) > 0 { // and a mutation of it
-			const noise = "{}[],:\"\\ \n0-e.tx\xff"
-			p[r.IntN(len(p))] = noise[r.IntN(len(noise))]
-			checkScan(t, p)
-		}
-	}
-}
-
-func FuzzScanJSON(f *testing.F) {
-	for _, s := range jsonSeeds {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(checkScan)
-}
-
-func TestEncodeLayout(t *testing.T) {
-	t.Parallel()
-	var e encoder
-	cases := []struct {
-		msg  wharf.Message
-		want string
-	}{
-		{
-			wharf.Message{ID: 123, Topic: "orders", Key: "k1", Headers: map[string]string{"b": "2", "a": "1", "c": "3"}, Payload: []byte(`{"x":1}`)},
-			`{"id":123,"topic":"orders","key":"k1","headers":{"a":"1","b":"2","c":"3"},"payload":{"x":1}}`,
-		},
-		{
-			wharf.Message{ID: -1, Topic: "t", Headers: map[string]string{"only": "one"}, Payload: []byte(`"str"`)},
-			`{"id":-1,"topic":"t","key":null,"headers":{"only":"one"},"payload":"str"}`,
-		},
-		{
-			wharf.Message{ID: 1, Topic: "t", Payload: nil},
-			`{"id":1,"topic":"t","key":null,"headers":{},"payload":"","payload_encoding":"base64"}`,
-		},
-		{
-			wharf.Message{ID: 2, Topic: "t", Payload: []byte("not json")},
-			`{"id":2,"topic":"t","key":null,"headers":{},"payload":"bm90IGpzb24=","payload_encoding":"base64"}`,
-		},
-		{
-			wharf.Message{ID: 3, Topic: "t", Payload: []byte("{\r\n  \"a\": [1,\n 2]\n}\n")},
-			`{"id":3,"topic":"t","key":null,"headers":{},"payload":{"a":[1,2]}}`,
-		},
-		{
-			// Valid to json.Valid, but not UTF-8: kept byte-exact as base64.
-			wharf.Message{ID: 4, Topic: "t", Payload: []byte("\"\xff\"")},
-			`{"id":4,"topic":"t","key":null,"headers":{},"payload":"Iv8i","payload_encoding":"base64"}`,
-		},
-		{
-			wharf.Message{ID: math.MaxInt64, Topic: "t", Payload: []byte(` 42 `)},
-			`{"id":9223372036854775807,"topic":"t","key":null,"headers":{},"payload": 42 }`,
-		},
-	}
-	for _, c := range cases {
-		require.Equal(t, c.want, string(e.appendMessage(nil, &c.msg)))
-		require.True(t, json.Valid([]byte(c.want)))
-	}
+	"", `quote " and backslash \ and slash /`, "newline\n carriage\r tab\t", "\x00\x01\x1f\x7f",
+	"line\u2028sep\u2029para", "<html>&amp;</html>", "invalid \xff\xfe utf8 \xc3", "truncated \xe2\x82",
+	"surrogate half \xed\xa0\x80", "emoji 🦫 and é and 日本", "literal \ufffd replacement", strings.Repeat("long ", 100),
 }
 
 // randString mixes printable text, escapes and invalid UTF-8.
@@ -211,6 +79,15 @@ func randPayload(r *rand.Rand) []byte {
 	}
 }
 
+// stdlibString is s as encoding/json writes it, without HTML escaping.
+func stdlibString(t testing.TB, s string) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	require.NoError(t, enc.Encode(s))
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
 // sanitize is what any JSON reader gets back for s.
 func sanitize(t testing.TB, s string) string {
 	var out string
@@ -219,7 +96,8 @@ func sanitize(t testing.TB, s string) string {
 }
 
 type line struct {
-	ID              int64             `json:"id"`
+	ID              string            `json:"id"`
+	Seq             int64             `json:"seq"`
 	Topic           string            `json:"topic"`
 	Key             *string           `json:"key"`
 	Headers         map[string]string `json:"headers"`
@@ -267,7 +145,8 @@ func TestRandomBatchRoundTrips(t *testing.T) {
 
 	msgs := make([]*wharf.Message, 2000)
 	for i := range msgs {
-		m := &wharf.Message{ID: r.Int64() - math.MaxInt64/2, Topic: randString(r), Payload: randPayload(r)}
+		seq := r.Int64() - math.MaxInt64/2
+		m := &wharf.Message{ID: wharf.FormatID(seq, 1), Seq: seq, Topic: randString(r), Payload: randPayload(r)}
 		if r.IntN(3) > 0 {
 			m.Key = randString(r)
 		}
@@ -302,6 +181,7 @@ func TestRandomBatchRoundTrips(t *testing.T) {
 		require.NoError(t, json.Unmarshal(l, &got), "line %d: %s", i, l)
 
 		require.Equal(t, m.ID, got.ID)
+		require.Equal(t, m.Seq, got.Seq)
 		require.Equal(t, sanitize(t, m.Topic), got.Topic)
 		if m.Key == "" {
 			require.Nil(t, got.Key)
@@ -322,7 +202,7 @@ func TestRandomBatchRoundTrips(t *testing.T) {
 		}
 		top, hdrs := fieldOrder(t, l)
 		require.Equal(t, wantOrder, hdrs)
-		order := []string{"id", "topic", "key", "headers", "payload"}
+		order := []string{"id", "seq", "topic", "key", "headers", "payload"}
 		if utf8.Valid(m.Payload) && json.Valid(m.Payload) {
 			require.Empty(t, got.PayloadEncoding)
 			var wantc, gotc bytes.Buffer
@@ -371,7 +251,7 @@ func (r *recorder) Write(p []byte) (int, error) {
 func batch(first int64, n int) []*wharf.Message {
 	msgs := make([]*wharf.Message, n)
 	for i := range msgs {
-		msgs[i] = &wharf.Message{ID: first + int64(i), Topic: "t", Key: "k", Payload: []byte(`{"n":1}`)}
+		msgs[i] = &wharf.Message{ID: wharf.FormatID(first+int64(i), 1), Seq: first + int64(i), Topic: "t", Key: "k", Payload: []byte(`{"n":1}`)}
 	}
 	return msgs
 }
@@ -481,8 +361,8 @@ func TestPublishConcurrentCallsDoNotOverlap(t *testing.T) {
 		for l := range bytes.Lines(w) {
 			var got line
 			require.NoError(t, json.Unmarshal(l, &got))
-			require.False(t, seen[got.ID])
-			seen[got.ID] = true
+			require.False(t, seen[got.Seq])
+			seen[got.Seq] = true
 		}
 	}
 	require.Len(t, seen, 8*20*50)
@@ -512,7 +392,7 @@ func TestOpenFileAppendsAndSyncs(t *testing.T) {
 	for i, l := range lines[1:] {
 		var got line
 		require.NoError(t, json.Unmarshal([]byte(l), &got))
-		require.Equal(t, int64(i+1), got.ID)
+		require.Equal(t, int64(i+1), got.Seq)
 	}
 
 	errs := s.Publish(context.Background(), batch(7, 2))
@@ -562,7 +442,7 @@ func TestMultilinePayloadStaysOnOneLine(t *testing.T) {
 	s := NewWriter(&out, nil)
 	big := bytes.Repeat([]byte(`"x",`), 10000)
 	payload := append(append([]byte("[\n"), big...), "1\n]"...)
-	require.Nil(t, s.Publish(context.Background(), []*wharf.Message{{ID: 1, Topic: "t", Payload: payload}}))
+	require.Nil(t, s.Publish(context.Background(), []*wharf.Message{{ID: wharf.FormatID(int64(1), 1), Seq: int64(1), Topic: "t", Payload: payload}}))
 	sc := bufio.NewScanner(&out)
 	sc.Buffer(nil, 1<<20)
 	require.True(t, sc.Scan())

@@ -1,0 +1,4 @@
+package wharf
+
+// The engine checks its bookkeeping after every event in this package's tests.
+func init() { checkInvariants = true }

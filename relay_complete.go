@@ -1,0 +1,116 @@
+package wharf
+
+import (
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+func (r *relay) enqueueOp(o op) {
+	l := o.m.lane
+	o.lane = l.id
+	o.fence = l.fence
+	l.pendingOps++
+	r.ops.pending = append(r.ops.pending, o)
+}
+
+func (r *relay) maybeFlushOps(now time.Time) {
+	if r.ops.busy || len(r.ops.pending) == 0 || now.Before(r.ops.retry.at) {
+		return
+	}
+	r.ops.busy = true
+	ops := r.ops.pending
+	r.ops.pending = nil
+	r.opsReq <- ops
+}
+
+func (r *relay) onOps(res opsResult) {
+	r.ops.busy = false
+	now := time.Now()
+	if res.err != nil {
+		d := r.ops.retry.fail(now)
+		r.stats.DBErrors.Add(1)
+		r.log.Error("wharf: writing delivery results failed; retrying", "err", res.err, "retry_in", d.Round(time.Millisecond))
+		if r.hardCtx.Err() == nil {
+			r.ops.pending = append(res.ops, r.ops.pending...)
+		}
+		return
+	}
+	if res.isolated {
+		r.log.Warn("wharf: a batch of delivery results was refused and written again in parts", "results", len(res.ops))
+	}
+	r.ops.retry.ok()
+	acks := 0
+	for _, o := range res.ops {
+		m := o.m
+		l := m.lane
+		l.pendingOps--
+		if l.dropped {
+			continue
+		}
+		if !res.valid[o.lane] {
+			r.log.Warn("wharf: lane was taken over by another relay; its results were not written", "lane", o.lane)
+			r.stats.LeaseLosses.Add(1)
+			r.dropLane(l)
+			continue
+		}
+		switch o.kind {
+		case opAck:
+			acks++
+			r.unload(m)
+			r.delivered++
+			r.stats.Delivered.Add(1)
+			r.stats.Topic(m.Topic).Delivered.Add(1)
+			r.stats.observeLatency(now.Add(r.skew).Sub(m.CreatedAt))
+		case opDead:
+			r.unload(m)
+			r.stats.DeadLettered.Add(1)
+			r.stats.Topic(m.Topic).DeadLettered.Add(1)
+			if kq := m.kq; kq != nil {
+				kq.remove(m)
+				kq.deadPending--
+				r.settle(kq, now)
+			} else {
+				delete(l.unkeyed, m.Seq)
+			}
+		}
+		r.maybeRelease(l)
+	}
+	if acks > 0 {
+		r.stats.observeRemoval(acks)
+	}
+	r.publishMem()
+}
+
+// errorText is what is stored as a message's last error: at most 4 KiB,
+// valid UTF-8 cut at a rune boundary, no NUL bytes (PostgreSQL text refuses
+// both, and one refused result must not hold back the others).
+func errorText(err error) string {
+	s := err.Error()
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", `\0`)
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	const limit = 4096
+	if len(s) > limit {
+		cut := limit
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return s
+}
+
+// oneLine shortens s to n bytes on one line, for logs.
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}

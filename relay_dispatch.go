@@ -1,0 +1,301 @@
+package wharf
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+const maxRun = 100 // most messages of one key in one sink batch
+
+// sinkSlot is one sink with its own workers and in-flight count, so a slow
+// or stuck sink (one route of a Router) never takes the workers of another.
+type sinkSlot struct {
+	sink     Sink
+	req      chan *sinkBatch
+	inflight int // batches at this sink
+	stats    *SinkStats
+}
+
+type sinkBatch struct {
+	slot   *sinkSlot
+	msgs   []*msg
+	pub    []*Message
+	errs   []error
+	lanes  []*laneState
+	ctx    context.Context
+	cancel context.CancelFunc
+	sent   time.Time
+	took   time.Duration
+	// fenced is set (by the engine only) when the batch's context was
+	// cancelled because one of its lanes' lease ended: what the sink did not
+	// deliver is not held against the messages.
+	fenced bool
+}
+
+// fence cancels the batch's publish context because a lease ended.
+func (b *sinkBatch) fence() {
+	b.fenced = true
+	b.cancel()
+}
+
+func (r *relay) sinkOf(topic string) int {
+	if r.route == nil {
+		return 0
+	}
+	return r.route(topic)
+}
+
+// maybeDispatch turns ready keys and messages into batches, at most one new
+// batch per sink with a free worker per pass.
+func (r *relay) maybeDispatch(now time.Time) {
+	if r.stopping {
+		return
+	}
+	for {
+		building := make([]*sinkBatch, len(r.sinks))
+		var deferred []readyItem
+		keep := r.ready[:0]
+		progress := false
+		for _, it := range r.ready {
+			switch {
+			case it.m != nil:
+				m := it.m
+				l := m.lane
+				if l.dropped || l.releasing || l.unkeyed[m.Seq] != m || m.atSink || m.dead {
+					continue
+				}
+				if !r.leaseOK(l, now) {
+					deferred = append(deferred, it)
+					continue
+				}
+				b := r.batchFor(building, r.sinkOf(m.Topic))
+				if b == nil {
+					keep = append(keep, it)
+					continue
+				}
+				r.add(b, m)
+				progress = true
+			case it.kq != nil:
+				kq := it.kq
+				if it.gen != kq.gen || !kq.scheduled {
+					continue // superseded entry
+				}
+				l := kq.lane
+				if l.dropped || l.releasing {
+					continue
+				}
+				kq.scheduled = false
+				if kq.running || kq.deadPending > 0 || len(kq.msgs) == 0 || kq.minStub() < kq.msgs[0].Seq || kq.msgs[0].due.After(now) {
+					r.kick(kq, now)
+					continue
+				}
+				if !r.leaseOK(l, now) {
+					kq.scheduled = true
+					deferred = append(deferred, it)
+					continue
+				}
+				s := r.sinkOf(kq.msgs[0].Topic)
+				b := r.batchFor(building, s)
+				if b == nil {
+					kq.scheduled = true
+					keep = append(keep, it)
+					continue
+				}
+				kq.running = true
+				stop := kq.minStub()
+				for i, m := range kq.msgs {
+					if i >= maxRun || m.due.After(now) || m.Seq >= stop || m.atSink || m.dead || r.sinkOf(m.Topic) != s {
+						break
+					}
+					r.add(b, m)
+				}
+				progress = true
+			}
+		}
+		clear(r.ready[len(keep):])
+		r.ready = keep
+		for _, it := range deferred {
+			// Lease about to expire: wait for the renewal, then retry.
+			it.deferred = true
+			heap.Push(&r.timers, timerEntry{at: now.Add(100 * time.Millisecond), it: it})
+		}
+		sent := false
+		for _, b := range building {
+			if b != nil && len(b.msgs) > 0 {
+				r.send(b, now)
+				sent = true
+			}
+		}
+		if !sent || !progress || len(r.ready) == 0 {
+			return
+		}
+	}
+}
+
+// batchFor returns the batch being built for sink s, or nil when the sink
+// has no free worker or the batch is full.
+func (r *relay) batchFor(building []*sinkBatch, s int) *sinkBatch {
+	b := building[s]
+	if b == nil {
+		slot := r.sinks[s]
+		if slot.inflight >= r.cfg.SinkConcurrency {
+			return nil
+		}
+		b = &sinkBatch{slot: slot}
+		building[s] = b
+	}
+	if len(b.msgs) >= r.cfg.SinkBatch {
+		return nil
+	}
+	return b
+}
+
+func (r *relay) add(b *sinkBatch, m *msg) {
+	m.atSink = true
+	m.Attempt = m.attempts + 1
+	m.lane.inflight++
+	b.msgs = append(b.msgs, m)
+	b.pub = append(b.pub, &m.Message)
+}
+
+func (r *relay) send(b *sinkBatch, now time.Time) {
+	b.ctx, b.cancel = context.WithCancel(r.hardCtx)
+	for _, m := range b.msgs {
+		l := m.lane
+		if _, ok := l.batches[b]; !ok {
+			l.batches[b] = struct{}{}
+			b.lanes = append(b.lanes, l)
+		}
+	}
+	b.sent = now
+	b.slot.inflight++
+	r.stats.InFlight.Add(int64(len(b.msgs)))
+	b.slot.req <- b
+}
+
+func (r *relay) onSink(b *sinkBatch) {
+	b.slot.inflight--
+	b.cancel()
+	for _, l := range b.lanes {
+		delete(l.batches, b)
+	}
+	r.stats.InFlight.Add(-int64(len(b.msgs)))
+	r.stats.observePublish(b.took)
+	b.slot.stats.Publishes.Add(1)
+	b.slot.stats.PublishSeconds.observe(b.took.Seconds())
+	now := time.Now()
+	failed := map[*keyQ]bool{}
+	touched := map[*keyQ]bool{}
+	for i, m := range b.msgs {
+		m.atSink = false
+		l := m.lane
+		l.inflight--
+		var err error
+		if b.errs != nil {
+			err = b.errs[i]
+		}
+		if l.dropped {
+			r.zombieReturned(l.id)
+			continue
+		}
+		kq := m.kq
+		if kq != nil {
+			touched[kq] = true
+		}
+		ok := err == nil || errors.Is(err, ErrDuplicate)
+		switch {
+		case ok && kq != nil && failed[kq]:
+			// The destination took it after an earlier message of its key
+			// failed: it is sent again after that one, so the
+			// destination's last copy of the key is in order.
+			r.stats.Resent.Add(1)
+		case ok:
+			if err != nil {
+				r.stats.Duplicates.Add(1)
+				r.log.Debug("wharf: the destination already held this message id (a redelivery)", "id", m.ID)
+			}
+			r.enqueueOp(op{kind: opAck, m: m, seq: m.Seq, attempts: m.attempts})
+			if kq != nil {
+				kq.remove(m)
+			} else {
+				delete(l.unkeyed, m.Seq)
+			}
+		case errors.Is(err, ErrNotAttempted) || b.fenced:
+			// Not tried, or cut short because the lease ended: no attempt.
+			if kq != nil {
+				failed[kq] = true
+			} else {
+				r.ready = append(r.ready, readyItem{m: m})
+			}
+		default:
+			if kq != nil {
+				failed[kq] = true
+			}
+			r.fail(m, err, now)
+		}
+	}
+	for kq := range touched {
+		kq.running = false
+		r.settle(kq, now)
+	}
+	for _, l := range b.lanes {
+		r.maybeRelease(l)
+	}
+}
+
+func (r *relay) fail(m *msg, err error, now time.Time) {
+	m.attempts++
+	r.stats.FailedAttempts.Add(1)
+	r.stats.Topic(m.Topic).FailedAttempts.Add(1)
+	r.noteFailure(m, err, now)
+	text := errorText(err)
+	if IsPermanent(err) || m.attempts >= r.cfg.MaxAttempts {
+		r.log.Warn("wharf: message moves to dead letters", "id", m.ID, "topic", m.Topic, "attempts", m.attempts, "err", text)
+		m.dead = true
+		if m.kq != nil {
+			m.kq.deadPending++
+		}
+		r.enqueueOp(op{kind: opDead, m: m, seq: m.Seq, err: text, attempts: m.attempts})
+		return
+	}
+	d, ok := retryDelay(err)
+	if !ok {
+		d = backoff(m.attempts, r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
+	}
+	m.due = now.Add(d)
+	r.log.Debug("wharf: delivery failed; will retry", "id", m.ID, "attempt", m.attempts, "retry_in", d.Round(time.Millisecond), "err", text)
+	r.enqueueOp(op{kind: opRetry, m: m, seq: m.Seq, err: text, attempts: m.attempts, nextAt: r.toDB(m.due)})
+	if m.kq == nil {
+		l := m.lane
+		delete(l.unkeyed, m.Seq)
+		r.unload(m)
+		if !l.releasing && !r.stopping {
+			r.insertUnkeyed(l, m, now)
+		}
+	}
+}
+
+// noteFailure logs failed deliveries as at most one warning per 10 seconds:
+// an outage fails thousands of messages, and keys may be personal data.
+func (r *relay) noteFailure(m *msg, err error, now time.Time) {
+	f := &r.failLog
+	f.n++
+	if !f.since.IsZero() && now.Sub(f.since) < 10*time.Second {
+		return
+	}
+	r.log.Warn("wharf: deliveries failing; they are retried with backoff", "failures", f.n, "last_id", m.ID, "last_topic", m.Topic, "last_err", oneLine(err.Error(), 300))
+	f.n, f.since = 0, now
+}
+
+// backoff is exponential with equal jitter: half the delay is fixed, half random.
+func backoff(attempt int, base, maxD time.Duration) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < maxD; i++ {
+		d *= 2
+	}
+	d = min(d, maxD)
+	return d/2 + rand.N(d/2+1)
+}

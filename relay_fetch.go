@@ -1,0 +1,188 @@
+package wharf
+
+import (
+	"time"
+)
+
+// maybeFetch sends the next read when the previous one is back, there is
+// room in the memory budget and either there is work or the poll interval
+// has passed.
+func (r *relay) maybeFetch(now time.Time) {
+	if r.fetch.busy || r.stopping || len(r.lanes) == 0 || now.Before(r.fetch.retry.at) {
+		return
+	}
+	if !r.fetch.want && now.Sub(r.fetch.last) < r.pollWait() {
+		return
+	}
+	// Only loaded messages count: held ones are positions. Everything
+	// loaded is due or at a sink, so a full budget always drains.
+	full := r.mem.msgs+r.cfg.FetchBatch > r.cfg.MaxBuffered || r.mem.bytes+r.fetchBytes > r.cfg.MaxBufferedBytes
+	if full && len(r.loads) == 0 && len(r.refills) == 0 {
+		return
+	}
+	req := fetchRequest{pos: r.fetch.pos, refillLimit: r.perKeyCap}
+	total := 0
+	for _, l := range r.lanes {
+		if l.releasing || l.waitZombies {
+			continue
+		}
+		req.lanes = append(req.lanes, l.id)
+		req.cursors = append(req.cursors, l.cursor)
+		req.limits = append(req.limits, int32(l.limit))
+		req.fences = append(req.fences, l.fence)
+		total += l.limit
+	}
+	if len(req.lanes) == 0 {
+		return
+	}
+	if total > r.cfg.FetchBatch {
+		// Hot lanes asked for more than a batch: scale every lane down.
+		for i := range req.limits {
+			req.limits[i] = int32(max(1, int(req.limits[i])*r.cfg.FetchBatch/total))
+		}
+	}
+	// Each lane's share of a fetch's payload bytes (see byteCut).
+	perLane := max(1, r.fetchBytes/int64(len(req.lanes)))
+	req.bytes = make([]int64, len(req.lanes))
+	for i := range req.bytes {
+		req.bytes[i] = perLane
+	}
+	if full {
+		// Only the loads a key waits for (and late commits, which are
+		// never skipped): keys whose next message is a position must not
+		// wait for room that only their own progress makes.
+		clear(req.limits)
+	}
+	// Loads and refills of lanes this request reads; the upper bound of a
+	// refill is the cursor now, not when it was asked for: a fetch that
+	// completed in between may have advanced it past rows of the key that
+	// were dropped as truncated.
+	for _, ld := range r.loads {
+		if l := r.lanes[ld.lane]; l != nil && l.fence == ld.fence && !l.releasing {
+			req.loads = append(req.loads, ld)
+		} else {
+			r.dropLoad(ld.lane, ld.key)
+		}
+	}
+	for _, rf := range r.refills {
+		if l := r.lanes[rf.lane]; l != nil && l.fence == rf.fence && !l.releasing {
+			rf.to = l.cursor
+			req.refills = append(req.refills, rf)
+		} else {
+			r.dropLoad(rf.lane, rf.key)
+		}
+	}
+	r.loads, r.refills = nil, nil
+	r.loading += len(req.loads) + len(req.refills)
+	r.fetch.busy = true
+	r.fetch.want = false
+	r.fetch.last = now
+	r.fetchReq <- req
+}
+
+// dropLoad forgets a load that will not be sent (its lane changed hands).
+func (r *relay) dropLoad(lane int16, key string) {
+	if l := r.lanes[lane]; l != nil && key != "" {
+		if kq := l.keys[key]; kq != nil {
+			kq.loading = false
+		}
+	}
+}
+
+func (r *relay) onFetch(res fetchResult) {
+	r.fetch.busy = false
+	now := time.Now()
+	if res.err != nil {
+		d := r.fetch.retry.fail(now)
+		r.stats.DBErrors.Add(1)
+		r.log.Error("wharf: fetch failed; retrying", "err", res.err, "retry_in", d.Round(time.Millisecond))
+		// Send the loads and refills again with the next fetch.
+		r.loading -= len(res.req.loads) + len(res.req.refills)
+		r.loads = append(res.req.loads, r.loads...)
+		r.refills = append(res.req.refills, r.refills...)
+		return
+	}
+	r.fetch.retry.ok()
+	r.stats.LastDBOK.Store(now.UnixNano())
+	r.stats.observeFetch(res.finished.Sub(res.started), len(res.rows))
+	if !res.dbNow.IsZero() {
+		r.skew = res.dbNow.Sub(res.started.Add(res.finished.Sub(res.started) / 2))
+	}
+	if res.rewound {
+		r.rewind(res, now)
+		return
+	}
+	r.fetch.pos = res.pos
+	r.applyLoads(res, now)
+	r.applyRefills(res, now)
+	forward := make(map[int16]int, len(res.req.lanes))
+	for i := range res.rows {
+		row := &res.rows[i]
+		l := r.lanes[row.lane]
+		if l == nil || l.releasing || l.fence != res.fenceOf(row.lane) {
+			continue // the lane changed hands while the fetch ran
+		}
+		if row.Seq > l.cursor {
+			forward[row.lane]++
+		}
+		r.insert(l, row, now, false)
+	}
+	for i, lane := range res.req.lanes {
+		l := r.lanes[lane]
+		if l == nil || l.fence != res.req.fences[i] {
+			continue
+		}
+		lim := int(res.req.limits[i])
+		if got := forward[lane]; got >= lim {
+			l.limit = min(2*l.limit, r.cfg.FetchBatch)
+		} else {
+			l.limit = max(r.baseLimit()/4, min(l.limit, 2*got+16))
+		}
+		// The cursor moves only now, after every row was inserted, so the
+		// straggler rows (seqs <= cursor) were told apart above.
+		for j := range res.rows {
+			if res.rows[j].lane == lane && res.rows[j].Seq > l.cursor {
+				l.cursor = res.rows[j].Seq
+			}
+		}
+	}
+	r.publishMem()
+	r.stats.Held.Store(int64(r.stubs + r.heldUnkeyed()))
+	r.fetch.lastEmpty = len(res.rows) == 0
+	if r.fetch.lastEmpty {
+		r.fetch.emptyRun++
+	} else {
+		r.fetch.emptyRun = 0
+		r.fetch.want = true
+		if r.firstRows.IsZero() {
+			r.firstRows = res.started
+		}
+	}
+}
+
+func (r *relay) heldUnkeyed() int {
+	n := 0
+	for _, l := range r.lanes {
+		n += len(l.held)
+	}
+	return n
+}
+
+// rewind reads every lane again from the start after the database went back
+// in time (see fetchResult.rewound). What is at a sink finishes and its
+// acknowledgements are written (fenced as always); everything else is read
+// again, so nothing committed on the new history is skipped.
+func (r *relay) rewind(res fetchResult, now time.Time) {
+	r.log.Warn("wharf: the database's transaction ids went backwards (failover to a standby that lost commits, or a restore): reading every lane again")
+	r.stats.Rewinds.Add(1)
+	r.loading -= len(res.req.loads) + len(res.req.refills)
+	r.loads, r.refills = nil, nil
+	r.fetch.pos = nil
+	for _, l := range r.lanes {
+		r.dropBuffered(l)
+		l.cursor = 0
+		l.limit = r.baseLimit()
+	}
+	r.fetch.want = true
+	_ = now
+}
