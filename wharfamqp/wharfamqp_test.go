@@ -253,12 +253,13 @@ func (w *world) received(topics []string, want int, timeout time.Duration) []wha
 
 type harness struct {
 	worlds wharfsinktest.PerTest[*world]
+	extra  []string // URL options of every sink, e.g. "strict_order=true"
 }
 
 func (h *harness) newSink(t *testing.T) wharf.Sink {
 	w := newWorld(t)
 	h.worlds.Set(t, w)
-	return openSink(t, sinkURL(brokerURL(), w.options()...))
+	return openSink(t, sinkURL(brokerURL(), append(w.options(), h.extra...)...))
 }
 
 // newBreakableSink publishes through a proxy of the test's own, so that
@@ -267,12 +268,18 @@ func (h *harness) newBreakableSink(t *testing.T) wharf.Sink {
 	w := newWorld(t)
 	w.proxy = startProxy(t)
 	h.worlds.Set(t, w)
-	return openSink(t, sinkURL(withHost(t, w.proxy.addr), w.options()...))
+	return openSink(t, sinkURL(withHost(t, w.proxy.addr), append(w.options(), h.extra...)...))
 }
 
+// TestConformance runs the sink suite in both ordering modes.
 func TestConformance(t *testing.T) {
 	requireBroker(t)
-	h := &harness{}
+	t.Run("pipelined", func(t *testing.T) { runConformance(t) })
+	t.Run("strict_order", func(t *testing.T) { runConformance(t, "strict_order=true") })
+}
+
+func runConformance(t *testing.T, extra ...string) {
+	h := &harness{extra: extra}
 	wharfsinktest.Run(t, wharfsinktest.Harness{
 		NewSink:          h.newSink,
 		NewBreakableSink: h.newBreakableSink,
@@ -517,7 +524,7 @@ func msg(topic, key string, payload []byte) *wharf.Message {
 	idMu.Lock()
 	defer idMu.Unlock()
 	nextID++
-	return &wharf.Message{ID: nextID, Topic: topic, Key: key, Payload: payload, Attempt: 1}
+	return &wharf.Message{ID: wharf.FormatID(nextID, 1), Seq: nextID, Topic: topic, Key: key, Payload: payload, Attempt: 1}
 }
 
 func publish(t *testing.T, s wharf.Sink, msgs []*wharf.Message) ([]error, time.Duration) {
@@ -597,7 +604,8 @@ func TestUnroutableIsRetryable(t *testing.T) {
 }
 
 // What AMQP cannot carry fails permanently before sending, and the later
-// messages of its key are not attempted; other keys go out.
+// messages of its ordering key (topic and key) are not attempted, while the
+// earlier ones and other keys go out.
 func TestInvalidIsPermanent(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
@@ -605,19 +613,23 @@ func TestInvalidIsPermanent(t *testing.T) {
 	long := strings.Repeat("t", 300)
 	msgs := []*wharf.Message{
 		msg(long, "a", []byte("routing key too long")),
-		msg(wharfsinktest.TopicOrders, "a", []byte("behind it")),
+		msg(long, "a", []byte("behind it")),
 		msg(wharfsinktest.TopicOrders, "b", []byte("other key")),
 		msg(wharfsinktest.TopicOrders, "c", []byte("header name too long")),
 		msg(wharfsinktest.TopicOrders, "d", []byte("headers over a frame")),
 		msg(wharfsinktest.TopicOrders, "e", []byte("content-type too long")),
 		msg(wharfsinktest.TopicOrders, "c", []byte("behind the header")),
 		msg(wharfsinktest.TopicOrders, "", make([]byte, testMaxMessage+1)),
+		msg(wharfsinktest.TopicOrders, "g", []byte("ahead of an invalid one")),
+		msg(wharfsinktest.TopicOrders, "g", []byte("header name too long")),
+		msg(wharfsinktest.TopicOrders, "g", []byte("behind it")),
 	}
 	msgs[3].Headers = map[string]string{long: "v"}
+	msgs[9].Headers = map[string]string{long: "v"}
 	msgs[4].Headers = map[string]string{"big": strings.Repeat("x", 200<<10)}
 	msgs[5].Headers = map[string]string{"content-type": long}
 	errs, _ := publish(t, s, msgs)
-	for _, i := range []int{0, 3, 4, 5, 7} {
+	for _, i := range []int{0, 3, 4, 5, 7, 9} {
 		if !wharf.IsPermanent(errs[i]) {
 			t.Fatalf("message %d: %v, want a permanent error", i, errs[i])
 		}
@@ -625,17 +637,17 @@ func TestInvalidIsPermanent(t *testing.T) {
 	if !strings.Contains(errs[0].Error(), "routing key") {
 		t.Fatalf("message 0: %v: want it to name the routing key", errs[0])
 	}
-	for _, i := range []int{1, 6} {
+	for _, i := range []int{1, 6, 10} {
 		if !errors.Is(errs[i], wharf.ErrNotAttempted) {
 			t.Fatalf("message %d: %v, want ErrNotAttempted", i, errs[i])
 		}
 	}
-	if errs[2] != nil {
-		t.Fatalf("message 2: %v", errs[2])
+	if errs[2] != nil || errs[8] != nil {
+		t.Fatalf("messages 2 and 8: %v, %v", errs[2], errs[8])
 	}
-	got := w.received([]string{wharfsinktest.TopicOrders}, 2, time.Second)
-	if len(got) != 1 || got[0].ID != msgs[2].MessageID() {
-		t.Fatalf("the queue holds %v, want only message 2", got)
+	got := w.received([]string{wharfsinktest.TopicOrders}, 3, time.Second)
+	if len(got) != 2 || got[0].ID != msgs[2].ID || got[1].ID != msgs[8].ID {
+		t.Fatalf("the queue holds %v, want only messages 2 and 8", got)
 	}
 }
 
@@ -711,7 +723,7 @@ func TestConnectionLostMidBatch(t *testing.T) {
 	var retry []*wharf.Message
 	for i, err := range errs {
 		if err == nil {
-			acked[msgs[i].MessageID()] = true
+			acked[msgs[i].ID] = true
 			continue
 		}
 		if wharf.IsPermanent(err) {
@@ -726,7 +738,7 @@ func TestConnectionLostMidBatch(t *testing.T) {
 		var again []*wharf.Message
 		for i, err := range errs {
 			if err == nil {
-				acked[retry[i].MessageID()] = true
+				acked[retry[i].ID] = true
 			} else {
 				again = append(again, retry[i])
 			}
@@ -1005,7 +1017,7 @@ func TestOpenFails(t *testing.T) {
 
 func TestParseURL(t *testing.T) {
 	t.Parallel()
-	u, _ := url.Parse("amqps://u:p%40ss@mq:5671/prod?exchange=wharf.%7B%7Btopic%7D%7D&routing_key_template=%7B%7Bkey%7D%7D&mandatory=false&confirm_timeout=5s&max_in_flight=50&max_message_size=0&dial_timeout=2s&name=relay-1&heartbeat=30&cacertfile=%2Fca.pem&certfile=c.pem&keyfile=k.pem&server_name_indication=mq.example")
+	u, _ := url.Parse("amqps://u:p%40ss@mq:5671/prod?exchange=wharf.%7B%7Btopic%7D%7D&routing_key_template=%7B%7Bkey%7D%7D&mandatory=false&strict_order=true&confirm_timeout=5s&max_in_flight=50&max_message_size=0&dial_timeout=2s&name=relay-1&heartbeat=30&cacertfile=%2Fca.pem&certfile=c.pem&keyfile=k.pem&server_name_indication=mq.example")
 	cfg, err := parseURL(u)
 	if err != nil {
 		t.Fatal(err)
@@ -1016,6 +1028,7 @@ func TestParseURL(t *testing.T) {
 			Exchange:           "wharf.{{topic}}",
 			RoutingKeyTemplate: "{{key}}",
 			DropUnroutable:     true,
+			StrictOrder:        true,
 			ConfirmTimeout:     5 * time.Second,
 			MaxInFlight:        50,
 			MaxMessageSize:     -1,
@@ -1032,23 +1045,26 @@ func TestParseURL(t *testing.T) {
 		t.Fatalf("amqp://mq: %+v, %v", cfg, err)
 	}
 	bad := map[string]string{
-		"amqp://u:s3cret@mq?confirm=1":                            `unknown option "confirm"`,
-		"amqp://u:s3cret@":                                        "names no host",
-		"amqp://u:s3cret@a,b":                                     "names no host, or several",
-		"amqp://u:s3cret@mq?mandatory=maybe":                      "mandatory=",
-		"amqp://u:s3cret@mq?confirm_timeout=soon":                 "confirm_timeout",
-		"amqp://u:s3cret@mq?dial_timeout=-1s":                     "dial_timeout",
-		"amqp://u:s3cret@mq?max_in_flight=0":                      "max_in_flight",
-		"amqp://u:s3cret@mq?max_message_size=big":                 "max_message_size",
-		"amqp://u:s3cret@mq?heartbeat=0":                          "heartbeat=0",
-		"amqp://u:s3cret@mq?heartbeat=x":                          "heartbeat",
-		"amqp://u:s3cret@mq?cacertfile=ca.pem":                    "use amqps://",
-		"amqps://u:s3cret@mq?certfile=c.pem":                      "go together",
-		"amqp://u:s3cret@mq?exchange=x.%7B%7Bkey%7D%7D":           "only {{topic}}",
-		"amqp://u:s3cret@mq?exchange=" + strings.Repeat("e", 300): "over AMQP's 255",
-		"amqp://u:s3cret@mq:99999":                                "not a port number",
-		"amqp://u:s3cret@mq#frag":                                 "write amqp://",
-		"http://u:s3cret@mq":                                      "amqp:// and amqps://",
+		"amqp://u:s3cret@mq?confirm=1":                                `unknown option "confirm"`,
+		"amqp://u:s3cret@":                                            "names no host",
+		"amqp://u:s3cret@a,b":                                         "names no host, or several",
+		"amqp://u:s3cret@mq?mandatory=maybe":                          "mandatory=",
+		"amqp://u:s3cret@mq?strict_order=yes%20please":                "strict_order=",
+		"amqp://u:s3cret@mq?routing_key_template=amq.gen-x":           "the broker's own queues",
+		"amqp://u:s3cret@mq?routing_key_template=amq.%7B%7Bkey%7D%7D": "the broker's own queues",
+		"amqp://u:s3cret@mq?confirm_timeout=soon":                     "confirm_timeout",
+		"amqp://u:s3cret@mq?dial_timeout=-1s":                         "dial_timeout",
+		"amqp://u:s3cret@mq?max_in_flight=0":                          "max_in_flight",
+		"amqp://u:s3cret@mq?max_message_size=big":                     "max_message_size",
+		"amqp://u:s3cret@mq?heartbeat=0":                              "heartbeat=0",
+		"amqp://u:s3cret@mq?heartbeat=x":                              "heartbeat",
+		"amqp://u:s3cret@mq?cacertfile=ca.pem":                        "use amqps://",
+		"amqps://u:s3cret@mq?certfile=c.pem":                          "go together",
+		"amqp://u:s3cret@mq?exchange=x.%7B%7Bkey%7D%7D":               "only {{topic}}",
+		"amqp://u:s3cret@mq?exchange=" + strings.Repeat("e", 300):     "over AMQP's 255",
+		"amqp://u:s3cret@mq:99999":                                    "not a port number",
+		"amqp://u:s3cret@mq#frag":                                     "write amqp://",
+		"http://u:s3cret@mq":                                          "amqp:// and amqps://",
 	}
 	wharfsinktest.CheckURLErrors(t, func(u *url.URL) error { _, err := parseURL(u); return err }, bad)
 }
@@ -1088,15 +1104,6 @@ func benchQueue(b *testing.B) string {
 	return q
 }
 
-// BenchmarkPublish is the sink's publish rate into a durable queue of the
-// real RabbitMQ (default exchange, publisher confirms, persistent messages).
-func BenchmarkPublish(b *testing.B) {
-	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
-		q := benchQueue(b)
-		return openSink(b, sinkURL(brokerURL(), "routing_key_template="+q))
-	})
-}
-
 // BenchmarkDirectPublish is the same workload published with amqp091-go
 // alone: a channel in confirm mode per concurrent batch, every message of
 // the batch published, then every confirm awaited. It is the baseline
@@ -1129,7 +1136,7 @@ func BenchmarkDirectPublish(b *testing.B) {
 				dc, err := ch.PublishWithDeferredConfirm("", q, true, false, amqp.Publishing{
 					Headers:      amqp.Table{HeaderKey: m.Key},
 					DeliveryMode: amqp.Persistent,
-					MessageId:    m.MessageID(),
+					MessageId:    m.ID,
 					Body:         m.Payload,
 				})
 				if err != nil {

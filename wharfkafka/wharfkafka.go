@@ -3,10 +3,11 @@
 // A [Sink] produces every message of a batch asynchronously with one
 // idempotent franz-go client (acks=all) and acknowledges each message only
 // when its produce promise reported success, that is once every in-sync
-// replica has it. The message key becomes the record key, so the partitioner
-// keeps a key's records in one partition, in order; the headers become record
-// headers, plus "wharf-message-id" carrying [wharf.Message.MessageID] for
-// consumers to deduplicate on.
+// replica has it. The message key becomes the record key, so the default
+// partitioner (murmur2, as the Java client) keeps a key's records in one
+// partition, in order; the headers become record headers, plus
+// "wharf-message-id" carrying [wharf.Message.ID] for consumers to deduplicate
+// on. docs/sinks/kafka.md in the repository describes the sink for operators.
 //
 // # URL
 //
@@ -22,9 +23,11 @@
 //   - max_message_bytes: the largest record batch the client builds; set it to
 //     at most the topic's max.message.bytes. A message whose record alone is
 //     larger fails permanently. Defaults to 1000012 (franz-go's default).
-//   - delivery_timeout: how long a record may wait for acks=all, including
-//     the client's internal retries, before it fails and the relay retries it
-//     later, e.g. "30s". Defaults to 30s.
+//   - delivery_timeout: how long a Publish waits for acks=all, the client's
+//     internal retries included, before the records still unacknowledged
+//     fail and the relay retries them later, e.g. "30s". It bounds Publish
+//     even when a produce request was written and no answer comes. Defaults
+//     to 30s.
 //   - compression: "snappy", "lz4", "zstd", "gzip" or "none". Defaults to
 //     "snappy" (falling back to none for brokers without it).
 //   - tls: "true" to connect with TLS using the system's roots. Defaults to
@@ -36,33 +39,34 @@
 //
 // # Failures and ordering
 //
-// Publish returns the real result of every record. These fail permanently
-// (the relay dead-letters them at once): a topic template that yields an
-// empty topic, a record larger than max_message_bytes (checked before
-// producing, so the later messages of its key in the batch are reported with
-// [wharf.ErrNotAttempted] and never sent), and the broker's
-// INVALID_TOPIC_EXCEPTION and INVALID_RECORD. Everything else is retried by the
-// relay with backoff: timeouts, a broker that is down, authorization errors
-// (an operator can fix them without losing messages), and an unknown topic
-// when the broker does not create topics (franz-go first retries it
-// internally; create the topic and the messages go out; after the relay's
-// attempt limit they are dead-lettered). A MESSAGE_TOO_LARGE returned by the
-// broker is retried too, because it rejects a whole record batch, not one
-// message: it means max_message_bytes is above the topic's max.message.bytes.
+// Publish returns the real result of every record, within delivery_timeout
+// (plus a fraction of a second) and promptly once its context ends. These fail
+// permanently (the relay dead-letters them at once): a topic template that
+// yields an empty topic, a record larger than max_message_bytes (both checked
+// before producing, so the later messages of its ordering key in the batch
+// are reported with [wharf.ErrNotAttempted] and never sent), and the broker's
+// INVALID_TOPIC_EXCEPTION. Everything else is retried by the relay with
+// backoff, including INVALID_RECORD and MESSAGE_TOO_LARGE: the broker rejects
+// a whole record batch, and franz-go then fails every record buffered for the
+// partition with that error, so the sink cannot tell the culprit from the
+// records that merely shared its partition; a message that keeps failing is
+// dead-lettered after the relay's attempt limit.
 //
-// When a record of key K fails after it was handed to franz-go, the later
-// records of K in the batch were handed over too, and Publish reports each
-// record's real result rather than claiming they were not attempted. A
-// delivery timeout or a cancelled context fails every record buffered for
-// the partition (franz-go never fails a record and then writes a later one of
-// its partition), so the later records of K fail with it. A non-retriable
-// broker error (INVALID_RECORD, INVALID_TOPIC_EXCEPTION, or MESSAGE_TOO_LARGE
-// when max_message_bytes exceeds the topic's limit) fails only its record
-// batch: a later record of K that went in another record batch of the same
-// partition can still be written, and is then reported acknowledged. Same-key
-// records of one Publish usually share a record batch; when they do not,
-// such an error breaks K's order, which the dead letter (or, for
-// MESSAGE_TOO_LARGE, the redelivery) makes visible.
+// A partition keeps its order within one client: franz-go retries retriable
+// errors in order, any failure fails every record buffered for the partition
+// with it, and later record batches already in flight are refused by the
+// broker's sequence check. A delivery timeout or a cancelled context cancels
+// a produce request still unanswered (kgo.AllowIdempotentProduceCancellation):
+// the client then moves to a new producer epoch, so a late copy of that
+// request is refused by the broker once the partition holds a newer batch, and
+// otherwise lands ahead of it. Publish hands no record to franz-go after a
+// failure of its ordering key was reported, but franz-go reports failures
+// asynchronously: a record handed over just after franz-go failed the records
+// buffered ahead of it (an earlier one of its key among them) starts afresh
+// and can be written ahead of the earlier one. Publish then reports it
+// acknowledged and the earlier one failed, and the relay sends it again after
+// the earlier one, so each key's last copies are in order. Redelivery can
+// duplicate a record; consumers deduplicate by the "wharf-message-id" header.
 package wharfkafka
 
 import (
@@ -82,7 +86,7 @@ import (
 	"github.com/wharfhq/wharf"
 )
 
-// HeaderMessageID is the record header that carries [wharf.Message.MessageID].
+// HeaderMessageID is the record header that carries [wharf.Message.ID].
 const HeaderMessageID = "wharf-message-id"
 
 // TopicPlaceholder is replaced by the wharf topic in Options.TopicTemplate.
@@ -107,9 +111,11 @@ type Options struct {
 	// must not exceed the topics' max.message.bytes. A message whose record
 	// alone would be larger fails permanently. Defaults to 1000012.
 	MaxMessageBytes int32
-	// DeliveryTimeout bounds how long a record waits to be acknowledged by
-	// all in-sync replicas, the client's internal retries included, before
-	// it fails and is left to the relay's retry. Defaults to 30s.
+	// DeliveryTimeout bounds how long a Publish waits for its records to be
+	// acknowledged by all in-sync replicas, the client's internal retries
+	// included, before the unacknowledged ones fail and are left to the
+	// relay's retry. It holds when a produce request was written and no
+	// answer comes: the request is cancelled. Defaults to 30s.
 	DeliveryTimeout time.Duration
 	// Compression is the preferred batch compression: "snappy", "lz4",
 	// "zstd", "gzip" or "none". Defaults to "snappy".
@@ -118,9 +124,13 @@ type Options struct {
 
 // Sink is a [wharf.Sink] that produces to Kafka. It is safe for concurrent use.
 type Sink struct {
-	cl        *kgo.Client
-	topics    wharf.TopicTemplate
-	maxBytes  func(string) int32
+	cl       *kgo.Client
+	topics   wharf.TopicTemplate
+	maxBytes func(string) int32
+	// timeout bounds each Publish's records (0: only its context does);
+	// timedOut is the cause its context ends with then.
+	timeout   time.Duration
+	timedOut  error
 	closeOnce sync.Once
 }
 
@@ -129,8 +139,9 @@ var _ wharf.Sink = (*Sink)(nil)
 // New returns a sink producing with an idempotent franz-go client that
 // requires acks from all in-sync replicas. extra options are applied after
 // the sink's own, so they can change anything except that Publish waits for
-// every record's promise. The client connects lazily: New does not fail when
-// the brokers are down.
+// every record's promise; a kgo.TransactionalID is refused (see the package
+// documentation). The client connects lazily: New does not fail when the
+// brokers are down.
 func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -145,6 +156,11 @@ func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerBatchMaxBytes(opts.MaxMessageBytes),
 		kgo.RecordDeliveryTimeout(opts.DeliveryTimeout),
+		// Without it franz-go never fails a batch it wrote and got no answer
+		// for, so a broker that went silent would hold Publish (and the
+		// partition) until the connection dies. Failing such a batch can
+		// duplicate it, which the relay's redelivery does anyway.
+		kgo.AllowIdempotentProduceCancellation(),
 		kgo.ProducerBatchCompression(codec, kgo.NoCompression()),
 		// The relay batches already; lingering would only add latency.
 		kgo.ProducerLinger(0),
@@ -152,14 +168,21 @@ func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 	kopts = append(kopts, extra...)
 	cl, err := kgo.NewClient(kopts...)
 	if err != nil {
+		if strings.Contains(err.Error(), "transactional") {
+			return nil, fmt.Errorf("wharfkafka: transactional producers are not supported: the sink cancels produce requests left unanswered, which a transactional producer cannot: %w", err)
+		}
 		return nil, fmt.Errorf("wharfkafka: %w", err)
 	}
-	s := &Sink{cl: cl}
+	s := &Sink{cl: cl, timeout: opts.DeliveryTimeout}
 	s.topics, _ = wharf.ParseTopicTemplate(opts.TopicTemplate) // checked by validate
 	s.maxBytes = func(string) int32 { return opts.MaxMessageBytes }
 	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
 		s.maxBytes = fn // extra options may have changed it
 	}
+	if d, ok := cl.OptValue(kgo.RecordDeliveryTimeout).(time.Duration); ok {
+		s.timeout = d // likewise; 0 turns the bound off
+	}
+	s.timedOut = fmt.Errorf("no acknowledgement from Kafka within delivery_timeout (%s)", s.timeout)
 	return s, nil
 }
 
@@ -236,126 +259,136 @@ func recordSize(r *kgo.Record) int {
 	return n
 }
 
-// call is one Publish's results, written by franz-go's promise goroutine.
+// abandonGrace is how long Publish still waits for franz-go's verdicts once
+// its records' context ended: cancelled requests and expired batches are
+// reported within milliseconds, and a real result (often a success) beats a
+// guessed failure that makes the relay send the message again.
+const abandonGrace = 250 * time.Millisecond
+
+// call is one Publish's results, also written by franz-go's promise goroutine.
 type call struct {
 	mu        sync.Mutex
-	errs      []error
-	resolved  []bool // the promise of the record reported
+	res       *wharf.Results
 	pending   int
 	done      chan struct{}
-	abandoned bool // Publish returned; late promises must not touch errs
+	abandoned bool // Publish returned; late promises must not touch res
 }
 
 // Publish produces msgs and waits until franz-go reported every record's
-// result or ctx ends. Records still in flight when ctx ends are reported
-// with ctx's error; franz-go may still deliver them, which the relay's
-// redelivery tolerates (at least once), and never after a later record of
-// their partition.
+// result, delivery_timeout passed, or ctx ended. It hands no record to
+// franz-go once ctx is done, nor a record whose ordering key already has a
+// failure in the batch. The records' context ends with ctx or at
+// delivery_timeout; franz-go then fails what it has not written and cancels
+// requests still unanswered. What is left without a result after a short
+// grace fails with a retryable error: franz-go may still deliver it (the
+// relay's redelivery tolerates that), never after a later record of its
+// partition from this sink.
 func (s *Sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return wharf.FailAll(len(msgs), fmt.Errorf("wharfkafka: %w", err))
+	res := wharf.NewResults(msgs)
+	if ctx.Err() != nil {
+		res.FailRest(notSent(ctx))
+		return res.Errors()
 	}
-	c := &call{
-		errs:     make([]error, len(msgs)),
-		resolved: make([]bool, len(msgs)),
-		pending:  1, // held until every record was handed over
-		done:     make(chan struct{}),
+	pctx, cancel := ctx, context.CancelFunc(func() {})
+	if s.timeout > 0 {
+		pctx, cancel = context.WithTimeoutCause(ctx, s.timeout, s.timedOut)
 	}
-	var blocked map[string]bool // keys with a message that failed before producing
+	defer cancel()
+	c := &call{res: res, pending: 1, done: make(chan struct{})} // held until every record was handed over
+	handed := make([]bool, len(msgs))
 	for i, m := range msgs {
-		if m.Key != "" && blocked[m.Key] {
-			c.finish(i, wharf.ErrNotAttempted, false)
+		if pctx.Err() != nil {
+			break
+		}
+		c.mu.Lock()
+		blocked := res.Blocked(i)
+		c.mu.Unlock()
+		if blocked {
 			continue
 		}
 		rec, err := s.record(m)
 		if err != nil {
-			c.finish(i, err, false)
-			if m.Key != "" {
-				if blocked == nil {
-					blocked = map[string]bool{}
-				}
-				blocked[m.Key] = true
-			}
+			c.mu.Lock()
+			res.Fail(i, err)
+			c.mu.Unlock()
 			continue
 		}
-		c.add()
-		topic := rec.Topic
-		s.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
-			c.finish(i, classify(topic, err), true)
+		c.mu.Lock()
+		c.pending++
+		c.mu.Unlock()
+		handed[i] = true
+		s.cl.Produce(pctx, rec, func(r *kgo.Record, err error) {
+			c.finish(i, s.result(pctx, r.Topic, err))
 		})
 	}
-	c.release()
+	c.finish(-1, nil)
 	select {
 	case <-c.done:
-	case <-ctx.Done():
+	case <-pctx.Done():
+		t := time.NewTimer(abandonGrace)
+		select {
+		case <-c.done:
+		case <-t.C:
+		}
+		t.Stop()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.abandoned = true
-	if c.pending > 0 {
-		err := fmt.Errorf("wharfkafka: gave up waiting for the broker's acknowledgement: %w", ctx.Err())
-		for i, ok := range c.resolved {
-			if !ok {
-				c.errs[i] = err
-			}
+	for i := range msgs {
+		switch {
+		case res.Done(i):
+		case handed[i]:
+			res.Fail(i, fmt.Errorf("wharfkafka: message %s: gave up waiting for Kafka's acknowledgement: %w", msgs[i].ID, ctxErr(pctx)))
+		default:
+			res.Fail(i, notSent(pctx))
 		}
 	}
-	if allNil(c.errs) {
-		return nil
-	}
-	return c.errs
+	return res.Errors()
 }
 
-func (c *call) add() {
-	c.mu.Lock()
-	c.pending++
-	c.mu.Unlock()
-}
-
-// finish records message i's result; produced says a promise is done.
-func (c *call) finish(i int, err error, produced bool) {
+// finish records message i's result; i < 0 drops the hold Publish takes
+// while it hands records over.
+func (c *call) finish(i int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.abandoned {
 		return
 	}
-	c.errs[i] = err
-	c.resolved[i] = true
-	if produced {
-		c.done1()
+	if i >= 0 {
+		c.res.Set(i, err)
 	}
-}
-
-// release drops the hold taken while records were being handed over.
-func (c *call) release() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.done1()
-}
-
-func (c *call) done1() {
 	c.pending--
 	if c.pending == 0 {
 		close(c.done)
 	}
 }
 
-func allNil(errs []error) bool {
-	for _, e := range errs {
-		if e != nil {
-			return false
-		}
+// errNotSent marks a message Publish did not hand to franz-go because its
+// context ended.
+var errNotSent = errors.New("not sent: the publish was cut short")
+
+func notSent(ctx context.Context) error {
+	return fmt.Errorf("wharfkafka: %w: %w", errNotSent, ctxErr(ctx))
+}
+
+// ctxErr is ctx's error with its cause, when one was given (the relay says
+// why it cut a publish short; the sink, that delivery_timeout passed).
+func ctxErr(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || errors.Is(cause, err) {
+		return err
 	}
-	return true
+	return fmt.Errorf("%w (%w)", err, cause)
 }
 
 func (s *Sink) record(m *wharf.Message) (*kgo.Record, error) {
 	topic := s.Topic(m.Topic)
 	if topic == "" {
-		return nil, wharf.Permanent(fmt.Errorf("wharfkafka: message %d: topic template gives an empty Kafka topic for wharf topic %q", m.ID, m.Topic))
+		return nil, wharf.Permanent(fmt.Errorf("wharfkafka: message %s: topic template gives an empty Kafka topic for wharf topic %q", m.ID, m.Topic))
 	}
 	r := &kgo.Record{Topic: topic, Value: m.Payload}
 	if m.Key != "" {
@@ -368,20 +401,32 @@ func (s *Sink) record(m *wharf.Message) (*kgo.Record, error) {
 		}
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
-	r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(m.MessageID())})
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(m.ID)})
 	if limit := int(s.maxBytes(topic)); recordSize(r) > limit {
-		return nil, wharf.Permanent(fmt.Errorf("wharfkafka: message %d: record of about %d bytes exceeds max_message_bytes %d: %w", m.ID, recordSize(r), limit, kerr.MessageTooLarge))
+		return nil, wharf.Permanent(fmt.Errorf("wharfkafka: message %s: record of about %d bytes exceeds max_message_bytes %d: %w", m.ID, recordSize(r), limit, kerr.MessageTooLarge))
 	}
 	return r, nil
 }
 
-// classify turns a promise's error into a relay result.
-func classify(topic string, err error) error {
+// result turns a promise's error into a relay result; pctx is the records'
+// context.
+func (s *Sink) result(pctx context.Context, topic string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord):
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		if pctx.Err() != nil {
+			return fmt.Errorf("wharfkafka: produce to %q: not acknowledged: %w", topic, ctxErr(pctx))
+		}
+		// franz-go fails a partition's buffered records together, by the
+		// first one's context, which another Publish may have given.
+		return fmt.Errorf("wharfkafka: produce to %q: failed with the records ahead of it in its partition, whose publish was cut short: %w", topic, err)
+	case errors.Is(err, kgo.ErrRecordTimeout):
+		return fmt.Errorf("wharfkafka: produce to %q: %w: %w", topic, s.timedOut, err)
+	case errors.Is(err, kerr.InvalidTopicException):
 		return wharf.Permanent(fmt.Errorf("wharfkafka: produce to %q: %w", topic, err))
+	case errors.Is(err, kerr.InvalidRecord):
+		return fmt.Errorf("wharfkafka: produce to %q: the broker rejected a record batch holding this message, or another of its partition (franz-go fails them all); it is retried, and a message that keeps failing is dead-lettered after the attempt limit: %w", topic, err)
 	case errors.Is(err, kerr.MessageTooLarge):
 		return fmt.Errorf("wharfkafka: produce to %q: the broker rejected a record batch as too large; set max_message_bytes to at most the topic's max.message.bytes: %w", topic, err)
 	}

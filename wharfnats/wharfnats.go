@@ -1,12 +1,14 @@
 // Package wharfnats is the NATS JetStream sink of Wharf, built on nats.go.
 //
-// A [Sink] publishes every message of a batch asynchronously on one
-// connection and acknowledges each message only once JetStream answered with
-// a PubAck, that is once the stream stored it. The message id
-// ([wharf.Message.MessageID]) goes in the Nats-Msg-Id header, so JetStream
-// drops a redelivery that arrives within the stream's duplicate window and
-// consumers can deduplicate after it. The key goes in the Wharf-Key header
-// (NATS has no message key); the other headers are passed as NATS headers.
+// A [Sink] publishes the messages of a batch asynchronously on one connection
+// and acknowledges each message only once JetStream answered with a PubAck,
+// that is once a stream stored it. The message id ([wharf.Message.ID], unique
+// beyond one outbox) goes in the Nats-Msg-Id header, so JetStream drops a
+// redelivery that arrives within the stream's duplicate window; the sink
+// reports such a message with [wharf.ErrDuplicate], which the relay counts as
+// delivered. The key goes in the Wharf-Key header (NATS has no message key);
+// the other headers are passed as NATS headers. docs/sinks/nats.md in the
+// repository describes the sink for operators.
 //
 // # URL
 //
@@ -30,30 +32,59 @@
 //     nothing.
 //   - ack_timeout: how long to wait for a PubAck before failing the message
 //     for the relay to retry, e.g. "10s". Defaults to 10s.
+//   - strict_order: "true" to keep at most one unacknowledged message per
+//     ordering key in flight (see Ordering). Defaults to "false".
+//   - allow_system_subjects: "true" to allow subjects whose first token starts
+//     with "$" or is "_INBOX" (see Security). Defaults to "false".
 //   - name: the connection name shown by the server. Defaults to "wharf".
 //   - tls: "true" to require TLS. Defaults to "false".
 //
 // Open connects at once and fails when no server answers. Once connected the
-// connection reconnects forever: while the server is away, publishes fail
-// after ack_timeout and the relay retries them.
+// connection reconnects forever; while it is away, publishes fail at once
+// (Open disables nats.go's reconnect buffer, so nothing is sent after Publish
+// gave up on it) and the relay retries them.
+//
+// # Security
+//
+// NATS serves its own APIs on ordinary subjects: "$JS.API.STREAM.PURGE.X"
+// purges stream X, "$KV.bucket.key" writes a key-value entry, "$SYS..." is the
+// system account. A topic comes from the application's data, so by default a
+// subject whose first token starts with "$" or is "_INBOX" fails permanently
+// instead of reaching the server. Headers whose name starts with "Nats-"
+// (any case) are JetStream control headers (Nats-Rollup purges a subject or a
+// stream, Nats-Expected-* and Nats-Msg-Id change how a publish is checked or
+// deduplicated, Nats-TTL expires it): a message carrying one fails permanently.
+// Give the sink a NATS user that may publish only to the stream's subjects.
 //
 // # Failures and ordering
 //
-// Messages of one batch are published in order on one connection, and
-// JetStream stores a connection's messages in the order it sent them, so a
-// key's messages keep their order within a subject. These fail permanently
-// (the relay dead-letters them at once): a subject that is not a valid
-// publish subject (empty, with spaces or wildcards), a header NATS cannot
-// carry, a message above the server's max_payload (headers included) and
-// JetStream's "message size exceeds maximum allowed". Those are found before
-// sending, except the last, so the later messages of their key in the batch
-// are reported with [wharf.ErrNotAttempted] and never sent. Everything else is
-// retried by the relay: a PubAck timeout, a disconnection, and no stream for
-// the subject (create it and the messages go out; after the relay's attempt
-// limit they are dead-lettered). When a message fails after it was sent (for
-// example a PubAck timeout), the later messages of its key were sent too;
-// Publish reports each message's real result. A message that timed out may
-// still be stored later; its redelivery carries the same Nats-Msg-Id.
+// These fail permanently (the relay dead-letters them at once): a subject
+// that is not a valid publish subject (empty, with spaces or wildcards) or is
+// a system subject, a header NATS cannot carry or that starts with "Nats-", a
+// message above the server's max_payload (headers included), and JetStream's
+// "message size exceeds maximum allowed" (the stream's max_msg_size). All but
+// the last are found before sending, so the later messages of their ordering
+// key in the batch are reported with [wharf.ErrNotAttempted] and never sent.
+// Everything else is retried by the relay: a PubAck timeout, a disconnection,
+// a full stream, and no stream capturing the subject (create it and the
+// messages go out; after the relay's attempt limit they are dead-lettered).
+//
+// By default a batch is pipelined: every message is sent before any PubAck is
+// awaited, and JetStream stores a connection's messages in the order it sent
+// them, so a key's messages keep their order within a subject. When a message
+// fails after it was sent (a PubAck timeout, a full stream), the later
+// messages of its key were sent too and may be stored; Publish reports each
+// message's real result and the relay sends such a later message again after
+// the failed one, so the stream's last copy of the key is in order but its
+// first copy may not be. With strict_order a key's next message is sent only
+// once the previous one was acknowledged (keys still go in parallel), so
+// after a failure nothing later of that key is sent and the first copy is in
+// order too, at the cost of one round trip per message of a key.
+//
+// Publish stops sending once its context is done and returns at once: unsent
+// messages and messages whose PubAck had not come fail with retryable errors.
+// A message that timed out may still be stored later; its redelivery carries
+// the same Nats-Msg-Id.
 package wharfnats
 
 import (
@@ -84,6 +115,12 @@ const TopicPlaceholder = wharf.TopicPlaceholder
 const (
 	defaultAckTimeout = 10 * time.Second
 	defaultName       = "wharf"
+	// maxPending bounds the PubAcks awaited at once on a sink's connection:
+	// a few batches of the relay's largest size.
+	maxPending = 16384
+	// codeStreamNotMatch is JetStream's "expected stream does not match":
+	// the subject belongs to another stream than Options.Stream.
+	codeStreamNotMatch jetstream.ErrorCode = 10060
 )
 
 // Options configures a [Sink] built with [New].
@@ -97,6 +134,14 @@ type Options struct {
 	Stream string
 	// AckTimeout bounds the wait for each PubAck. Defaults to 10s.
 	AckTimeout time.Duration
+	// StrictOrder keeps at most one unacknowledged message per ordering key
+	// in flight, so that no later message of a key is sent once one failed.
+	// Defaults to false: the whole batch is in flight at once.
+	StrictOrder bool
+	// AllowSystemSubjects lets subjects whose first token starts with "$" or
+	// is "_INBOX" through (NATS's own APIs and reply subjects). Defaults to
+	// false: such messages fail permanently.
+	AllowSystemSubjects bool
 }
 
 // Sink is a [wharf.Sink] that publishes to NATS JetStream. It is safe for
@@ -106,6 +151,7 @@ type Sink struct {
 	js        jetstream.JetStream
 	opts      Options
 	names     wharf.TopicTemplate // destination per topic
+	pubOpts   []jetstream.PublishOpt
 	ownsConn  bool
 	closeOnce sync.Once
 }
@@ -114,7 +160,9 @@ var _ wharf.Sink = (*Sink)(nil)
 
 // New returns a sink publishing on nc, which the caller keeps owning: Close
 // does not close it. nc should reconnect forever (nats.MaxReconnects(-1)),
-// since a closed connection fails every later publish.
+// since a closed connection fails every later publish, and should not buffer
+// while reconnecting (nats.ReconnectBufSize(-1)), so that a message Publish
+// reported failed is not sent later when the connection comes back.
 func New(nc *nats.Conn, opts Options) (*Sink, error) {
 	if nc == nil {
 		return nil, errors.New("wharfnats: New: nil connection")
@@ -122,6 +170,11 @@ func New(nc *nats.Conn, opts Options) (*Sink, error) {
 	names, err := wharf.ParseTopicTemplate(opts.SubjectTemplate)
 	if err != nil {
 		return nil, fmt.Errorf("wharfnats: Options.SubjectTemplate: %w", err)
+	}
+	if !opts.AllowSystemSubjects {
+		if err := checkTemplate(names); err != nil {
+			return nil, fmt.Errorf("wharfnats: Options.SubjectTemplate %q: %w; use a prefix of your own, or set Options.AllowSystemSubjects", cmp.Or(opts.SubjectTemplate, TopicPlaceholder), err)
+		}
 	}
 	if opts.AckTimeout == 0 {
 		opts.AckTimeout = defaultAckTimeout
@@ -131,13 +184,19 @@ func New(nc *nats.Conn, opts Options) (*Sink, error) {
 	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
-		jetstream.WithPublishAsyncMaxPending(16384),
+		jetstream.WithPublishAsyncMaxPending(maxPending),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("wharfnats: %w", err)
 	}
-	s := &Sink{names: names, nc: nc, js: js, opts: opts}
-	return s, nil
+	// No retry inside nats.go on "no responders": its retries run on timers
+	// of their own, so two messages of a key could be re-sent out of order,
+	// and after Publish returned. The relay retries in order instead.
+	pubOpts := []jetstream.PublishOpt{jetstream.WithRetryAttempts(0)}
+	if opts.Stream != "" {
+		pubOpts = append(pubOpts, jetstream.WithExpectStream(opts.Stream))
+	}
+	return &Sink{names: names, nc: nc, js: js, opts: opts, pubOpts: pubOpts}, nil
 }
 
 // Subject returns the subject a message of the wharf topic is published to.
@@ -147,103 +206,228 @@ func (s *Sink) Subject(topic string) string { return s.names.Expand(topic) }
 func (s *Sink) JetStream() jetstream.JetStream { return s.js }
 
 // Publish publishes msgs and waits for every PubAck, each bounded by the ack
-// timeout, or for ctx to end. Messages whose PubAck had not come when ctx
-// ended are reported with ctx's error.
+// timeout, or for ctx to end. Once ctx is done it sends nothing more and
+// returns at once: messages not sent yet, and sent ones whose PubAck had not
+// come, fail with retryable errors wrapping ctx's error. A message JetStream
+// acknowledged as a duplicate of one it holds is reported with
+// [wharf.ErrDuplicate].
 func (s *Sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return wharf.FailAll(len(msgs), fmt.Errorf("wharfnats: %w", err))
+	res := wharf.NewResults(msgs)
+	if s.opts.StrictOrder {
+		s.publishStrict(ctx, msgs, res)
+	} else {
+		s.publishPipelined(ctx, msgs, res)
 	}
-	errs := make([]error, len(msgs))
+	if ctx.Err() != nil {
+		res.FailRest(notSent(ctx))
+	}
+	return res.Errors()
+}
+
+// publishPipelined sends the whole batch, then waits for the PubAcks.
+func (s *Sink) publishPipelined(ctx context.Context, msgs []*wharf.Message, res *wharf.Results) {
 	futures := make([]jetstream.PubAckFuture, len(msgs))
-	var blocked map[string]bool // keys with a message that failed before sending
-	failed := false
 	for i, m := range msgs {
-		if m.Key != "" && blocked[m.Key] {
-			errs[i] = wharf.ErrNotAttempted
-			failed = true
+		if ctx.Err() != nil {
+			break
+		}
+		if res.Blocked(i) {
 			continue
 		}
-		f, err := s.publishAsync(m)
+		f, err := s.send(m)
 		if err != nil {
-			errs[i] = err
-			failed = true
-			if m.Key != "" {
-				if blocked == nil {
-					blocked = map[string]bool{}
-				}
-				blocked[m.Key] = true
-			}
+			res.Fail(i, err)
 			continue
 		}
 		futures[i] = f
 	}
+	// Every message sent gets its real result, also one sent after an
+	// earlier message of its key failed: if the stream took it, the relay
+	// must know to send it again after the failed one.
 	for i, f := range futures {
-		if f == nil {
-			continue
-		}
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			errs[i] = classify(msgs[i], err)
-			failed = true
-		case <-ctx.Done():
-			err := fmt.Errorf("wharfnats: gave up waiting for the PubAck: %w", ctx.Err())
-			for j := i; j < len(futures); j++ {
-				if futures[j] == nil {
-					continue
-				}
-				select {
-				case <-futures[j].Ok():
-				case e := <-futures[j].Err():
-					errs[j] = classify(msgs[j], e)
-				default:
-					errs[j] = err
-				}
-			}
-			return errs
+		if f != nil {
+			res.Set(i, s.await(ctx, msgs[i], f))
 		}
 	}
-	if !failed {
-		return nil
-	}
-	return errs
 }
 
-func (s *Sink) publishAsync(m *wharf.Message) (jetstream.PubAckFuture, error) {
+// publishStrict sends each ordering key's messages one after the other, the
+// next only once the previous was acknowledged, all keys at once. Unkeyed
+// messages have no order to keep and are pipelined.
+func (s *Sink) publishStrict(ctx context.Context, msgs []*wharf.Message, res *wharf.Results) {
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	errs := make([]error, len(msgs))
+	tried := make([]bool, len(msgs))
+	var chains [][]int // message indexes per ordering key, in batch order
+	chainOf := map[string]int{}
+	// In batch order, send every unkeyed message and the first message of
+	// every key: a batch of distinct keys goes out as in pipelined mode.
+	for i, m := range msgs {
+		if ctx.Err() != nil {
+			break
+		}
+		if k := m.OrderingKey(); k != "" {
+			if c, ok := chainOf[k]; ok {
+				chains[c] = append(chains[c], i)
+				continue
+			}
+			chainOf[k] = len(chains)
+			chains = append(chains, []int{i})
+		}
+		tried[i] = true
+		futures[i], errs[i] = s.send(m)
+	}
+	// A goroutine per key with more messages carries on from its first;
+	// each index is written by one goroutine only and read after Wait.
+	chained := make([]bool, len(msgs))
+	var wg sync.WaitGroup
+	for _, chain := range chains {
+		if head := chain[0]; len(chain) > 1 && futures[head] != nil {
+			chained[head] = true
+			wg.Go(func() { s.runChain(ctx, msgs, chain, futures[head], errs, tried) })
+		}
+	}
+	for i, f := range futures {
+		if f != nil && !chained[i] {
+			errs[i] = s.await(ctx, msgs[i], f)
+		}
+	}
+	wg.Wait()
+	for i := range msgs {
+		if tried[i] {
+			res.Set(i, errs[i])
+		} else {
+			res.Blocked(i) // after a failure of its key: not attempted
+		}
+	}
+}
+
+// runChain awaits the PubAck of the first message of chain, already sent as
+// head, then sends and awaits the others one at a time, and stops at the
+// first failure or when ctx ends.
+func (s *Sink) runChain(ctx context.Context, msgs []*wharf.Message, chain []int, head jetstream.PubAckFuture, errs []error, tried []bool) {
+	err := s.await(ctx, msgs[chain[0]], head)
+	errs[chain[0]] = err
+	for _, i := range chain[1:] {
+		if (err != nil && err != wharf.ErrDuplicate) || ctx.Err() != nil { //nolint:errorlint // await returns the sentinel itself
+			return
+		}
+		tried[i] = true
+		var f jetstream.PubAckFuture
+		if f, err = s.send(msgs[i]); err == nil {
+			err = s.await(ctx, msgs[i], f)
+		}
+		errs[i] = err
+	}
+}
+
+// await waits for f's PubAck, or for ctx to end, and returns the message's
+// result.
+func (s *Sink) await(ctx context.Context, m *wharf.Message, f jetstream.PubAckFuture) error {
+	select {
+	case ack := <-f.Ok():
+		return ackResult(ack)
+	case err := <-f.Err():
+		return s.classify(m, err)
+	case <-ctx.Done():
+	}
+	// The answer may have come at the same time: prefer it.
+	select {
+	case ack := <-f.Ok():
+		return ackResult(ack)
+	case err := <-f.Err():
+		return s.classify(m, err)
+	default:
+		return fmt.Errorf("wharfnats: message %s: gave up waiting for its PubAck: %w", m.ID, ctxErr(ctx))
+	}
+}
+
+func ackResult(ack *jetstream.PubAck) error {
+	if ack.Duplicate {
+		return wharf.ErrDuplicate
+	}
+	return nil
+}
+
+// errNotSent marks a message Publish did not send because its context ended.
+var errNotSent = errors.New("not sent: the publish was cut short")
+
+func notSent(ctx context.Context) error {
+	return fmt.Errorf("wharfnats: %w: %w", errNotSent, ctxErr(ctx))
+}
+
+// ctxErr is ctx's error, with its cause when one was given (the relay says
+// why it cut a publish short).
+func ctxErr(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause == nil || errors.Is(cause, err) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, cause)
+}
+
+// send checks m and publishes it asynchronously.
+func (s *Sink) send(m *wharf.Message) (jetstream.PubAckFuture, error) {
 	subject := s.Subject(m.Topic)
 	if err := checkSubject(subject); err != nil {
-		return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %d: wharf topic %q gives subject %q: %w", m.ID, m.Topic, subject, err))
+		return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %s: wharf topic %q gives subject %q: %w", m.ID, m.Topic, subject, err))
 	}
-	msg := &nats.Msg{Subject: subject, Data: m.Payload, Header: make(nats.Header, len(m.Headers)+2)}
+	if !s.opts.AllowSystemSubjects && isSystemSubject(subject) {
+		return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %s: wharf topic %q gives subject %q, a NATS system subject (first token starting with $, or _INBOX), which the sink refuses: put topics under a prefix of your own with subject_template=prefix.{{topic}}, or set allow_system_subjects=true if you mean it", m.ID, m.Topic, subject))
+	}
+	msg := &nats.Msg{Subject: subject, Data: m.Payload, Header: make(nats.Header, len(m.Headers)+3)}
 	for k, v := range m.Headers {
 		if err := checkHeader(k, v); err != nil {
-			return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %d: %w", m.ID, err))
+			return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %s: %w", m.ID, err))
 		}
 		// Set directly: nats.Header.Set would canonicalize the key's case.
 		msg.Header[k] = []string{v}
 	}
-	delete(msg.Header, jetstream.MsgIDHeader) // ours is authoritative
+	for k := range msg.Header {
+		// The key header is ours: a message's own would pass for a key.
+		if strings.EqualFold(k, HeaderKey) {
+			delete(msg.Header, k)
+		}
+	}
 	if m.Key != "" {
 		if err := checkHeader(HeaderKey, m.Key); err != nil {
-			return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %d: the key cannot be a header value: %w", m.ID, err))
+			return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %s: the key cannot be a header value: %w", m.ID, err))
 		}
 		msg.Header[HeaderKey] = []string{m.Key}
 	}
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(m.MessageID())}
-	if s.opts.Stream != "" {
-		opts = append(opts, jetstream.WithExpectStream(s.opts.Stream))
-	}
+	opts := append(s.pubOpts[:len(s.pubOpts):len(s.pubOpts)], jetstream.WithMsgID(m.ID))
 	f, err := s.js.PublishMsgAsync(msg, opts...)
-	if err != nil {
-		if errors.Is(err, nats.ErrMaxPayload) {
-			return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %d: %d payload bytes plus headers exceed the server's max_payload %d: %w", m.ID, len(m.Payload), s.nc.MaxPayload(), err))
-		}
-		return nil, fmt.Errorf("wharfnats: publish to %q: %w", subject, err)
+	switch {
+	case err == nil:
+		return f, nil
+	case errors.Is(err, nats.ErrMaxPayload):
+		return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %s: %d payload bytes plus headers exceed the server's max_payload %d: %w", m.ID, len(m.Payload), s.nc.MaxPayload(), err))
+	case errors.Is(err, nats.ErrReconnectBufExceeded):
+		return nil, fmt.Errorf("wharfnats: message %s: not connected to NATS (reconnecting), not sent: %w", m.ID, err)
 	}
-	return f, nil
+	return nil, fmt.Errorf("wharfnats: message %s: publish to %q: %w", m.ID, subject, err)
+}
+
+// isSystemSubject reports whether subject is one of NATS's own: its APIs and
+// services ($JS, $KV, $O, $SYS, ...) and the inboxes replies go to.
+func isSystemSubject(subject string) bool {
+	tok, _, _ := strings.Cut(subject, ".")
+	return strings.HasPrefix(tok, "$") || tok == "_INBOX"
+}
+
+// checkTemplate refuses a template whose every subject is a system subject,
+// so that the mistake shows at start-up rather than on every message.
+func checkTemplate(t wharf.TopicTemplate) error {
+	p := t.Prefix()
+	fixed := t.Expand("a") == t.Expand("b")
+	tok, _, dotted := strings.Cut(p, ".")
+	if strings.HasPrefix(p, "$") || ((dotted || fixed) && tok == "_INBOX") {
+		return fmt.Errorf("its subjects start with %q, a NATS system subject (first token starting with $, or _INBOX)", tok)
+	}
+	return nil
 }
 
 // checkSubject accepts what NATS accepts as a publish subject: dot-separated
@@ -266,8 +450,12 @@ func checkSubject(s string) error {
 	return nil
 }
 
-// checkHeader rejects what the NATS header block cannot carry: keys with
-// white space, colons or control characters, and values with CR or LF.
+// controlPrefix starts the names of the headers JetStream acts on.
+const controlPrefix = "Nats-"
+
+// checkHeader rejects what the NATS header block cannot carry (keys with
+// white space, colons or control characters, values with CR or LF) and the
+// JetStream control headers.
 func checkHeader(k, v string) error {
 	if k == "" {
 		return errors.New("empty header name")
@@ -277,6 +465,9 @@ func checkHeader(k, v string) error {
 			return fmt.Errorf("header name %q has a character NATS headers cannot carry", k)
 		}
 	}
+	if len(k) >= len(controlPrefix) && strings.EqualFold(k[:len(controlPrefix)], controlPrefix) {
+		return fmt.Errorf("header %q is refused: headers starting with %q are JetStream control headers (Nats-Rollup, Nats-Expected-*, Nats-Msg-Id, Nats-TTL, ...) and would change what the stream does; rename it", k, controlPrefix)
+	}
 	if strings.ContainsAny(v, "\r\n") {
 		return fmt.Errorf("header %q has a line break in its value", k)
 	}
@@ -284,12 +475,21 @@ func checkHeader(k, v string) error {
 }
 
 // classify turns a PubAck error into a relay result.
-func classify(m *wharf.Message, err error) error {
+func (s *Sink) classify(m *wharf.Message, err error) error {
+	subject := s.Subject(m.Topic)
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum {
-		return wharf.Permanent(fmt.Errorf("wharfnats: message %d: %w", m.ID, err))
+	errors.As(err, &apiErr)
+	switch {
+	case apiErr != nil && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return wharf.Permanent(fmt.Errorf("wharfnats: message %s: %w", m.ID, err))
+	case errors.Is(err, jetstream.ErrNoStreamResponse):
+		return fmt.Errorf("wharfnats: message %s: no JetStream stream answered for subject %q (%w): create a stream whose subjects include it, or open the sink with stream=NAME&create_stream=true, or fix subject_template; the message is retried until then", m.ID, subject, err)
+	case apiErr != nil && apiErr.ErrorCode == codeStreamNotMatch:
+		return fmt.Errorf("wharfnats: message %s: subject %q belongs to another stream than stream=%s (%w): fix subject_template or the streams' subjects", m.ID, subject, s.opts.Stream, err)
+	case errors.Is(err, jetstream.ErrAsyncPublishTimeout):
+		return fmt.Errorf("wharfnats: message %s: no PubAck within ack_timeout %s (it may still be stored; its redelivery has the same Nats-Msg-Id): %w", m.ID, s.opts.AckTimeout, err)
 	}
-	return fmt.Errorf("wharfnats: message %d: %w", m.ID, err)
+	return fmt.Errorf("wharfnats: message %s: %w", m.ID, err)
 }
 
 // Close stops the sink; when Open made the connection, it closes it.
@@ -324,6 +524,7 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		nats.Name(cfg.name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
+		nats.ReconnectBufSize(-1),
 	}
 	if cfg.tls {
 		nopts = append(nopts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12}))
@@ -412,6 +613,18 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: ack_timeout=%q is not a positive duration such as 10s", shown, v)
 			}
 			cfg.opts.AckTimeout = d
+		case "strict_order":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return cfg, fmt.Errorf("sink URL %q: strict_order=%q: want true or false", shown, v)
+			}
+			cfg.opts.StrictOrder = b
+		case "allow_system_subjects":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return cfg, fmt.Errorf("sink URL %q: allow_system_subjects=%q: want true or false", shown, v)
+			}
+			cfg.opts.AllowSystemSubjects = b
 		case "name":
 			cfg.name = v
 		case "tls":
@@ -421,11 +634,17 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			}
 			cfg.tls = b
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, name and tls", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name and tls", shown, k)
 		}
 	}
-	if _, err := wharf.ParseTopicTemplate(cfg.opts.SubjectTemplate); err != nil {
+	names, err := wharf.ParseTopicTemplate(cfg.opts.SubjectTemplate)
+	if err != nil {
 		return cfg, fmt.Errorf("sink URL %q: subject_template: %w", shown, err)
+	}
+	if !cfg.opts.AllowSystemSubjects {
+		if err := checkTemplate(names); err != nil {
+			return cfg, fmt.Errorf("sink URL %q: subject_template=%s: %w; use a prefix of your own, or add allow_system_subjects=true", shown, cmp.Or(cfg.opts.SubjectTemplate, TopicPlaceholder), err)
+		}
 	}
 	if cfg.createStream {
 		if cfg.opts.Stream == "" {

@@ -62,6 +62,7 @@ type world struct {
 
 type harness struct {
 	worlds wharfsinktest.PerTest[*world]
+	extra  string // URL options of every sink, e.g. "strict_order=true"
 }
 
 func randomID() string {
@@ -70,9 +71,10 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-// newWorld creates a uniquely named stream on url, deleted at cleanup, and
-// opens a sink on it through Open, as the CLI does.
-func newWorld(t testing.TB, serverURL string) (*world, wharf.Sink) {
+// newStream creates a uniquely named stream on serverURL capturing
+// "<prefix>.>", changed by adjust when it is not nil, and deletes it at
+// cleanup.
+func newStream(t testing.TB, serverURL string, adjust func(*jetstream.StreamConfig)) (*world, jetstream.JetStream) {
 	t.Helper()
 	nc := requireServer(t, serverURL)
 	id := randomID()
@@ -81,14 +83,18 @@ func newWorld(t testing.TB, serverURL string) (*world, wharf.Sink) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+	cfg := jetstream.StreamConfig{
 		Name:     w.stream,
 		Subjects: []string{w.prefix + ".>"},
 		Storage:  jetstream.FileStorage,
 		MaxAge:   time.Hour, // in case cleanup never runs
-	}); err != nil {
+	}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
 		t.Fatalf("create stream %s: %v (is JetStream enabled? %s)", w.stream, err, startHint)
 	}
 	t.Cleanup(func() {
@@ -98,11 +104,30 @@ func newWorld(t testing.TB, serverURL string) (*world, wharf.Sink) {
 			t.Logf("delete stream %s: %v", w.stream, err)
 		}
 	})
+	return w, js
+}
+
+// newWorld creates a uniquely named stream on serverURL, deleted at cleanup,
+// and opens a sink on it through Open, as the CLI does.
+func newWorld(t testing.TB, serverURL string) (*world, wharf.Sink) {
+	t.Helper()
+	return newWorldWith(t, serverURL, "")
+}
+
+// newWorldWith is newWorld with extra URL options ("strict_order=true").
+func newWorldWith(t testing.TB, serverURL, extra string) (*world, wharf.Sink) {
+	t.Helper()
+	w, _ := newStream(t, serverURL, nil)
 	raw := fmt.Sprintf("%s?stream=%s&subject_template=%s.%s&ack_timeout=%s", serverURL, w.stream, w.prefix, url.QueryEscape(TopicPlaceholder), testAckTimeout)
+	if extra != "" {
+		raw += "&" + extra
+	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
 	s, err := Open(ctx, u)
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +137,7 @@ func newWorld(t testing.TB, serverURL string) (*world, wharf.Sink) {
 }
 
 func (h *harness) newSink(t *testing.T) wharf.Sink {
-	w, s := newWorld(t, sharedURL)
+	w, s := newWorldWith(t, sharedURL, h.extra)
 	h.worlds.Set(t, w)
 	return s
 }
@@ -120,8 +145,8 @@ func (h *harness) newSink(t *testing.T) wharf.Sink {
 // newBreakableSink runs a private nats-server for the test, so that breaking
 // it leaves the shared one alone.
 func (h *harness) newBreakableSink(t *testing.T) wharf.Sink {
-	srv := startPrivateServer(t)
-	w, s := newWorld(t, srv.url())
+	srv := startPrivateServer(t, "", "")
+	w, s := newWorldWith(t, srv.url(), h.extra)
 	w.server = srv
 	h.worlds.Set(t, w)
 	return s
@@ -193,8 +218,13 @@ func (h *harness) consume(t *testing.T, topics []string, want int, timeout time.
 }
 
 func TestConformance(t *testing.T) {
+	t.Run("pipelined", func(t *testing.T) { runConformance(t, "") })
+	t.Run("strict_order", func(t *testing.T) { runConformance(t, "strict_order=true") })
+}
+
+func runConformance(t *testing.T, extra string) {
 	nc := requireServer(t, sharedURL)
-	h := &harness{}
+	h := &harness{extra: extra}
 	maxPayload := 1 << 20
 	if nc.MaxPayload() > 0 {
 		// NATS counts headers in max_payload; leave room for the suite's.
@@ -219,11 +249,17 @@ type privateServer struct {
 	bin  string
 	port int
 	dir  string
+	conf string   // configuration file, if any
+	user string   // "user:password@" to check readiness with, if conf has users
+	env  []string // added to the server's environment
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 }
 
-func startPrivateServer(t *testing.T) *privateServer {
+// startPrivateServer starts a nats-server with JetStream for t, with the
+// configuration file conf and the environment variables env ("K=V") when
+// given; it checks readiness as user ("name:pass") when that is not "".
+func startPrivateServer(t *testing.T, conf, user string, env ...string) *privateServer {
 	t.Helper()
 	bin, err := exec.LookPath("nats-server")
 	if err != nil {
@@ -242,7 +278,10 @@ func startPrivateServer(t *testing.T) *privateServer {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	s := &privateServer{bin: bin, port: port, dir: t.TempDir()}
+	s := &privateServer{bin: bin, port: port, dir: t.TempDir(), conf: conf, env: env}
+	if user != "" {
+		s.user = user + "@"
+	}
 	s.start(t)
 	t.Cleanup(func() { s.stop(t) })
 	return s
@@ -254,7 +293,12 @@ func (s *privateServer) start(t *testing.T) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cmd := exec.Command(s.bin, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-sd", s.dir)
+	args := []string{"-js", "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-sd", s.dir}
+	if s.conf != "" {
+		args = append(args, "-c", s.conf)
+	}
+	cmd := exec.Command(s.bin, args...)
+	cmd.Env = append(os.Environ(), s.env...)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start nats-server: %v", err)
 	}
@@ -262,7 +306,7 @@ func (s *privateServer) start(t *testing.T) {
 	// Ready when JetStream answers, which is after it recovered its store.
 	deadline := time.Now().Add(serverStartWait)
 	for {
-		nc, err := nats.Connect(s.url(), nats.Timeout(time.Second), nats.NoReconnect())
+		nc, err := nats.Connect("nats://"+s.user+"127.0.0.1:"+strconv.Itoa(s.port), nats.Timeout(time.Second), nats.NoReconnect())
 		if err == nil {
 			js, jerr := jetstream.New(nc)
 			if jerr == nil {
@@ -302,8 +346,8 @@ func TestMaxPayloadIsPermanent(t *testing.T) {
 	_, s := newWorld(t, sharedURL)
 	big := make([]byte, 64<<20)
 	msgs := []*wharf.Message{
-		{ID: 1, Topic: "t", Key: "k", Payload: big},
-		{ID: 2, Topic: "t", Key: "k", Payload: []byte("x")},
+		{ID: wharf.FormatID(int64(1), 1), Seq: int64(1), Topic: "t", Key: "k", Payload: big},
+		{ID: wharf.FormatID(int64(2), 1), Seq: int64(2), Topic: "t", Key: "k", Payload: []byte("x")},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -313,25 +357,65 @@ func TestMaxPayloadIsPermanent(t *testing.T) {
 	}
 }
 
-// A subject no stream listens on is retried, not dead-lettered: an operator
-// can create the stream.
-func TestNoStreamIsRetryable(t *testing.T) {
+// A subject no stream captures is retried, not dead-lettered (an operator
+// can create the stream), with an error that names the subject and the fixes.
+func TestNoStreamIsRetryableAndSaysWhy(t *testing.T) {
 	t.Parallel()
 	nc := requireServer(t, sharedURL)
-	s, err := New(nc, Options{SubjectTemplate: "wharftest.nostream." + randomID() + ".{{topic}}", AckTimeout: testAckTimeout})
+	prefix := "wharftest.nostream." + randomID()
+	s, err := New(nc, Options{SubjectTemplate: prefix + ".{{topic}}", AckTimeout: testAckTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	errs := s.Publish(ctx, []*wharf.Message{{ID: 1, Topic: "t", Payload: []byte("x")}})
+	start := time.Now()
+	errs := s.Publish(ctx, []*wharf.Message{{ID: wharf.FormatID(1, 1), Seq: 1, Topic: "t", Payload: []byte("x")}})
 	if len(errs) != 1 || errs[0] == nil || wharf.IsPermanent(errs[0]) {
 		t.Fatalf("results %v: want one retryable error", errs)
 	}
+	if !errors.Is(errs[0], jetstream.ErrNoStreamResponse) {
+		t.Fatalf("error %v: want it to wrap jetstream.ErrNoStreamResponse", errs[0])
+	}
+	for _, want := range []string{`"` + prefix + `.t"`, "create a stream", "create_stream=true", "subject_template"} {
+		if !strings.Contains(errs[0].Error(), want) {
+			t.Errorf("error %q does not say %q", errs[0], want)
+		}
+	}
+	// JetStream answers "no responders" at once; nats.go's own delayed
+	// retries are off, so the relay learns it without waiting.
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the missing stream was reported after %s", took)
+	}
 }
 
-// Subjects and headers NATS cannot carry fail permanently before sending.
+// A subject captured by another stream than Options.Stream is retried with
+// an error naming both.
+func TestOtherStreamIsRetryableAndSaysWhy(t *testing.T) {
+	t.Parallel()
+	w, _ := newStream(t, sharedURL, nil)
+	other, _ := newStream(t, sharedURL, nil)
+	nc := requireServer(t, sharedURL)
+	s, err := New(nc, Options{SubjectTemplate: w.prefix + ".{{topic}}", Stream: other.stream, AckTimeout: testAckTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := s.Publish(ctx, []*wharf.Message{{ID: wharf.FormatID(1, 1), Seq: 1, Topic: "t", Payload: []byte("x")}})
+	if len(errs) != 1 || errs[0] == nil || wharf.IsPermanent(errs[0]) {
+		t.Fatalf("results %v: want one retryable error", errs)
+	}
+	for _, want := range []string{w.prefix + ".t", "stream=" + other.stream, "subject_template"} {
+		if !strings.Contains(errs[0].Error(), want) {
+			t.Errorf("error %q does not say %q", errs[0], want)
+		}
+	}
+}
+
+// Subjects and headers NATS cannot carry fail permanently before sending,
+// and hold back the later messages of their ordering key (topic and key).
 func TestInvalidSubjectAndHeader(t *testing.T) {
 	t.Parallel()
 	nc := requireServer(t, sharedURL)
@@ -341,21 +425,21 @@ func TestInvalidSubjectAndHeader(t *testing.T) {
 	}
 	defer s.Close()
 	msgs := []*wharf.Message{
-		{ID: 1, Topic: "has space", Key: "a"},
-		{ID: 2, Topic: "ok", Key: "a"},
-		{ID: 3, Topic: "*", Key: "b"},
-		{ID: 4, Topic: "ok", Key: "c", Headers: map[string]string{"bad:name": "v"}},
-		{ID: 5, Topic: "ok", Key: "d", Headers: map[string]string{"n": "line\nbreak"}},
-		{ID: 6, Topic: "", Key: "e"},
+		{ID: wharf.FormatID(1, 1), Seq: 1, Topic: "has space", Key: "a"},
+		{ID: wharf.FormatID(2, 1), Seq: 2, Topic: "*", Key: "b"},
+		{ID: wharf.FormatID(3, 1), Seq: 3, Topic: "ok", Key: "c", Headers: map[string]string{"bad:name": "v"}},
+		{ID: wharf.FormatID(4, 1), Seq: 4, Topic: "ok", Key: "c"},
+		{ID: wharf.FormatID(5, 1), Seq: 5, Topic: "ok", Key: "d", Headers: map[string]string{"n": "line\nbreak"}},
+		{ID: wharf.FormatID(6, 1), Seq: 6, Topic: "", Key: "e"},
 	}
 	errs := s.Publish(context.Background(), msgs)
 	if len(errs) != len(msgs) {
 		t.Fatalf("%d results for %d messages", len(errs), len(msgs))
 	}
 	for i, err := range errs {
-		if i == 1 {
+		if i == 3 {
 			if !errors.Is(err, wharf.ErrNotAttempted) {
-				t.Errorf("message 2: %v, want ErrNotAttempted", err)
+				t.Errorf("message 4: %v, want ErrNotAttempted", err)
 			}
 			continue
 		}
@@ -367,14 +451,14 @@ func TestInvalidSubjectAndHeader(t *testing.T) {
 
 func TestParseURL(t *testing.T) {
 	t.Parallel()
-	u, _ := url.Parse("nats://u:p%40ss@n1:4222,n2:4223/?subject_template=wharf.%7B%7Btopic%7D%7D&stream=WHARF&create_stream=true&ack_timeout=5s&name=relay-1&tls=true")
+	u, _ := url.Parse("nats://u:p%40ss@n1:4222,n2:4223/?subject_template=wharf.%7B%7Btopic%7D%7D&stream=WHARF&create_stream=true&ack_timeout=5s&strict_order=true&allow_system_subjects=false&name=relay-1&tls=true")
 	cfg, err := parseURL(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := urlConfig{
 		servers:      []string{"nats://u:p%40ss@n1:4222", "nats://u:p%40ss@n2:4223"},
-		opts:         Options{SubjectTemplate: "wharf.{{topic}}", Stream: "WHARF", AckTimeout: 5 * time.Second},
+		opts:         Options{SubjectTemplate: "wharf.{{topic}}", Stream: "WHARF", AckTimeout: 5 * time.Second, StrictOrder: true},
 		createStream: true,
 		name:         "relay-1",
 		tls:          true,
@@ -391,6 +475,11 @@ func TestParseURL(t *testing.T) {
 		"nats://n1?create_stream=maybe":                  "create_stream=",
 		"nats://n1/path":                                 "write nats://",
 		"nats://n1?subject_template={{topic}}.{{topic}}": "more than once",
+		"nats://n1?strict_order=yes%20please":            "strict_order=",
+		"nats://n1?allow_system_subjects=1x":             "allow_system_subjects=",
+		"nats://n1?subject_template=$JS.API.{{topic}}":   "allow_system_subjects=true",
+		"nats://n1?subject_template=_INBOX.{{topic}}":    "allow_system_subjects=true",
+		"nats://n1?subject_template=${{topic}}":          `subjects start with "$"`,
 	}
 	wharfsinktest.CheckURLErrors(t, func(u *url.URL) error { _, err := parseURL(u); return err }, bad)
 }
@@ -421,32 +510,26 @@ func TestOpenCreatesStream(t *testing.T) {
 		t.Fatalf("Open on a missing stream: %v", err)
 	}
 	u, _ = url.Parse(raw + "&create_stream=true")
-	for range 2 {
+	m := &wharf.Message{ID: wharf.FormatID(1, 1), Seq: 1, Topic: "t", Payload: []byte("x")}
+	for i := range 2 {
 		s, err := Open(ctx, u)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if errs := s.Publish(ctx, []*wharf.Message{{ID: 1, Topic: "t", Payload: []byte("x")}}); errs != nil {
-			t.Fatal(errs)
-		}
+		errs := s.Publish(ctx, []*wharf.Message{m})
 		_ = s.Close()
+		// The second open found the stream; JetStream knew the id already.
+		if (i == 0 && errs != nil) || (i == 1 && (len(errs) != 1 || !errors.Is(errs[0], wharf.ErrDuplicate))) {
+			t.Fatalf("publish %d: %v", i+1, errs)
+		}
 	}
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The second publish had the same Nats-Msg-Id: JetStream dropped it.
 	if n := st.CachedInfo().State.Msgs; n != 1 {
 		t.Fatalf("stream holds %d messages, want 1 (deduplicated by Nats-Msg-Id)", n)
 	}
-}
-
-// BenchmarkPublish is nats.go's direct-publish rate into the real JetStream.
-func BenchmarkPublish(b *testing.B) {
-	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
-		_, s := newWorld(b, sharedURL)
-		return s
-	})
 }
 
 // BenchmarkDirectPublish is the same workload published with nats.go alone
@@ -465,7 +548,7 @@ func BenchmarkDirectPublish(b *testing.B) {
 			futures := make([]jetstream.PubAckFuture, len(msgs))
 			for i, m := range msgs {
 				msg := &nats.Msg{Subject: subject, Data: m.Payload, Header: nats.Header{HeaderKey: []string{m.Key}}}
-				f, err := js.PublishMsgAsync(msg, jetstream.WithMsgID(m.MessageID()), jetstream.WithExpectStream(w.stream))
+				f, err := js.PublishMsgAsync(msg, jetstream.WithMsgID(m.ID), jetstream.WithExpectStream(w.stream))
 				if err != nil {
 					return err
 				}

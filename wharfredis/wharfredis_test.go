@@ -435,8 +435,8 @@ func TestEntryLayout(t *testing.T) {
 	t.Parallel()
 	w, s := newWorld(t, sharedURL(), "")
 	requireAcked(t, publish(t, s, []*wharf.Message{
-		{ID: 7, Topic: "t", Key: "k", Payload: []byte(`{"a":1}`), Headers: map[string]string{"b": "2", "a": "1"}},
-		{ID: 8, Topic: "t", Payload: []byte{0, 1, 2, 255}},
+		{ID: wharf.FormatID(int64(7), 1), Seq: int64(7), Topic: "t", Key: "k", Payload: []byte(`{"a":1}`), Headers: map[string]string{"b": "2", "a": "1"}},
+		{ID: wharf.FormatID(int64(8), 1), Seq: int64(8), Topic: "t", Payload: []byte{0, 1, 2, 255}},
 	}))
 	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
@@ -445,8 +445,8 @@ func TestEntryLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := [][]string{
-		{"id", "7", "topic", "t", "key", "k", "payload", `{"a":1}`, "h:a", "1", "h:b", "2"},
-		{"id", "8", "topic", "t", "payload", "\x00\x01\x02\xff"},
+		{"id", wharf.FormatID(7, 1), "topic", "t", "key", "k", "payload", `{"a":1}`, "h:a", "1", "h:b", "2"},
+		{"id", wharf.FormatID(8, 1), "topic", "t", "payload", "\x00\x01\x02\xff"},
 	}
 	if len(raw) != len(want) {
 		t.Fatalf("stream holds %d entries, want %d", len(raw), len(want))
@@ -471,9 +471,9 @@ func TestWrongTypeIsRetryable(t *testing.T) {
 		t.Fatal(err)
 	}
 	msgs := []*wharf.Message{
-		{ID: 1, Topic: "taken", Key: "a", Payload: []byte("1")},
-		{ID: 2, Topic: "free", Key: "b", Payload: []byte("2")},
-		{ID: 3, Topic: "taken", Key: "a", Payload: []byte("3")},
+		{ID: wharf.FormatID(int64(1), 1), Seq: int64(1), Topic: "taken", Key: "a", Payload: []byte("1")},
+		{ID: wharf.FormatID(int64(2), 1), Seq: int64(2), Topic: "free", Key: "b", Payload: []byte("2")},
+		{ID: wharf.FormatID(int64(3), 1), Seq: int64(3), Topic: "taken", Key: "a", Payload: []byte("3")},
 	}
 	errs := publish(t, s, msgs)
 	if len(errs) != 3 || errs[1] != nil {
@@ -482,10 +482,10 @@ func TestWrongTypeIsRetryable(t *testing.T) {
 	for _, i := range []int{0, 2} {
 		err := errs[i]
 		if err == nil || wharf.IsPermanent(err) || errors.Is(err, wharf.ErrNotAttempted) {
-			t.Fatalf("message %d: %v: want a retryable error", msgs[i].ID, err)
+			t.Fatalf("message %s: %v: want a retryable error", msgs[i].ID, err)
 		}
 		if !strings.Contains(err.Error(), "WRONGTYPE") || !strings.Contains(err.Error(), "not a stream") {
-			t.Errorf("message %d: %v: want the error to say WRONGTYPE and what to do", msgs[i].ID, err)
+			t.Errorf("message %s: %v: want the error to say WRONGTYPE and what to do", msgs[i].ID, err)
 		}
 	}
 	if err := w.admin.Del(ctx, w.stream("taken")).Err(); err != nil {
@@ -496,8 +496,8 @@ func TestWrongTypeIsRetryable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(ids(got)) != "[1 3]" {
-		t.Fatalf("stream holds ids %v, want [1 3]", ids(got))
+	if want := fmt.Sprint([]string{msgs[0].ID, msgs[2].ID}); fmt.Sprint(ids(got)) != want {
+		t.Fatalf("stream holds ids %v, want %s", ids(got), want)
 	}
 }
 
@@ -511,7 +511,7 @@ func TestMaxLenTrims(t *testing.T) {
 	for b := range 10 {
 		msgs := make([]*wharf.Message, 500)
 		for i := range msgs {
-			last = &wharf.Message{ID: int64(b*500 + i + 1), Topic: "t", Key: "k", Payload: []byte("0123456789")}
+			last = &wharf.Message{ID: wharf.FormatID(int64(b*500+i+1), 1), Seq: int64(b*500 + i + 1), Topic: "t", Key: "k", Payload: []byte("0123456789")}
 			msgs[i] = last
 		}
 		requireAcked(t, publish(t, s, msgs))
@@ -527,15 +527,15 @@ func TestMaxLenTrims(t *testing.T) {
 		t.Fatalf("the stream holds %d entries after 5000 XADDs with maxlen=%d: want about %d", n, maxLen, maxLen)
 	}
 	newest, err := w.admin.XRevRangeN(ctx, w.stream("t"), "+", "-", 1).Result()
-	if err != nil || len(newest) != 1 || newest[0].Values[FieldID] != last.MessageID() {
-		t.Fatalf("newest entry %v (%v): want id %s", newest, err, last.MessageID())
+	if err != nil || len(newest) != 1 || newest[0].Values[FieldID] != last.ID {
+		t.Fatalf("newest entry %v (%v): want id %s", newest, err, last.ID)
 	}
 	t.Logf("maxlen=%d: %d entries after 5000 XADDs", maxLen, n)
 }
 
 // Messages that cannot be sent fail permanently before sending, the later
-// messages of their key are not attempted, and the rest of the batch goes
-// out. New with a caller's client leaves it open on Close.
+// messages of their ordering key (topic and key) are not attempted, and the
+// rest of the batch goes out. New with a caller's client leaves it open on Close.
 func TestPreSendFailuresArePermanent(t *testing.T) {
 	t.Parallel()
 	admin := requireRedis(t, sharedURL())
@@ -550,13 +550,13 @@ func TestPreSendFailuresArePermanent(t *testing.T) {
 		_ = admin.Del(ctx, prefix+"ok").Err()
 	})
 	msgs := []*wharf.Message{
-		{ID: 1, Topic: "", Key: "a", Payload: []byte("empty stream name")},
-		{ID: 2, Topic: prefix + "ok", Key: "a", Payload: []byte("behind it")},
-		{ID: 3, Topic: prefix + "ok", Key: "b", Payload: make([]byte, 1025)},
-		{ID: 4, Topic: prefix + "ok", Key: "b", Payload: []byte("behind the big one")},
-		{ID: 5, Topic: prefix + "ok", Key: "c", Headers: map[string]string{"h": strings.Repeat("x", 2000)}},
-		{ID: 6, Topic: prefix + "ok", Key: "d", Payload: []byte("fine")},
-		{ID: 7, Topic: prefix + "ok", Payload: make([]byte, 1024)},
+		{ID: wharf.FormatID(int64(1), 1), Seq: int64(1), Topic: "", Key: "a", Payload: []byte("empty stream name")},
+		{ID: wharf.FormatID(int64(2), 1), Seq: int64(2), Topic: "", Key: "a", Payload: []byte("behind it")},
+		{ID: wharf.FormatID(int64(3), 1), Seq: int64(3), Topic: prefix + "ok", Key: "b", Payload: make([]byte, 1025)},
+		{ID: wharf.FormatID(int64(4), 1), Seq: int64(4), Topic: prefix + "ok", Key: "b", Payload: []byte("behind the big one")},
+		{ID: wharf.FormatID(int64(5), 1), Seq: int64(5), Topic: prefix + "ok", Key: "c", Headers: map[string]string{"h": strings.Repeat("x", 2000)}},
+		{ID: wharf.FormatID(int64(6), 1), Seq: int64(6), Topic: prefix + "ok", Key: "d", Payload: []byte("fine")},
+		{ID: wharf.FormatID(int64(7), 1), Seq: int64(7), Topic: prefix + "ok", Payload: make([]byte, 1024)},
 	}
 	errs := publish(t, s, msgs)
 	if len(errs) != len(msgs) {
@@ -574,7 +574,7 @@ func TestPreSendFailuresArePermanent(t *testing.T) {
 			ok = err == nil
 		}
 		if !ok {
-			t.Errorf("message %d: %v, want %s", msgs[i].ID, err, want)
+			t.Errorf("message %s: %v, want %s", msgs[i].ID, err, want)
 		}
 	}
 	if err := s.Close(); err != nil {
@@ -606,7 +606,7 @@ func TestConcurrentPublish(t *testing.T) {
 				msgs := make([]*wharf.Message, size)
 				for i := range msgs {
 					id := int64((b*size+i)*workers + g + 1)
-					msgs[i] = &wharf.Message{ID: id, Topic: "t", Key: fmt.Sprintf("g%d-k%d", g, i%5), Payload: []byte("x")}
+					msgs[i] = &wharf.Message{ID: wharf.FormatID(id, 1), Seq: id, Topic: "t", Key: fmt.Sprintf("g%d-k%d", g, i%5), Payload: []byte("x")}
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
 				errs := s.Publish(ctx, msgs)
@@ -632,11 +632,14 @@ func TestConcurrentPublish(t *testing.T) {
 	}
 	last := map[string]int64{}
 	for _, r := range got {
-		id, _ := strconv.ParseInt(r.ID, 10, 64)
-		if id <= last[r.Key] {
-			t.Fatalf("key %s: id %d after id %d", r.Key, id, last[r.Key])
+		seq, _, err := wharf.ParseID(r.ID)
+		if err != nil {
+			t.Fatal(err)
 		}
-		last[r.Key] = id
+		if seq <= last[r.Key] {
+			t.Fatalf("key %s: seq %d after seq %d", r.Key, seq, last[r.Key])
+		}
+		last[r.Key] = seq
 	}
 }
 
@@ -650,7 +653,7 @@ func TestRedisRestart(t *testing.T) {
 	batch := func(from int64) []*wharf.Message {
 		msgs := make([]*wharf.Message, 50)
 		for i := range msgs {
-			msgs[i] = &wharf.Message{ID: from + int64(i), Topic: "t", Key: fmt.Sprintf("k%d", i%3), Payload: []byte("x")}
+			msgs[i] = &wharf.Message{ID: wharf.FormatID(from+int64(i), 1), Seq: from + int64(i), Topic: "t", Key: fmt.Sprintf("k%d", i%3), Payload: []byte("x")}
 		}
 		return msgs
 	}
@@ -743,7 +746,7 @@ func TestSilentRedis(t *testing.T) {
 			_ = c.Close()
 		}
 	})
-	msgs := []*wharf.Message{{ID: 1, Topic: "t", Key: "k"}, {ID: 2, Topic: "t", Key: "k"}}
+	msgs := []*wharf.Message{{ID: wharf.FormatID(int64(1), 1), Seq: int64(1), Topic: "t", Key: "k"}, {ID: wharf.FormatID(int64(2), 1), Seq: int64(2), Topic: "t", Key: "k"}}
 	for _, c := range []struct {
 		name    string
 		timeout time.Duration
@@ -824,7 +827,7 @@ func TestOpenFailsClearly(t *testing.T) {
 		t.Fatalf("Open with the right password: %v", err)
 	}
 	defer s.Close()
-	requireAcked(t, publish(t, s, []*wharf.Message{{ID: 1, Topic: "t", Payload: []byte("x")}}))
+	requireAcked(t, publish(t, s, []*wharf.Message{{ID: wharf.FormatID(int64(1), 1), Seq: int64(1), Topic: "t", Payload: []byte("x")}}))
 	// The client name and database are the URL's.
 	list, err := s.(*Sink).Client().ClientList(context.Background()).Result()
 	if err != nil || !strings.Contains(list, "name=wharf-test") || !strings.Contains(list, "db=2") {
@@ -913,7 +916,7 @@ func BenchmarkDirectPublish(b *testing.B) {
 			for i, m := range msgs {
 				cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{
 					Stream: stream, MaxLen: benchMaxLen, Approx: true, ID: "*",
-					Values: []any{"id", m.MessageID(), "topic", m.Topic, "key", m.Key, "payload", m.Payload},
+					Values: []any{"id", m.ID, "topic", m.Topic, "key", m.Key, "payload", m.Payload},
 				})
 			}
 			_, _ = pipe.Exec(ctx)

@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,14 +27,18 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
-// Every connection the sink or a test server opens is closed by Close.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// databaseURL is TEST_DATABASE_URL, or a throwaway cluster started for the
+// run, for the tests that run a relay.
+var databaseURL string
+
+// Every connection the sink or a test server opens is closed by Close:
+// testdb checks for leaked goroutines.
+func TestMain(m *testing.M) { testdb.Main(m, &databaseURL) }
 
 // testSecret is the secret of the Standard Webhooks test vector.
 const testSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -123,7 +128,8 @@ type dest struct {
 }
 
 type wireElement struct {
-	ID              int64             `json:"id"`
+	ID              string            `json:"id"`
+	Seq             int64             `json:"seq"`
 	Topic           string            `json:"topic"`
 	Key             *string           `json:"key"`
 	Headers         map[string]string `json:"headers"`
@@ -170,9 +176,9 @@ func (d *dest) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		for _, e := range els {
-			rec := wharfsinktest.Received{ID: strconv.FormatInt(e.ID, 10), Topic: e.Topic, Payload: e.Payload}
+			rec := wharfsinktest.Received{ID: e.ID, Topic: e.Topic, Payload: e.Payload}
 			if e.Topic != topic {
-				d.problem("element %d has topic %q in a POST to topic %q", e.ID, e.Topic, topic)
+				d.problem("element %d has topic %q in a POST to topic %q", e.Seq, e.Topic, topic)
 			}
 			if e.Key != nil {
 				rec.Key = *e.Key
@@ -183,7 +189,7 @@ func (d *dest) serve(w http.ResponseWriter, r *http.Request) {
 			if e.PayloadEncoding == "base64" {
 				var s string
 				if err := json.Unmarshal(e.Payload, &s); err != nil {
-					d.problem("element %d: base64 payload is not a string", e.ID)
+					d.problem("element %d: base64 payload is not a string", e.Seq)
 				}
 				rec.Payload, _ = base64.StdEncoding.DecodeString(s)
 			}
@@ -230,7 +236,7 @@ func (r recorder) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		for k := range m.Headers {
 			names[textproto.CanonicalMIMEHeaderKey(k)] = k
 		}
-		r.d.names[m.MessageID()] = names
+		r.d.names[m.ID] = names
 	}
 	r.d.mu.Unlock()
 	return r.Sink.Publish(ctx, msgs)
@@ -338,8 +344,23 @@ func (s *server) requests() []request {
 	return append([]request(nil), s.reqs...)
 }
 
-func msg(id int64, topic, key, payload string) *wharf.Message {
-	return &wharf.Message{ID: id, Topic: topic, Key: key, Payload: []byte(payload), Attempt: 1}
+// msg returns a message at position seq of an outbox, with the id the
+// database would give it (nonce 1).
+func msg(seq int64, topic, key, payload string) *wharf.Message {
+	return &wharf.Message{ID: idOf(seq), Seq: seq, Topic: topic, Key: key, Payload: []byte(payload), Attempt: 1}
+}
+
+// idOf is the id of the test message at position seq.
+func idOf(seq int64) string { return wharf.FormatID(seq, 1) }
+
+// seqOf is the position of a single-mode request's message, from its
+// webhook-id; 0 when it is not a message id.
+func seqOf(h http.Header) int64 {
+	seq, _, err := wharf.ParseID(h.Get("webhook-id"))
+	if err != nil {
+		return 0
+	}
+	return seq
 }
 
 func publish(t *testing.T, s wharf.Sink, msgs ...*wharf.Message) []error {
@@ -405,7 +426,7 @@ func TestSignature(t *testing.T) {
 		}
 	}
 	last := reqs[3].header
-	if last.Get("webhook-signature") != "" || last.Get("webhook-id") != "3" || last.Get("webhook-timestamp") == "" {
+	if last.Get("webhook-signature") != "" || last.Get("webhook-id") != idOf(3) || last.Get("webhook-timestamp") == "" {
 		t.Fatalf("unsigned request headers: %v", last)
 	}
 }
@@ -417,18 +438,18 @@ func TestSingleRequest(t *testing.T) {
 	srv := newServer(t, nil)
 	s := openURL(t, srv.URL+"/in/{{topic}}/x?token=abc&wharf_allow_private=true&b=%2F&wharf_header_Authorization=Bearer%20s3cret&wharf_header_X-Static=1")
 	m1 := msg(10, "a/b c", "k1", `{"n":1}`)
-	m1.Headers = map[string]string{"trace-id": "t1", "X-Static": "from the message", "webhook-id": "forged", "user-agent": "app/1"}
+	m1.Headers = map[string]string{"trace-id": "t1", "X-Static": "from the message", "user-agent": "app/1"}
 	m2 := msg(11, "orders", "", "\x00binary")
 	m3 := msg(12, "orders", "k2", "<xml/>")
 	m3.Headers = map[string]string{"Content-Type": "application/xml"}
 	if errs := publish(t, s, m1, m2, m3); errs != nil {
 		t.Fatal(errs)
 	}
-	byID := map[string]request{}
+	byID := map[int64]request{}
 	for _, r := range srv.requests() {
-		byID[r.header.Get("webhook-id")] = r
+		byID[seqOf(r.header)] = r
 	}
-	r := byID["10"]
+	r := byID[10]
 	if r.rawPath != "/in/a%2Fb%20c/x" || r.query != "token=abc&b=%2F" {
 		t.Errorf("message 10 went to %s?%s, want /in/a%%2Fb%%20c/x?token=abc&b=%%2F", r.rawPath, r.query)
 	}
@@ -444,14 +465,14 @@ func TestSingleRequest(t *testing.T) {
 	if string(r.body) != `{"n":1}` {
 		t.Errorf("message 10 body %q", r.body)
 	}
-	r = byID["11"]
+	r = byID[11]
 	if r.header.Get("Content-Type") != "application/octet-stream" || r.header.Get("Wharf-Key") != "" || string(r.body) != "\x00binary" {
 		t.Errorf("message 11: content-type %q key %q body %q", r.header.Get("Content-Type"), r.header.Get("Wharf-Key"), r.body)
 	}
 	if r.rawPath != "/in/orders/x" {
 		t.Errorf("message 11 path %s", r.rawPath)
 	}
-	if r = byID["12"]; r.header.Get("Content-Type") != "application/xml" {
+	if r = byID[12]; r.header.Get("Content-Type") != "application/xml" {
 		t.Errorf("message 12 content-type %q, want the message's", r.header.Get("Content-Type"))
 	}
 }
@@ -463,32 +484,33 @@ func TestInvalidHeaders(t *testing.T) {
 	srv := newServer(t, nil)
 	s := openURL(t, srv.URL+"/hook/{{topic}}?wharf_allow_private=true")
 	bad := []*wharf.Message{
-		{ID: 1, Topic: "t", Key: "a", Headers: map[string]string{"bad name": "v"}},
-		{ID: 2, Topic: "t", Key: "b", Headers: map[string]string{"n": "line\nbreak"}},
-		{ID: 3, Topic: "t", Key: "c", Headers: map[string]string{"Connection": "close"}},
-		{ID: 4, Topic: "t", Key: "d\r\nX-Injected: 1"},
-		{ID: 5, Topic: "..", Key: "e"},
-		{ID: 6, Topic: "ok\n", Key: "f"},
+		{ID: idOf(1), Seq: 1, Topic: "t", Key: "a", Headers: map[string]string{"bad name": "v"}},
+		{ID: idOf(2), Seq: 2, Topic: "t", Key: "b", Headers: map[string]string{"n": "line\nbreak"}},
+		{ID: idOf(3), Seq: 3, Topic: "t", Key: "c", Headers: map[string]string{"Connection": "close"}},
+		{ID: idOf(4), Seq: 4, Topic: "t", Key: "d\r\nX-Injected: 1"},
+		{ID: idOf(5), Seq: 5, Topic: "..", Key: "e"},
+		{ID: idOf(6), Seq: 6, Topic: "ok\n", Key: "f"},
 	}
 	var msgs []*wharf.Message
 	for _, m := range bad {
-		msgs = append(msgs, m, &wharf.Message{ID: m.ID + 100, Topic: "t", Key: m.Key, Payload: []byte("after")})
+		// The same topic and key: the same ordering key.
+		msgs = append(msgs, m, &wharf.Message{ID: idOf(m.Seq + 100), Seq: m.Seq + 100, Topic: m.Topic, Key: m.Key, Payload: []byte("after")})
 	}
 	msgs = append(msgs, msg(200, "t", "good", "{}"))
 	errs := publish(t, s, msgs...)
 	for i, m := range msgs {
 		switch {
-		case m.ID == 200:
+		case m.Seq == 200:
 			if errAt(errs, i) != nil {
 				t.Errorf("message 200: %v", errs[i])
 			}
-		case m.ID > 100:
+		case m.Seq > 100:
 			if !errors.Is(errAt(errs, i), wharf.ErrNotAttempted) {
-				t.Errorf("message %d: %v, want ErrNotAttempted", m.ID, errAt(errs, i))
+				t.Errorf("message %d: %v, want ErrNotAttempted", m.Seq, errAt(errs, i))
 			}
 		default:
 			if !wharf.IsPermanent(errAt(errs, i)) {
-				t.Errorf("message %d: %v, want a permanent error", m.ID, errAt(errs, i))
+				t.Errorf("message %d: %v, want a permanent error", m.Seq, errAt(errs, i))
 			}
 		}
 	}
@@ -541,13 +563,21 @@ func TestBatchBody(t *testing.T) {
 		}
 		for _, e := range els {
 			if e.Topic != topic {
-				t.Errorf("element %d of topic %q in a POST to %q", e.ID, e.Topic, topic)
+				t.Errorf("element %d of topic %q in a POST to %q", e.Seq, e.Topic, topic)
 			}
-			seen[e.ID] = e
+			if e.ID != wharf.FormatID(e.Seq, 1) {
+				t.Errorf("element %d has id %q, want %q", e.Seq, e.ID, wharf.FormatID(e.Seq, 1))
+			}
+			seen[e.Seq] = e
 		}
-		first, last := els[0].ID, els[len(els)-1].ID
-		if id := r.header.Get("webhook-id"); !strings.HasPrefix(id, fmt.Sprintf("%d-%d-", first, last)) || len(id) != len(fmt.Sprintf("%d-%d-", first, last))+16 {
-			t.Errorf("batch webhook-id %q, want %d-%d-<16 hex>", id, first, last)
+		// batch_ and the first 16 bytes of the SHA-256 of the elements' ids,
+		// each followed by a comma, in hex.
+		h := sha256.New()
+		for _, e := range els {
+			h.Write([]byte(e.ID + ","))
+		}
+		if id, want := r.header.Get("webhook-id"), "batch_"+hex.EncodeToString(h.Sum(nil)[:16]); id != want {
+			t.Errorf("batch webhook-id %q, want %q (batch_ and 32 hex digits from the element ids)", id, want)
 		}
 	}
 	if len(seen) != 5 {
@@ -605,7 +635,7 @@ func TestBatchOrderAcrossPosts(t *testing.T) {
 		var els []wireElement
 		_ = json.Unmarshal(body, &els)
 		for _, e := range els {
-			if e.ID == failID {
+			if e.Seq == failID {
 				w.WriteHeader(http.StatusBadRequest)
 				return true
 			}
@@ -626,15 +656,15 @@ func TestBatchOrderAcrossPosts(t *testing.T) {
 		switch {
 		case m.Key != "long":
 			if err != nil {
-				t.Errorf("message %d of key %s: %v", m.ID, m.Key, err)
+				t.Errorf("message %d of key %s: %v", m.Seq, m.Key, err)
 			}
-		case m.ID < 14:
+		case m.Seq < 14:
 			if !wharf.IsPermanent(err) || !strings.Contains(err.Error(), "400 Bad Request") {
-				t.Errorf("message %d in the failed POST: %v, want permanent 400", m.ID, err)
+				t.Errorf("message %d in the failed POST: %v, want permanent 400", m.Seq, err)
 			}
 		default:
 			if !errors.Is(err, wharf.ErrNotAttempted) {
-				t.Errorf("message %d after the failed POST: %v, want ErrNotAttempted", m.ID, err)
+				t.Errorf("message %d after the failed POST: %v, want ErrNotAttempted", m.Seq, err)
 			}
 		}
 	}
@@ -645,13 +675,13 @@ func TestBatchOrderAcrossPosts(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, e := range els {
-			if e.ID >= 14 && e.ID < 22 {
-				t.Errorf("message %d was sent after an earlier POST of its key failed", e.ID)
+			if e.Seq >= 14 && e.Seq < 22 {
+				t.Errorf("message %d was sent after an earlier POST of its key failed", e.Seq)
 			}
-			if k := *e.Key; e.ID <= last[k] {
-				t.Errorf("key %s: message %d after %d", k, e.ID, last[k])
+			if k := *e.Key; e.Seq <= last[k] {
+				t.Errorf("key %s: message %d after %d", k, e.Seq, last[k])
 			} else {
-				last[k] = e.ID
+				last[k] = e.Seq
 			}
 		}
 	}
@@ -664,6 +694,8 @@ func TestPack(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 300 {
+		// Keys repeat across topics: the ordering key is (topic, key), so
+		// the same key in two topics is two ordering keys.
 		n := 1 + rng.IntN(200)
 		size := 1 + rng.IntN(20)
 		keys := 1 + rng.IntN(15)
@@ -710,22 +742,23 @@ func TestPack(t *testing.T) {
 			if !ok {
 				t.Fatalf("round %d: message %d not placed", round, i)
 			}
-			if m.Key == "" {
+			k := m.OrderingKey()
+			if k == "" {
 				continue
 			}
-			if p, ok := lastChunk[m.Key]; ok && p != c {
+			if p, ok := lastChunk[k]; ok && p != c {
 				if p > c {
-					t.Fatalf("round %d: key %s goes back from chunk %d to %d", round, m.Key, p, c)
+					t.Fatalf("round %d: key %q goes back from chunk %d to %d", round, k, p, c)
 				}
 				found := false
 				for _, d := range chunks[c].deps {
 					found = found || d == p
 				}
 				if !found {
-					t.Fatalf("round %d: chunk %d holds key %s after chunk %d but does not depend on it", round, c, m.Key, p)
+					t.Fatalf("round %d: chunk %d holds key %q after chunk %d but does not depend on it", round, c, k, p)
 				}
 			}
-			lastChunk[m.Key] = c
+			lastChunk[k] = c
 		}
 	}
 	// 100 keys of 10 messages in chunks of 100: ten independent POSTs.
@@ -749,7 +782,7 @@ func TestRetryable(t *testing.T) {
 	t.Parallel()
 	status := map[int64]int{1: 429, 2: 500, 3: 408, 4: 503, 5: 502}
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
-		id, _ := strconv.ParseInt(r.Header.Get("webhook-id"), 10, 64)
+		id := seqOf(r.Header)
 		switch id {
 		case 1:
 			w.Header().Set("Retry-After", "7")
@@ -804,7 +837,7 @@ func TestClientErrorIsPermanent(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("e", errorBodyBytes) + "TAIL"
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
-		if r.Header.Get("webhook-id") != "2" {
+		if seqOf(r.Header) != 2 {
 			return false
 		}
 		w.WriteHeader(http.StatusBadRequest)
@@ -833,8 +866,8 @@ func TestClientErrorIsPermanent(t *testing.T) {
 		}
 	}
 	for _, r := range srv.requests() {
-		if id := r.header.Get("webhook-id"); id == "3" || id == "4" {
-			t.Errorf("message %s was sent after message 2 of its key failed", id)
+		if seq := seqOf(r.header); seq == 3 || seq == 4 {
+			t.Errorf("message %d was sent after message 2 of its key failed", seq)
 		}
 	}
 }
@@ -893,7 +926,7 @@ func TestConcurrency(t *testing.T) {
 		raise(&maxInFlight, inFlight.Add(1))
 		defer inFlight.Add(-1)
 		key := r.Header.Get("wharf-key")
-		id, _ := strconv.ParseInt(r.Header.Get("webhook-id"), 10, 64)
+		id := seqOf(r.Header)
 		if key != "" {
 			mu.Lock()
 			if busy[key] {
@@ -1057,11 +1090,11 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 	t.Parallel()
 	other := newServer(t, nil)
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, _ []byte) bool {
-		switch r.Header.Get("webhook-id") {
-		case "1":
+		switch seqOf(r.Header) {
+		case 1:
 			w.Header().Set("Location", other.URL+"/elsewhere?token=s3cret")
 			w.WriteHeader(http.StatusTemporaryRedirect)
-		case "2":
+		case 2:
 			w.Header().Set("Location", "/moved")
 			w.WriteHeader(http.StatusMovedPermanently)
 		default:
@@ -1071,7 +1104,7 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 	})
 	s := openURL(t, srv.URL+"/hook?wharf_allow_private=true")
 	errs := publish(t, s, msg(1, "t", "a", "{}"), msg(2, "t", "b", "{}"), msg(3, "t", "a", "{}"))
-	for i, want := range []string{"307 Temporary Redirect to \"" + other.URL + "/elsewhere\"", "301 Moved Permanently to \"" + srv.URL + "/moved\""} {
+	for i, want := range []string{"307 Temporary Redirect to \"" + other.URL + "/elsewhere?…\"", "301 Moved Permanently to \"" + srv.URL + "/moved\""} {
 		err := errAt(errs, i)
 		if !wharf.IsPermanent(err) || !strings.Contains(err.Error(), want) {
 			t.Errorf("message %d: %v, want a permanent error saying %s", i+1, err, want)
@@ -1277,7 +1310,7 @@ func BenchmarkDirectPublish(b *testing.B) {
 					var jobs []job
 					if mode == ModeSingle {
 						for _, m := range msgs {
-							jobs = append(jobs, job{m.MessageID(), m.Payload})
+							jobs = append(jobs, job{m.ID, m.Payload})
 						}
 					} else {
 						for i := 0; i < len(msgs); i += defaultBatchSize {
@@ -1285,13 +1318,13 @@ func BenchmarkDirectPublish(b *testing.B) {
 							els := make([]wireElement, len(part))
 							for j, m := range part {
 								key := m.Key
-								els[j] = wireElement{ID: m.ID, Topic: m.Topic, Key: &key, Headers: map[string]string{}, Payload: json.RawMessage(strconv.Quote(string(m.Payload))), Attempt: m.Attempt}
+								els[j] = wireElement{ID: m.ID, Seq: m.Seq, Topic: m.Topic, Key: &key, Headers: map[string]string{}, Payload: json.RawMessage(strconv.Quote(string(m.Payload))), Attempt: m.Attempt}
 							}
 							body, err := json.Marshal(els)
 							if err != nil {
 								return err
 							}
-							jobs = append(jobs, job{part[0].MessageID(), body})
+							jobs = append(jobs, job{part[0].ID, body})
 						}
 					}
 					var next atomic.Int64
