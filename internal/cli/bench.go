@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,20 +26,33 @@ func newBenchCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure throughput, sustainable rate and latency (drain, baseline, steady, sweep)",
-		Long: `Runs the project's benchmark (DESIGN.md §6) in a fresh schema wharf_bench_<random>,
+		Long: `Runs the benchmark in a fresh schema wharf_bench_<random>,
 dropped at the end unless --keep is given. Without a database URL it starts a
 throwaway PostgreSQL (fsync on) from the local server binaries.
 
 Modes:
   drain     pre-fill --messages with COPY, then time --relays relays emptying the outbox
-  baseline  the producers alone, flat out, for --duration: the insert ceiling
+  baseline  Wharf beside the server's physical limits, in one run: the producers
+            enqueue flat out for --duration with no relay; a bare multi-row INSERT
+            of the same messages into a one-index table (the insert limit); the
+            relays drain what the producers wrote; a bare DELETE ... WHERE id IN
+            (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) RETURNING loop over as many
+            rows (the removal limit). Wharf's rates are shown as fractions of them
   steady    producers at --rate msgs/s for --warmup + --duration with the relays
-            running; sustainable when the producers reached 99 % of the rate, the
-            backlog's least-squares slope after the warm-up is at most
-            max(1, 1 % of the rate) msgs/s, and the backlog at the producers' stop
-            is at most 2 s of load
-  sweep     bisect the rate between --min-rate and --max-rate in --sweep-steps
-            steady runs; report the highest sustainable one
+            running, from an emptied outbox (VACUUM (ANALYZE), REINDEX, CHECKPOINT).
+            Sustainable when the producers reached 99 % of the rate; the backlog
+            did not grow faster than max(10 msg/s, 0.1 % of the rate) with 95 %
+            confidence (least-squares slope over the window, standard error
+            corrected for autocorrelation, one-sided t test); the backlog at the
+            producers' stop is at most 2 s of load; and p99 commit→ack is within
+            --max-p99 when given
+  sweep     a reference run at --min-rate, bisection runs below --max-rate (at the
+            geometric mean, until within 5 % or --sweep-steps), then --confirm
+            repeats of the winner (a failed repeat steps down). Every run starts
+            from an emptied, vacuumed, reindexed and checkpointed outbox, and its
+            p99 must stay within max(50 ms, 3 × the p99 of the highest passing
+            rate below). Reports the highest rate sustainable in every run, with
+            the evidence of each run
 
 One relay runs in this process by default, behind a probe sink that records when the
 sink acknowledged each message: that gives commit-to-ack latency. With --relays > 1
@@ -49,12 +60,13 @@ sink acknowledged each message: that gives commit-to-ack latency. With --relays 
 measured. A live progress line goes to stderr, the summary to stdout; --json and
 --report DIR (samples.csv and a self-contained index.html with charts) keep the results.`,
 		Example: `  wharf bench --mode drain --messages 1000000
+  wharf bench --mode baseline --duration 10s
   wharf bench --mode steady --rate 20000 --duration 30s --report out/
   wharf bench --mode sweep --records-per-key 10 --producer-batch 100 --payload-bytes 200 --json sweep.json
   wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			return runBench(ctx, g, f, cmd)
 		},
@@ -68,22 +80,25 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
 	fl.IntVar(&o.Rate, "rate", 0, "steady: target msgs/s")
 	fl.IntVar(&o.MinRate, "min-rate", 10000, "sweep: lowest rate in msgs/s")
 	fl.IntVar(&o.MaxRate, "max-rate", 400000, "sweep: highest rate in msgs/s")
-	fl.IntVar(&o.SweepSteps, "sweep-steps", 5, "sweep: number of steady runs in the bisection")
+	fl.IntVar(&o.SweepSteps, "sweep-steps", 8, "sweep: most bisection runs after the reference run at --min-rate (it stops once the bracket is within 5 %)")
+	fl.IntVar(&o.Confirm, "confirm", 2, "sweep: repeats of the winning rate, each of which must be sustainable (at least 2)")
+	fl.DurationVar(&o.MaxP99, "max-p99", 0, "steady: fail the run when p99 commit→ack exceeds this (0 = latency not judged)")
+	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, insert limit otherwise); baseline always does")
 	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
 	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction")
 	fl.IntVar(&f.recordsPerKey, "records-per-key", 10, "consecutive messages per key before a new key is used; 0 = no keys (NULL)")
 	fl.IntVar(&o.Keys, "keys", 0, "instead of --records-per-key, cycle over this many keys (message i gets key k<i mod keys>)")
 	fl.IntVar(&o.PayloadBytes, "payload-bytes", 200, "payload size in bytes")
-	fl.IntVar(&o.Relays, "relays", 1, "relays to run (baseline runs none)")
+	fl.IntVar(&o.Relays, "relays", 1, "relays to run (baseline runs them for its drain phase only)")
 	fl.BoolVar(&o.InProcess, "in-process", true, "run the relay in this process to measure latency (only with --relays 1; default true when --relays is 1)")
 	fl.StringVar(&o.Sink, "sink", "null:", "sink URL: null:, stdout:, file:///path.jsonl (see README)")
 	fl.StringArrayVar(&o.RelayArgs, "relay-arg", nil, "extra relay flag, repeatable, e.g. --relay-arg=--fetch-batch=8000 (applies to in-process and process relays)")
 	fl.StringVar(&f.jsonPath, "json", "", "write the result as JSON to this file")
 	fl.StringVar(&f.reportDir, "report", "", "write samples.csv and index.html (charts) into this directory")
 	fl.BoolVar(&o.Keep, "keep", false, "keep the bench schema at the end")
-	fl.DurationVar(&o.SampleInterval, "sample-interval", time.Second, "sampling and progress period")
-	fl.DurationVar(&o.TailWait, "tail-wait", 10*time.Second, "steady: after the producers stop, wait at most this long for the relays to catch up (0 = do not wait)")
-	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "drain: give up after this long")
+	fl.DurationVar(&o.SampleInterval, "sample-interval", 0, "fixed sampling period (0 = adapt: 100 ms, 250 ms with relay processes, doubling past 240 samples)")
+	fl.DurationVar(&o.TailWait, "tail-wait", 10*time.Second, "steady: after the producers stop, wait at most this long for the relays to catch up (0 = do not wait; a sweep always waits for an empty outbox, up to 2m)")
+	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "drain, baseline: give up a drain or the removal limit after this long")
 	return cmd
 }
 
@@ -104,6 +119,9 @@ func parseRelayArgs(args []string) (relayFlags, error) {
 		if fs.Changed(name) {
 			return rf, fmt.Errorf("--relay-arg: --%s is set by the bench (use the bench's own --sink)", name)
 		}
+	}
+	if err := checkRanges(fs, nil); err != nil {
+		return rf, fmt.Errorf("--relay-arg: %w", err)
 	}
 	return rf, nil
 }

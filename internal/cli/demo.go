@@ -8,12 +8,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,8 +49,11 @@ afterwards. With a URL it works in a fresh schema wharf_demo_<random>, dropped a
 end unless --keep is given.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
+			if err := g.checkRanges(cmd.Flags()); err != nil {
+				return err
+			}
 			return runDemo(ctx, g, f, cmd.Flags().Changed("schema"))
 		},
 	}
@@ -247,7 +248,13 @@ func produce(ctx context.Context, pool interface {
 				if err := tx.Commit(ctx); err != nil {
 					return err
 				}
-				probe.committed(ids, time.Now())
+				seqs := make([]int64, len(ids))
+				for i, id := range ids {
+					if seqs[i], _, err = wharf.ParseID(id); err != nil {
+						return err
+					}
+				}
+				probe.committed(seqs, time.Now())
 				produced.Add(int64(len(ids)))
 			}
 		})
@@ -305,16 +312,16 @@ func (p *probe) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		if errs != nil && errs[i] != nil {
 			continue
 		}
-		if _, seen := p.ack[m.ID]; seen {
+		if _, seen := p.ack[m.Seq]; seen {
 			p.dups.Add(1)
 			continue
 		}
-		p.ack[m.ID] = now
-		if last := p.lastByKey[m.Key]; m.Key != "" && m.ID < last {
+		p.ack[m.Seq] = now
+		if last := p.lastByKey[m.Key]; m.Key != "" && m.Seq < last {
 			p.orderViolations.Add(1)
 		}
-		if m.ID > p.lastByKey[m.Key] {
-			p.lastByKey[m.Key] = m.ID
+		if m.Seq > p.lastByKey[m.Key] {
+			p.lastByKey[m.Key] = m.Seq
 		}
 	}
 	n := int64(len(p.ack))

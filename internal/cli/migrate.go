@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,27 +50,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	})
-	var steps int
-	down := &cobra.Command{
-		Use:   "down",
-		Short: "Revert migrations (all by default); reverting 1 drops the outbox and its messages",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			m, pool, err := g.migrator(cmd)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			done, err := m.Down(cmd.Context(), pool, steps)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(g.stdout, "schema %s migrated down: reverted %v\n", g.schema, done)
-			return nil
-		},
-	}
-	down.Flags().IntVar(&steps, "steps", 0, "how many migrations to revert (0 = all)")
-	cmd.AddCommand(down)
+	cmd.AddCommand(newMigrateDownCmd(g))
 	cmd.AddCommand(&cobra.Command{
 		Use:   "status",
 		Short: "List migrations and whether each is applied",
@@ -111,4 +92,112 @@ func newMigrateCmd(g *globals) *cobra.Command {
 	print.Flags().BoolVar(&printDown, "down", false, "print the down migrations instead")
 	cmd.AddCommand(print)
 	return cmd
+}
+
+func newMigrateDownCmd(g *globals) *cobra.Command {
+	var steps, target int
+	var dryRun, force bool
+	down := &cobra.Command{
+		Use:   "down",
+		Short: "Revert the latest migration (or --steps N, or down to --target-version N)",
+		Long: `Reverts migrations, one by default. Reverting version 1 drops the outbox and every
+table Wharf created; reverting version 2 drops the message ids' nonces, so pending
+messages would be delivered under other ids. So it refuses while the outbox or the
+dead-letter table holds rows: deliver, cancel ('wharf outbox cancel') or purge
+('wharf dead purge') them first, or pass --force to lose them. The check runs in each
+step's transaction with both tables locked, so nothing enqueued meanwhile is lost
+unseen. --dry-run prints what would be reverted and whether it would be refused.`,
+		Example: `  wharf migrate down --dry-run
+  wharf migrate down                       # one step
+  wharf migrate down --target-version 0    # everything (the schema too, if Wharf created it)`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := wharfmigrate.New(g.schema)
+			if err != nil {
+				return err
+			}
+			flags := cmd.Flags()
+			if flags.Changed("steps") && flags.Changed("target-version") {
+				return usageError{errors.New("give --steps or --target-version, not both")}
+			}
+			if steps < 1 {
+				return usageError{fmt.Errorf("--steps must be at least 1 (got %d); to revert everything use --target-version 0", steps)}
+			}
+			if flags.Changed("target-version") && (target < 0 || target > m.Latest()) {
+				return usageError{fmt.Errorf("--target-version must be between 0 and %d (got %d)", m.Latest(), target)}
+			}
+			pool, err := g.connect(cmd.Context(), 2)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			ctx := cmd.Context()
+			applied, err := m.Version(ctx, pool)
+			if err != nil {
+				return err
+			}
+			if !flags.Changed("target-version") {
+				target = max(0, applied-steps)
+			}
+			if target > applied {
+				return usageError{fmt.Errorf("schema %s is at version %d: --target-version %d is not below it (use wharf migrate up)", g.schema, applied, target)}
+			}
+			_, plan, err := m.PlanDownTo(ctx, pool, target)
+			if err != nil {
+				return err
+			}
+			if len(plan) == 0 {
+				fmt.Fprintf(g.stdout, "schema %s is at version %d: nothing to revert\n", g.schema, applied)
+				return nil
+			}
+			if dryRun {
+				for _, mg := range plan {
+					fmt.Fprintf(g.stdout, "would revert %03d_%s\n", mg.Version, mg.Name)
+				}
+				msgs, dead, err := m.Contents(ctx, pool)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(g.stdout, "schema %s would go from version %d to %d\n", g.schema, applied, target)
+				if msgs > 0 || dead > 0 {
+					verdict := "it would be refused: pass --force to revert anyway and lose them"
+					if force {
+						verdict = "--force: they would be lost"
+					}
+					fmt.Fprintf(g.stdout, "the outbox holds %s and %s: %s\n", countOf(msgs, "pending message"), countOf(dead, "dead letter"), verdict)
+				}
+				return nil
+			}
+			var done []int
+			if force {
+				done, err = m.DownTo(ctx, pool, target)
+			} else {
+				done, err = m.DownToIfEmpty(ctx, pool, target)
+			}
+			if errors.Is(err, wharfmigrate.ErrNotEmpty) {
+				return fmt.Errorf("refusing to migrate down: %w (deliver, cancel or purge them first, or pass --force)", err)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "schema %s migrated down: reverted %v, now at version %d\n", g.schema, done, target)
+			return nil
+		},
+	}
+	down.Flags().IntVar(&steps, "steps", 1, "how many migrations to revert")
+	down.Flags().IntVar(&target, "target-version", 0, "revert down to this version (0 reverts everything)")
+	down.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be reverted, and whether it would be refused, without changing anything")
+	down.Flags().BoolVar(&force, "force", false, "revert even if the outbox or the dead-letter table holds rows (they are lost)")
+	return down
+}
+
+func countOf(n int64, what string) string {
+	switch {
+	case n > 1000:
+		return "more than 1000 " + what + "s"
+	case n == 1:
+		return "1 " + what
+	default:
+		return fmt.Sprintf("%d %ss", n, what)
+	}
 }

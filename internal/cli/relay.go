@@ -2,16 +2,20 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os/signal"
+	"net"
+	"net/http"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/sinkurl"
+	"github.com/wharfhq/wharf/wharfotel"
+	"github.com/wharfhq/wharf/wharfprom"
 )
 
 // relayFlags are the relay settings shared by `relay` and `demo`.
@@ -20,7 +24,9 @@ type relayFlags struct {
 	routes   []string
 	drain    bool
 	stopWait time.Duration
-	cfg      wharf.Config
+	// adminAddr is where the relay serves its metrics and probes ("": nowhere).
+	adminAddr string
+	cfg       wharf.Config
 }
 
 func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
@@ -28,7 +34,7 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl.StringVar(&f.sink, "sink", sinkDefault, "where messages go: stdout:, file:///path.jsonl, null:, kafka://, nats://, amqp://, redis://, https:// (see README); with --route, where unrouted topics go")
 	fl.StringArrayVar(&f.routes, "route", nil, "PATTERN=SINK_URL: send topics matching PATTERN (orders.*, hooks.**) to that sink; repeatable, first match wins (YAML: routes)")
 	fl.BoolVar(&f.drain, "drain", false, "exit 0 once nothing deliverable is left: nothing due, in flight or waiting for a retry (messages scheduled for later stay)")
-	fl.DurationVar(&f.stopWait, "stop-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for in-flight deliveries")
+	fl.DurationVar(&f.stopWait, "stop-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for in-flight deliveries (also with --drain); then they are abandoned and delivered again later. A second signal exits at once")
 	fl.StringVar(&f.cfg.RelayID, "relay-id", "", "name of this relay in the lanes table (default host-pid-random)")
 	fl.BoolVar(&f.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer in transaction mode); poll every --poll-interval")
 	fl.DurationVar(&f.cfg.PollInterval, "poll-interval", 0, "idle poll interval (default 50ms)")
@@ -37,10 +43,41 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl.IntVar(&f.cfg.FetchBatch, "fetch-batch", 0, "most rows read per fetch (default 4000)")
 	fl.IntVar(&f.cfg.SinkBatch, "sink-batch", 0, "most messages per sink call (default 1000)")
 	fl.IntVar(&f.cfg.SinkConcurrency, "sink-concurrency", 0, "sink calls in flight (default 4)")
-	fl.IntVar(&f.cfg.MaxBuffered, "max-buffered", 0, "most messages held in memory (default 20000)")
+	fl.IntVar(&f.cfg.MaxBuffered, "max-buffered", 0, "most messages loaded in memory; waiting ones are kept as positions and do not count (default 20000)")
+	fl.Var((*byteSize)(&f.cfg.MaxBufferedBytes), "max-buffered-bytes", "most payload bytes loaded in memory, e.g. 64MiB or 1GiB (default 64MiB)")
+	fl.BoolVar(&f.cfg.OrderAcrossTopics, "order-across-topics", false, "keep order per key across topics (default: per topic and key)")
 	fl.IntVar(&f.cfg.MaxAttempts, "max-attempts", 0, "deliveries before a message is dead-lettered (default 12)")
 	fl.DurationVar(&f.cfg.RetryBackoff, "retry-backoff", 0, "first retry delay, doubling per attempt with jitter (default 1s)")
 	fl.DurationVar(&f.cfg.MaxRetryBackoff, "max-retry-backoff", 0, "retry delay cap (default 10m)")
+	fl.StringVar(&f.adminAddr, "admin-addr", "", "serve Prometheus metrics on /metrics and the liveness and readiness probes on /healthz and /readyz at this address, e.g. :9090 (default: none)")
+}
+
+// relaySettings are the relay flags that are settings (see markSettings).
+var relaySettings = []string{"sink", "route", "drain", "stop-timeout", "admin-addr", "relay-id", "poll-only", "poll-interval",
+	"lease-ttl", "rebalance-interval", "fetch-batch", "sink-batch", "sink-concurrency", "max-buffered",
+	"max-buffered-bytes", "order-across-topics", "max-attempts", "retry-backoff", "max-retry-backoff"}
+
+// registerSettings registers the relay flags as settings: read from the
+// environment and the config file too.
+func (f *relayFlags) registerSettings(cmd *cobra.Command) {
+	f.register(cmd, "")
+	markSettings(cmd.Flags(), relaySettings...)
+}
+
+// config checks the relay settings and returns the library configuration
+// they make: one-line errors that name the flag, its range and where a bad
+// value came from.
+func (f *relayFlags) config(g *globals, fs *pflag.FlagSet) (wharf.Config, error) {
+	if err := g.checkRanges(fs); err != nil {
+		return wharf.Config{}, err
+	}
+	cfg := f.cfg
+	cfg.Schema = g.schema
+	cfg.Logger = g.log
+	if _, err := wharf.NewClient(nil, &cfg); err != nil {
+		return cfg, usageError{err}
+	}
+	return cfg, nil
 }
 
 func newRelayCmd(g *globals) *cobra.Command {
@@ -50,28 +87,28 @@ func newRelayCmd(g *globals) *cobra.Command {
 		Short: "Deliver committed messages to a sink until stopped (or drained)",
 		Long: `Runs a relay. Any number of relays may run against one database: they share the
 64 lanes through leases and take over a stopped or crashed relay's lanes.
-Logs go to stderr; SIGINT/SIGTERM stop it gracefully (exit 0).`,
+Logs go to stderr. SIGINT/SIGTERM stop it gracefully (exit 0): it stops fetching,
+waits up to --stop-timeout for the deliveries in flight, writes their results and
+hands its lanes back. A second signal ends it at once.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
-			return runRelay(ctx, g, f)
+			// Validate everything before touching the database or the sink.
+			cfg, err := f.config(g, cmd.Flags())
+			if err != nil {
+				return err
+			}
+			return runRelay(ctx, g, f, cfg)
 		},
 	}
-	f.register(cmd, "")
+	f.registerSettings(cmd)
 	return cmd
 }
 
-func runRelay(ctx context.Context, g *globals, f *relayFlags) error {
+func runRelay(ctx context.Context, g *globals, f *relayFlags, cfg wharf.Config) error {
 	if f.sink == "" && len(f.routes) == 0 {
 		return usageError{fmt.Errorf("--sink is required (one of: %s), or --route PATTERN=URL", joinSchemes())}
-	}
-	cfg := f.cfg
-	cfg.Schema = g.schema
-	cfg.Logger = g.log
-	// Validate everything before touching the database or the sink.
-	if _, err := wharf.NewClient(nil, &cfg); err != nil {
-		return usageError{err}
 	}
 	sink, err := openSinks(ctx, f.sink, f.routes)
 	if err != nil {
@@ -79,17 +116,36 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags) error {
 	}
 	defer sink.Close()
 	cfg.Sink = sink
+	// Tracing, when the standard OTEL_* variables ask for it (off otherwise,
+	// at no cost).
+	tracer, shutdownTracing, err := wharfotel.FromEnv(ctx, "wharf", moduleVersion())
+	if err != nil {
+		return usageError{err}
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdownTracing(sctx)
+	}()
+	cfg.Tracer = tracer
 	pool, err := g.connect(ctx, 6)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	// Closing a connection to a database that stopped answering can hang
+	// (pgx sends a cancel request to it): do not let that keep the process.
+	defer closeWithin(pool, 2*time.Second)
 	client, err := wharf.NewClient(pool, &cfg)
 	if err != nil {
 		return err
 	}
+	stopAdmin, err := g.serveAdmin(f.adminAddr, client)
+	if err != nil {
+		return err
+	}
+	defer stopAdmin()
 	if f.drain {
-		return client.Drain(ctx)
+		return drainUntilSignal(ctx, g, f, client)
 	}
 	// Start's context must outlive the signal: Stop below does the graceful stop.
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
@@ -107,6 +163,66 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags) error {
 	}
 	g.log.Info("wharf: relay stopped")
 	return nil
+}
+
+// drainUntilSignal drains; a signal stops it gracefully, and after
+// --stop-timeout in-flight deliveries are abandoned (delivered again later).
+func drainUntilSignal(ctx context.Context, g *globals, f *relayFlags, client *wharf.Client) error {
+	done := make(chan error, 1)
+	go func() { done <- client.Drain(context.WithoutCancel(ctx)) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	g.log.Info("wharf: stopping the drain", "stop_timeout", f.stopWait)
+	stopCtx, cancel := context.WithTimeout(context.Background(), f.stopWait)
+	defer cancel()
+	err := client.Stop(stopCtx)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		// A sink that ignores cancellation: exit anyway; the leases expire.
+	}
+	return err
+}
+
+// serveAdmin serves the relay's metrics (/metrics) and probes (/healthz,
+// /readyz) on addr until the returned function is called; "" serves nothing.
+// The address is bound before the relay starts, so a port in use fails the
+// start instead of leaving a relay without its probes.
+func (g *globals) serveAdmin(addr string, client *wharf.Client) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--admin-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           wharfprom.Handler(client, wharfprom.WithVersion(moduleVersion()), wharfprom.WithLogger(g.log)),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			g.log.Error("wharf: the admin server stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	g.log.Info("wharf: serving /metrics, /healthz and /readyz", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+func closeWithin(pool interface{ Close() }, d time.Duration) {
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }
 
 func joinSchemes() string {

@@ -11,9 +11,11 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"runtime"
 	"runtime/debug"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -38,14 +40,33 @@ func (e usageError) Unwrap() error { return e.err }
 
 // Main runs the CLI with args and returns the process exit status: 0 on
 // success, 1 on failure, 2 on a usage error. Errors are one line on stderr.
+// Confirmation questions (`wharf dead purge`, `wharf outbox cancel`) read the
+// answer from standard input when it is a terminal.
 func Main(args []string, stdout, stderr io.Writer) int {
-	root := newRoot(stdout, stderr)
+	return mainWith(args, ioStreams{stdin: os.Stdin, stdout: stdout, stderr: stderr, terminal: stdinIsTerminal()})
+}
+
+// ioStreams are the process's streams; tests pass their own.
+type ioStreams struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	// terminal: stdin is a terminal, so a question can be answered.
+	terminal bool
+}
+
+func stdinIsTerminal() bool {
+	fi, err := os.Stdin.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+func mainWith(args []string, streams ioStreams) int {
+	root := newRoot(streams)
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "wharf: %s\n", oneLineError(err))
+	fmt.Fprintf(streams.stderr, "wharf: %s\n", oneLineError(err))
 	var ue usageError
 	if errors.As(err, &ue) {
 		return 2
@@ -89,12 +110,16 @@ func oneLineError(err error) string {
 
 var configFieldRE = regexp.MustCompile(`Config\.[A-Z][A-Za-z]*`)
 
-// kebab turns a Config field name into its flag name: FetchBatch -> fetch-batch.
+// kebab turns a Config field name into its flag name: FetchBatch ->
+// fetch-batch, LeaseTTL -> lease-ttl, RelayID -> relay-id.
 func kebab(s string) string {
+	rs := []rune(s)
 	var b strings.Builder
-	for i, r := range s {
+	for i, r := range rs {
 		if unicode.IsUpper(r) {
-			if i > 0 {
+			// A word starts at an upper-case letter after a lower-case one,
+			// or at the last capital of an acronym followed by lower case.
+			if i > 0 && (unicode.IsLower(rs[i-1]) || (i+1 < len(rs) && unicode.IsLower(rs[i+1]) && unicode.IsUpper(rs[i-1]))) {
 				b.WriteByte('-')
 			}
 			r = unicode.ToLower(r)
@@ -111,22 +136,36 @@ type globals struct {
 	configFile  string
 	logLevel    string
 	logFormat   string
+	stdin       io.Reader
 	stdout      io.Writer
 	stderr      io.Writer
+	terminal    bool
 	log         *slog.Logger
+	// sources names where each setting not given as a flag came from
+	// (an environment variable or the config file), for error messages and
+	// `wharf config validate`.
+	sources map[string]string
 }
 
-func newRoot(stdout, stderr io.Writer) *cobra.Command {
-	g := &globals{stdout: stdout, stderr: stderr}
+func newRoot(streams ioStreams) *cobra.Command {
+	g := &globals{stdin: streams.stdin, stdout: streams.stdout, stderr: streams.stderr, terminal: streams.terminal, sources: map[string]string{}}
+	stdout, stderr := streams.stdout, streams.stderr
 	root := &cobra.Command{
 		Use:   "wharf",
 		Short: "Wharf: a transactional outbox for PostgreSQL",
 		Long: `Wharf delivers messages that applications commit into a PostgreSQL outbox table,
 at least once and in order per key, to stdout, files, brokers or webhooks.
 
-Configuration comes from flags, then the environment (WHARF_DATABASE_URL, falling back
-to DATABASE_URL; WHARF_SCHEMA), then the YAML file given with --config, whose keys are
-the flag names with underscores (database_url, sink, lease_ttl, ...).`,
+Settings (the flags whose help names a WHARF_ variable) come from, in this order:
+  1. the command line:           --max-attempts 8
+  2. the environment:            WHARF_MAX_ATTEMPTS=8 (WHARF_ and the flag name in upper
+                                 case with underscores; the database URL also falls back
+                                 to DATABASE_URL; --route has no variable)
+  3. the YAML file (--config FILE, or WHARF_CONFIG): max_attempts: 8 (the flag name with
+                                 underscores; routes: a list of {topic, sink})
+  4. the default shown in the help.
+Values out of range are refused with the range. 'wharf config validate' checks the
+whole configuration and that the database and every sink answer.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -139,18 +178,21 @@ the flag names with underscores (database_url, sink, lease_ttl, ...).`,
 		return usageError{fmt.Errorf("%w (see wharf --help)", err)}
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL (env WHARF_DATABASE_URL, then DATABASE_URL)")
-	pf.StringVar(&g.schema, "schema", wharfmigrate.DefaultSchema, "schema holding the outbox tables (env WHARF_SCHEMA)")
-	pf.StringVar(&g.configFile, "config", "", "YAML configuration file; keys are flag names with underscores")
+	pf.StringVar(&g.databaseURL, "database-url", "", "PostgreSQL URL or key=value connection string")
+	pf.StringVar(&g.schema, "schema", wharfmigrate.DefaultSchema, "schema holding the outbox tables")
+	pf.StringVar(&g.configFile, "config", "", "YAML configuration file; keys are setting names with underscores [WHARF_CONFIG]")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format on stderr: text or json")
+	markSettings(pf, "database-url", "schema", "log-level", "log-format")
 
 	root.AddCommand(
 		newMigrateCmd(g),
 		newRelayCmd(g),
 		newStatusCmd(g),
+		newOutboxCmd(g),
 		newDeadCmd(g),
 		newNotifyCmd(g),
+		newConfigCmd(g),
 		newDemoCmd(g),
 		newBenchCmd(g),
 		newVersionCmd(g),
@@ -161,13 +203,14 @@ the flag names with underscores (database_url, sink, lease_ttl, ...).`,
 	return root
 }
 
-// load applies the environment and the YAML file to every flag the user did not
-// set, then validates the shared settings: one place, errors name the field.
+// load applies the environment and the YAML file to every setting the user
+// did not give as a flag, then validates the shared settings: one place,
+// errors name the field and where its value came from.
 func (g *globals) load(cmd *cobra.Command) error {
 	flags := cmd.Flags()
 	setIfUnset := func(name, value, source string) error {
 		f := flags.Lookup(name)
-		if f == nil || f.Changed {
+		if f == nil || f.Changed || !isSetting(f) {
 			return nil
 		}
 		if err := f.Value.Set(value); err != nil {
@@ -176,17 +219,27 @@ func (g *globals) load(cmd *cobra.Command) error {
 		// A repeatable flag (--route) takes every value of the file; the
 		// flag is marked set once all of them are in.
 		f.Changed = !isSliceFlag(f)
+		g.sources[name] = source
 		return nil
 	}
-	for _, env := range []struct{ name, flag string }{
-		{"WHARF_DATABASE_URL", "database-url"},
-		{"DATABASE_URL", "database-url"},
-		{"WHARF_SCHEMA", "schema"},
-	} {
-		if v := os.Getenv(env.name); v != "" {
-			if err := setIfUnset(env.flag, v, "environment variable "+env.name); err != nil {
-				return err
+	var envErr error
+	flags.VisitAll(func(f *pflag.Flag) {
+		if envErr != nil || !isSetting(f) || isSliceFlag(f) {
+			return
+		}
+		for _, env := range envNames(f.Name) {
+			if v, ok := os.LookupEnv(env); ok && v != "" {
+				envErr = setIfUnset(f.Name, v, "environment variable "+env)
+				return
 			}
+		}
+	})
+	if envErr != nil {
+		return envErr
+	}
+	if !flags.Changed("config") {
+		if v := os.Getenv("WHARF_CONFIG"); v != "" {
+			g.configFile = v
 		}
 	}
 	if g.configFile != "" {
@@ -208,11 +261,11 @@ func (g *globals) load(cmd *cobra.Command) error {
 		}
 	}
 	if err := wharfmigrate.ValidateSchema(g.schema); err != nil {
-		return usageError{fmt.Errorf("--schema: %w", err)}
+		return usageError{fmt.Errorf("--schema%s: %w", g.from("schema"), err)}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
-		return usageError{fmt.Errorf("--log-level %q: use debug, info, warn or error", g.logLevel)}
+		return usageError{fmt.Errorf("--log-level %q%s: use debug, info, warn or error", g.logLevel, g.from("log-level"))}
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	switch g.logFormat {
@@ -221,19 +274,69 @@ func (g *globals) load(cmd *cobra.Command) error {
 	case "json":
 		g.log = slog.New(slog.NewJSONHandler(g.stderr, opts))
 	default:
-		return usageError{fmt.Errorf("--log-format %q: use text or json", g.logFormat)}
+		return usageError{fmt.Errorf("--log-format %q%s: use text or json", g.logFormat, g.from("log-format"))}
 	}
-	// go-redis logs every failed dial to stderr on its own; the sink reports
-	// the failure as a retryable error already, so its lines go to debug.
-	redis.SetLogger(redisLogger{g.log})
+	// go-redis logs every failed dial to stderr on its own.
+	silenceRedisLogger()
 	return nil
 }
 
-type redisLogger struct{ log *slog.Logger }
-
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
+// from says where a setting's value came from when it was not a flag, for
+// error messages: " (from environment variable WHARF_X)".
+func (g *globals) from(name string) string {
+	if src, ok := g.sources[name]; ok {
+		return " (from " + src + ")"
+	}
+	return ""
 }
+
+// settingAnnotation marks the flags that are settings: read from the
+// environment and the config file as well. Actions and selections (--yes,
+// --force, --all, --id, ...) are not, so no environment variable or file can
+// confirm a purge.
+const settingAnnotation = "wharf_setting"
+
+// markSettings marks flags as settings and says in their help where else
+// they can be set.
+func markSettings(fs *pflag.FlagSet, names ...string) {
+	for _, n := range names {
+		if err := fs.SetAnnotation(n, settingAnnotation, []string{"true"}); err != nil {
+			panic(err) // a misspelt flag name: a programming error
+		}
+		f := fs.Lookup(n)
+		if n == "route" {
+			continue // its help says: YAML routes
+		}
+		f.Usage += " [" + strings.Join(envNames(n), ", ") + "; YAML " + strings.ReplaceAll(n, "-", "_") + "]"
+	}
+}
+
+func isSetting(f *pflag.Flag) bool { return len(f.Annotations[settingAnnotation]) > 0 }
+
+// envNames are the environment variables a setting is read from, in order.
+func envNames(flag string) []string {
+	names := []string{"WHARF_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))}
+	if flag == "database-url" {
+		names = append(names, "DATABASE_URL")
+	}
+	return names
+}
+
+// go-redis has one process-wide logger, which its background dialers write
+// to long after the command that opened the client returned. Its lines (a
+// failed dial, a pool retry) repeat what the Redis sink already reports as a
+// retryable error, so they are dropped: routing them to a command's logger
+// would send one command's lines to another's streams when commands run in
+// one process (tests, programs embedding the CLI).
+var redisLoggerOnce sync.Once
+
+func silenceRedisLogger() {
+	redisLoggerOnce.Do(func() { redis.SetLogger(discardRedisLogger{}) })
+}
+
+type discardRedisLogger struct{}
+
+func (discardRedisLogger) Printf(context.Context, string, ...any) {}
 
 // readConfigFile reads a flat YAML map and checks every key names a flag of
 // some wharf command, so a typo fails instead of being ignored. The one
@@ -251,15 +354,18 @@ func readConfigFile(path string, root *cobra.Command) (map[string][]string, erro
 	known := map[string]bool{}
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
-		c.Flags().VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
-		c.PersistentFlags().VisitAll(func(f *pflag.Flag) { known[f.Name] = true })
+		mark := func(f *pflag.Flag) {
+			if isSetting(f) {
+				known[f.Name] = true
+			}
+		}
+		c.Flags().VisitAll(mark)
+		c.PersistentFlags().VisitAll(mark)
 		for _, sub := range c.Commands() {
 			walk(sub)
 		}
 	}
 	walk(root)
-	delete(known, "config")
-	delete(known, "help")
 	delete(known, "route") // written as routes: in the file
 	out := map[string][]string{}
 	for k, node := range raw {
@@ -273,7 +379,7 @@ func readConfigFile(path string, root *cobra.Command) (map[string][]string, erro
 		}
 		name := strings.ReplaceAll(k, "_", "-")
 		if !known[name] {
-			return nil, fmt.Errorf("config file %s: line %d: unknown field %q (keys are flag names with underscores, e.g. database_url, sink, lease_ttl, or routes)", path, node.Line, k)
+			return nil, fmt.Errorf("config file %s: line %d: unknown field %q (keys are setting names with underscores, e.g. database_url, sink, lease_ttl, or routes; see wharf relay --help)", path, node.Line, k)
 		}
 		if node.Kind != yaml.ScalarNode {
 			return nil, fmt.Errorf("config file %s: line %d: field %q must be a single value", path, node.Line, k)
@@ -376,24 +482,63 @@ func (g *globals) throwawayDatabase(ctx context.Context) (started bool, stop fun
 func newVersionCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the wharf version",
+		Short: "Print the wharf version, the source revision it was built from and the schema version it needs",
 		Args:  noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			v := Version
-			goVersion := ""
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				goVersion = bi.GoVersion
-				if v == "" {
-					v = bi.Main.Version
-				}
-			}
-			if v == "" || v == "(devel)" {
-				v = "dev"
-			}
-			fmt.Fprintf(g.stdout, "wharf %s (%s, schema version %d)\n", v, goVersion, latestMigration())
+			fmt.Fprintln(g.stdout, versionLine(debug.ReadBuildInfo()))
 			return nil
 		},
 	}
+}
+
+// versionLine describes the build: the module version (go install
+// ...@v1.2.3 stamps it; a build in a git checkout stamps a pseudo-version),
+// the VCS revision and time when the build recorded them, the Go version and
+// platform, and the schema version this build needs. "(devel)" stands for
+// a build that recorded no version. -ldflags "-X ...cli.Version=v1.2.3"
+// overrides the version.
+func versionLine(bi *debug.BuildInfo, ok bool) string {
+	v := moduleVersionOf(bi, ok)
+	var details []string
+	goVersion := runtime.Version()
+	if ok && bi != nil {
+		if bi.GoVersion != "" {
+			goVersion = bi.GoVersion
+		}
+		settings := map[string]string{}
+		for _, s := range bi.Settings {
+			settings[s.Key] = s.Value
+		}
+		if rev := settings["vcs.revision"]; rev != "" {
+			d := "revision " + rev
+			if len(rev) > 12 {
+				d = "revision " + rev[:12]
+			}
+			if t := settings["vcs.time"]; t != "" {
+				d += " " + t
+			}
+			if settings["vcs.modified"] == "true" {
+				d += " (modified)"
+			}
+			details = append(details, d)
+		}
+	}
+	details = append(details, goVersion+" "+runtime.GOOS+"/"+runtime.GOARCH, fmt.Sprintf("schema version %d", latestMigration()))
+	return fmt.Sprintf("wharf %s (%s)", v, strings.Join(details, ", "))
+}
+
+// moduleVersion is this build's version: the -X override, else the module
+// version the build recorded, else "(devel)".
+func moduleVersion() string { return moduleVersionOf(debug.ReadBuildInfo()) }
+
+func moduleVersionOf(bi *debug.BuildInfo, ok bool) string {
+	if Version != "" {
+		return Version
+	}
+	if ok && bi != nil && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
 }
 
 func latestMigration() int {

@@ -2,10 +2,11 @@ package e2e
 
 import (
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/wharfhq/wharf"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -58,8 +59,8 @@ func TestRelayToRabbitMQ(t *testing.T) {
 		select {
 		case d, ok := <-deliveries:
 			require.True(t, ok, "the consumer's channel closed")
-			n, err := strconv.ParseInt(d.MessageId, 10, 64)
-			require.NoErrorf(t, err, "delivery without a numeric message-id: %q", d.MessageId)
+			n, _, err := wharf.ParseID(d.MessageId)
+			require.NoErrorf(t, err, "delivery without a Wharf message-id: %q", d.MessageId)
 			key, _ := d.Headers["wharf-key"].(string)
 			require.Equalf(t, "sql", d.Headers["origin"], "message %d: the header origin", n)
 			require.Equalf(t, "orders", d.Type, "message %d: the type property carries the topic", n)

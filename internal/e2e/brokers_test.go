@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"testing"
 	"time"
+
+	"github.com/wharfhq/wharf"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,10 +23,12 @@ func enqueueSQL(t *testing.T, b *bundle, topic string, n, keys int) map[string][
 	byKey := map[string][]int64{}
 	for i := 0; i < n; i++ {
 		key := fmt.Sprintf("k%d", i%keys)
-		var id int64
+		var id string
 		require.NoError(t, b.pool.QueryRow(context.Background(),
 			"SELECT "+b.schema+".enqueue($1, $2, $3::jsonb, '{\"origin\":\"sql\"}')", topic, key, fmt.Sprintf(`{"n":%d}`, i)).Scan(&id))
-		byKey[key] = append(byKey[key], id)
+		seq, _, err := wharf.ParseID(id)
+		require.NoError(t, err)
+		byKey[key] = append(byKey[key], seq)
 	}
 	return byKey
 }
@@ -78,7 +81,7 @@ func TestRelayToKafka(t *testing.T) {
 					id = string(h.Value)
 				}
 			}
-			n, err := strconv.ParseInt(id, 10, 64)
+			n, _, err := wharf.ParseID(id)
 			require.NoErrorf(t, err, "record without a wharf-message-id header: %v", r.Headers)
 			got[string(r.Key)] = append(got[string(r.Key)], n)
 			total++
@@ -129,7 +132,7 @@ func TestRelayToNATS(t *testing.T) {
 		m, err := s.GetMsg(ctx, seq)
 		require.NoError(t, err)
 		require.Equal(t, prefix+".orders", m.Subject)
-		n, err := strconv.ParseInt(m.Header.Get("Nats-Msg-Id"), 10, 64)
+		n, _, err := wharf.ParseID(m.Header.Get("Nats-Msg-Id"))
 		require.NoError(t, err)
 		got[m.Header.Get("Wharf-Key")] = append(got[m.Header.Get("Wharf-Key")], n)
 	}

@@ -67,7 +67,7 @@ func TestDeadLetterCLI(t *testing.T) {
 	require.Equalf(t, 0, res.code, "stderr: %s", res.stderr)
 	ds := readJSONL(t, out, 0)
 	require.Len(t, ds, len(ids))
-	got := map[int64]bool{}
+	got := map[string]bool{}
 	for _, d := range ds {
 		got[d.ID] = true
 	}
@@ -81,6 +81,9 @@ func TestDeadLetterCLI(t *testing.T) {
 	res = cli("relay", "--drain", "--sink", "file:///dev/full", "--max-attempts", "1", "--log-level", "error")
 	require.Equal(t, 0, res.code)
 	res = cli("dead", "purge", "--all")
+	require.NotEqual(t, 0, res.code, "purging every dead letter needs --yes when nobody can be asked")
+	require.Contains(t, res.stderr, "--yes")
+	res = cli("dead", "purge", "--all", "--yes")
 	require.Equal(t, 0, res.code)
 	require.Equal(t, "1 dead letters purged\n", res.stdout)
 	res = cli("dead", "list", "--json")

@@ -212,9 +212,16 @@ var relayArgs = []string{"--lease-ttl", "3s", "--rebalance-interval", "200ms", "
 // still running.
 func startRelay(t *testing.T, b *bundle, name, stdoutPath string, extra ...string) *relayProc {
 	t.Helper()
+	return startRelayAt(t, b, databaseURL, name, stdoutPath, extra...)
+}
+
+// startRelayAt is startRelay with the relay connecting to dbURL (a fault
+// proxy in front of the database, say).
+func startRelayAt(t *testing.T, b *bundle, dbURL, name, stdoutPath string, extra ...string) *relayProc {
+	t.Helper()
 	dir := t.TempDir()
 	relayID := name + "-" + b.schema
-	args := []string{"relay", "--schema", b.schema, "--database-url", databaseURL, "--relay-id", relayID}
+	args := []string{"relay", "--schema", b.schema, "--database-url", dbURL, "--relay-id", relayID}
 	args = append(args, relayArgs...)
 	args = append(args, extra...)
 	cmd := exec.Command(wharfBin, args...)
@@ -317,7 +324,8 @@ func (p *relayProc) stderrTail(n int) string {
 
 // delivery is one line a JSON-lines sink wrote.
 type delivery struct {
-	ID              int64             `json:"id"`
+	ID              string            `json:"id"`
+	Seq             int64             `json:"seq"`
 	Topic           string            `json:"topic"`
 	Key             *string           `json:"key"`
 	Headers         map[string]string `json:"headers"`
@@ -330,8 +338,9 @@ func parseLine(line []byte) (delivery, error) {
 	if err := json.Unmarshal(line, &d); err != nil {
 		return d, err
 	}
-	if d.ID <= 0 {
-		return d, fmt.Errorf("line has no valid id: %s", line)
+	seq, _, err := wharf.ParseID(d.ID)
+	if err != nil || seq != d.Seq || d.Seq <= 0 {
+		return d, fmt.Errorf("line has no valid id and seq: %s", line)
 	}
 	return d, nil
 }
@@ -449,23 +458,24 @@ func countLines(path string) int {
 	return bytes.Count(b, []byte{'\n'})
 }
 
-// requireKeyOrder checks per-key FIFO over a delivery log that may hold
-// redeliveries: each message delivered for the first time must have a higher
-// id than every message of its key delivered before it.
+// requireKeyOrder checks per-(topic, key) FIFO over a delivery log that may
+// hold redeliveries: each message delivered for the first time must have a
+// higher seq than every message of its topic and key delivered before it.
 func requireKeyOrder(t *testing.T, what string, ds []delivery) {
 	t.Helper()
 	seen := make(map[int64]bool, len(ds))
-	maxByKey := map[string]int64{}
+	maxByKey := map[[2]string]int64{}
 	for i, d := range ds {
-		if d.Key == nil || seen[d.ID] {
+		if d.Key == nil || seen[d.Seq] {
 			continue
 		}
-		seen[d.ID] = true
-		prev := maxByKey[*d.Key]
-		if d.ID <= prev {
-			require.Failf(t, "per-key order violated", "%s: line %d: key %q: message %d delivered for the first time after message %d of the same key", what, i+1, *d.Key, d.ID, prev)
+		seen[d.Seq] = true
+		k := [2]string{d.Topic, *d.Key}
+		prev := maxByKey[k]
+		if d.Seq <= prev {
+			require.Failf(t, "per-key order violated", "%s: line %d: topic %q key %q: message %d delivered for the first time after message %d of the same topic and key", what, i+1, d.Topic, *d.Key, d.Seq, prev)
 		}
-		maxByKey[*d.Key] = d.ID
+		maxByKey[k] = d.Seq
 	}
 }
 
@@ -477,19 +487,23 @@ type enqueued struct {
 
 func newEnqueued() *enqueued { return &enqueued{msgs: map[int64]wharf.Message{}} }
 
-func (e *enqueued) add(ids []int64, msgs []wharf.Message) error {
+func (e *enqueued) add(ids []string, msgs []wharf.Message) error {
 	if len(ids) != len(msgs) {
 		return fmt.Errorf("Enqueue returned %d ids for %d messages", len(ids), len(msgs))
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for i, id := range ids {
-		if _, dup := e.msgs[id]; dup {
-			return fmt.Errorf("id %d returned twice by Enqueue", id)
+		seq, _, err := wharf.ParseID(id)
+		if err != nil {
+			return err
+		}
+		if _, dup := e.msgs[seq]; dup {
+			return fmt.Errorf("id %s returned twice by Enqueue", id)
 		}
 		m := msgs[i]
-		m.ID = id
-		e.msgs[id] = m
+		m.ID, m.Seq = id, seq
+		e.msgs[seq] = m
 	}
 	return nil
 }
@@ -507,29 +521,29 @@ func (e *enqueued) snapshot() map[int64]wharf.Message {
 // requireMatches checks that d is a faithful rendering of the enqueued m.
 func requireMatches(t *testing.T, m wharf.Message, d delivery) {
 	t.Helper()
-	require.Equalf(t, m.Topic, d.Topic, "message %d topic", d.ID)
+	require.Equalf(t, m.Topic, d.Topic, "message %d topic", d.Seq)
 	if m.Key == "" {
-		require.Nilf(t, d.Key, "message %d has no key but the line says %v", d.ID, d.Key)
+		require.Nilf(t, d.Key, "message %d has no key but the line says %v", d.Seq, d.Key)
 	} else {
-		require.NotNilf(t, d.Key, "message %d key missing", d.ID)
-		require.Equalf(t, m.Key, *d.Key, "message %d key", d.ID)
+		require.NotNilf(t, d.Key, "message %d key missing", d.Seq)
+		require.Equalf(t, m.Key, *d.Key, "message %d key", d.Seq)
 	}
 	if len(m.Headers) == 0 {
-		require.Emptyf(t, d.Headers, "message %d headers", d.ID)
+		require.Emptyf(t, d.Headers, "message %d headers", d.Seq)
 	} else {
-		require.Equalf(t, m.Headers, d.Headers, "message %d headers", d.ID)
+		require.Equalf(t, m.Headers, d.Headers, "message %d headers", d.Seq)
 	}
 	if json.Valid(m.Payload) && isUTF8JSON(m.Payload) {
-		require.Emptyf(t, d.PayloadEncoding, "message %d: JSON payload must be embedded", d.ID)
-		require.JSONEqf(t, string(m.Payload), string(d.Payload), "message %d payload", d.ID)
+		require.Emptyf(t, d.PayloadEncoding, "message %d: JSON payload must be embedded", d.Seq)
+		require.JSONEqf(t, string(m.Payload), string(d.Payload), "message %d payload", d.Seq)
 		return
 	}
-	require.Equalf(t, "base64", d.PayloadEncoding, "message %d: non-JSON payload %q must be base64", d.ID, m.Payload)
+	require.Equalf(t, "base64", d.PayloadEncoding, "message %d: non-JSON payload %q must be base64", d.Seq, m.Payload)
 	var s string
-	require.NoErrorf(t, json.Unmarshal(d.Payload, &s), "message %d: base64 payload is not a JSON string: %s", d.ID, d.Payload)
+	require.NoErrorf(t, json.Unmarshal(d.Payload, &s), "message %d: base64 payload is not a JSON string: %s", d.Seq, d.Payload)
 	got, err := decodeBase64(s)
-	require.NoErrorf(t, err, "message %d: payload is not base64: %q", d.ID, s)
-	require.Equalf(t, m.Payload, got, "message %d payload bytes", d.ID)
+	require.NoErrorf(t, err, "message %d: payload is not base64: %q", d.Seq, s)
+	require.Equalf(t, m.Payload, got, "message %d payload bytes", d.Seq)
 }
 
 func isUTF8JSON(p []byte) bool { return utf8.Valid(p) && json.Valid(p) }

@@ -104,7 +104,7 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 	client, err := wharf.NewClient(pool, &wharf.Config{Schema: b.schema})
 	require.NoError(t, err)
 	const n = 3000
-	want := map[int64]bool{}
+	want := map[string]bool{}
 	for i := 0; i < n; i += 100 {
 		msgs := make([]wharf.Message, 100)
 		for j := range msgs {
@@ -123,7 +123,7 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 	ds := readJSONL(t, out, 0)
 	require.Len(t, ds, n)
 	for _, d := range ds {
-		require.True(t, want[d.ID], "unexpected id %d", d.ID)
+		require.True(t, want[d.ID], "unexpected id %s", d.ID)
 		delete(want, d.ID)
 	}
 	require.Empty(t, want)

@@ -100,21 +100,21 @@ func TestKill9MidStreamThenNewRelayFinishes(t *testing.T) {
 
 	countA := make(map[int64]int, len(as))
 	for _, d := range as {
-		m, ok := sent[d.ID]
-		require.Truef(t, ok, "a.jsonl: id %d was never enqueued", d.ID)
+		m, ok := sent[d.Seq]
+		require.Truef(t, ok, "a.jsonl: id %d was never enqueued", d.Seq)
 		requireMatches(t, m, d)
-		countA[d.ID]++
-		require.Equalf(t, 1, countA[d.ID], "relay A delivered message %d twice", d.ID)
+		countA[d.Seq]++
+		require.Equalf(t, 1, countA[d.Seq], "relay A delivered message %d twice", d.Seq)
 	}
 	countB := make(map[int64]int, len(bs))
 	dups := 0
 	for _, d := range bs {
-		m, ok := sent[d.ID]
-		require.Truef(t, ok, "b.jsonl: id %d was never enqueued", d.ID)
+		m, ok := sent[d.Seq]
+		require.Truef(t, ok, "b.jsonl: id %d was never enqueued", d.Seq)
 		requireMatches(t, m, d)
-		countB[d.ID]++
-		require.Equalf(t, 1, countB[d.ID], "relay B (a clean drain) delivered message %d twice", d.ID)
-		if countA[d.ID] > 0 {
+		countB[d.Seq]++
+		require.Equalf(t, 1, countB[d.Seq], "relay B (a clean drain) delivered message %d twice", d.Seq)
+		if countA[d.Seq] > 0 {
 			dups++
 		}
 	}
@@ -219,7 +219,7 @@ func TestThreeRelaysGracefulStopAndKillKeepKeyOrder(t *testing.T) {
 		ds, err := tl.poll()
 		require.NoError(t, err)
 		for _, d := range ds {
-			delete(remaining, d.ID)
+			delete(remaining, d.Seq)
 		}
 		if len(remaining) == 0 {
 			break
@@ -246,10 +246,10 @@ func TestThreeRelaysGracefulStopAndKillKeepKeyOrder(t *testing.T) {
 	ds := readJSONL(t, path, 1) // r2 was SIGKILLed
 	delivered := make(map[int64]int, len(sent))
 	for _, d := range ds {
-		m, ok := sent[d.ID]
-		require.Truef(t, ok, "shared.jsonl: id %d was never enqueued", d.ID)
+		m, ok := sent[d.Seq]
+		require.Truef(t, ok, "shared.jsonl: id %d was never enqueued", d.Seq)
 		requireMatches(t, m, d)
-		delivered[d.ID]++
+		delivered[d.Seq]++
 	}
 	missing, nMissing := firstMissing(sent, func(id int64) bool { return delivered[id] > 0 }, 20)
 	require.Zerof(t, nMissing, "%d of %d messages never delivered; first: %v", nMissing, len(sent), missing)
@@ -317,10 +317,10 @@ func TestRelayDrainToStdout(t *testing.T) {
 	for i, line := range lines {
 		d, err := parseLine([]byte(line))
 		require.NoErrorf(t, err, "stdout line %d is not a message line: %q", i+1, line)
-		m, ok := sent[d.ID]
-		require.Truef(t, ok, "stdout line %d: id %d was never enqueued", i+1, d.ID)
-		require.Falsef(t, seen[d.ID], "message %d delivered twice", d.ID)
-		seen[d.ID] = true
+		m, ok := sent[d.Seq]
+		require.Truef(t, ok, "stdout line %d: id %d was never enqueued", i+1, d.Seq)
+		require.Falsef(t, seen[d.Seq], "message %d delivered twice", d.Seq)
+		seen[d.Seq] = true
 		requireMatches(t, m, d)
 		ds = append(ds, d)
 	}
@@ -467,8 +467,8 @@ func TestCLISmoke(t *testing.T) {
 // writers, and a torn line followed by another writer's line is salvaged.
 func TestParseJSONLTornLines(t *testing.T) {
 	t.Parallel()
-	good := `{"id":1,"topic":"t","key":"a","headers":{},"payload":{}}` + "\n" +
-		`{"id":2,"topic":"t","key":null,"headers":{"h":"v"},"payload":"AA==","payload_encoding":"base64"}` + "\n"
+	good := `{"id":"00000000-0000-8001-8000-000000000001","seq":1,"topic":"t","key":"a","headers":{},"payload":{}}` + "\n" +
+		`{"id":"00000000-0000-8002-8000-000000000001","seq":2,"topic":"t","key":null,"headers":{"h":"v"},"payload":"AA==","payload_encoding":"base64"}` + "\n"
 	ds, torn, err := parseJSONL([]byte(good), 0)
 	require.NoError(t, err)
 	require.Zero(t, torn)
@@ -476,7 +476,7 @@ func TestParseJSONLTornLines(t *testing.T) {
 	require.Equal(t, "a", *ds[0].Key)
 	require.Nil(t, ds[1].Key)
 
-	tornEnd := good + `{"id":3,"topic":"t","ke`
+	tornEnd := good + `{"id":"00000000-0000-8003-8000-000000000001","seq":3,"topic":"t","ke`
 	_, _, err = parseJSONL([]byte(tornEnd), 0)
 	require.Error(t, err, "a torn last line without a killed writer is an error")
 	ds, torn, err = parseJSONL([]byte(tornEnd), 1)
@@ -484,15 +484,15 @@ func TestParseJSONLTornLines(t *testing.T) {
 	require.Equal(t, 1, torn)
 	require.Len(t, ds, 2)
 
-	tornMiddle := `{"id":3,"topic":"t","ke` + `{"id":4,"topic":"t","key":"b","headers":{},"payload":1}` + "\n" + good
+	tornMiddle := `{"id":"00000000-0000-8003-8000-000000000001","seq":3,"topic":"t","ke` + `{"id":"00000000-0000-8004-8000-000000000001","seq":4,"topic":"t","key":"b","headers":{},"payload":1}` + "\n" + good
 	_, _, err = parseJSONL([]byte(tornMiddle), 0)
 	require.Error(t, err)
 	ds, torn, err = parseJSONL([]byte(tornMiddle), 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, torn)
-	require.Equal(t, []int64{4, 1, 2}, []int64{ds[0].ID, ds[1].ID, ds[2].ID})
+	require.Equal(t, []int64{4, 1, 2}, []int64{ds[0].Seq, ds[1].Seq, ds[2].Seq})
 
-	_, _, err = parseJSONL([]byte(tornMiddle+`{"id":9`), 1)
+	_, _, err = parseJSONL([]byte(tornMiddle+`{"id":"00000000-0000-8009-8000-000000000001","seq":9`), 1)
 	require.Error(t, err, "two torn lines but only one killed writer")
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"github.com/wharfhq/wharf"
 )
 
 // SQL enqueue -> wharf relay (a process) -> Redis Streams (the real server)
@@ -64,7 +65,7 @@ func TestRelayToRedis(t *testing.T) {
 		require.Equal(t, "orders", e.Values["topic"], "entry %s", e.ID)
 		id, ok := e.Values["id"].(string)
 		require.Truef(t, ok, "entry %s has no id field: %v", e.ID, e.Values)
-		n, err := strconv.ParseInt(id, 10, 64)
+		n, _, err := wharf.ParseID(id)
 		require.NoError(t, err)
 		key, _ := e.Values["key"].(string)
 		require.Equalf(t, "sql", e.Values["h:origin"], "entry %s: the header origin", e.ID)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/wharfhq/wharf"
 )
 
 // One relay routes topics to different sinks from the YAML config: orders.*
@@ -35,10 +36,12 @@ log_level: warn
 	want := map[string][]int64{} // file -> ids
 	for i := range 500 {
 		topic := topics[i%len(topics)]
-		var id int64
+		var id string
 		require.NoError(t, b.pool.QueryRow(context.Background(),
 			"SELECT "+b.schema+".enqueue($1, $2, $3::jsonb)", topic, fmt.Sprintf("k%d", i%7), fmt.Sprintf(`{"n":%d}`, i)).Scan(&id))
-		want[wantTopic[topic]] = append(want[wantTopic[topic]], id)
+		seq, _, err := wharf.ParseID(id)
+		require.NoError(t, err)
+		want[wantTopic[topic]] = append(want[wantTopic[topic]], seq)
 	}
 
 	res := runCLI(t, nil, time.Minute, "--config", cfg, "relay", "--drain", "--schema", b.schema, "--database-url", databaseURL)
@@ -50,7 +53,7 @@ log_level: warn
 		got := map[int64]bool{}
 		for _, d := range ds {
 			require.Equalf(t, file, wantTopic[d.Topic], "topic %q went to %s", d.Topic, filepath.Base(file))
-			got[d.ID] = true
+			got[d.Seq] = true
 		}
 		for _, id := range ids {
 			require.Truef(t, got[id], "%s: message %d missing", filepath.Base(file), id)

@@ -110,7 +110,8 @@ func (h *hookServer) serve(w http.ResponseWriter, r *http.Request) {
 	var msgs []hookMessage
 	if h.batch {
 		var els []struct {
-			ID      int64             `json:"id"`
+			ID      string            `json:"id"`
+			Seq     int64             `json:"seq"`
 			Topic   string            `json:"topic"`
 			Key     *string           `json:"key"`
 			Headers map[string]string `json:"headers"`
@@ -123,14 +124,14 @@ func (h *hookServer) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		for _, e := range els {
-			if e.Key == nil || e.Topic != "orders" || e.Attempt < 1 {
-				h.problem("element %d: key %v topic %q attempt %d", e.ID, e.Key, e.Topic, e.Attempt)
+			if seq, _, err := wharf.ParseID(e.ID); err != nil || seq != e.Seq || e.Key == nil || e.Topic != "orders" || e.Attempt < 1 {
+				h.problem("element %s (seq %d): key %v topic %q attempt %d", e.ID, e.Seq, e.Key, e.Topic, e.Attempt)
 				continue
 			}
-			msgs = append(msgs, hookMessage{e.ID, *e.Key, e.Headers["origin"], e.Payload})
+			msgs = append(msgs, hookMessage{e.Seq, *e.Key, e.Headers["origin"], e.Payload})
 		}
 	} else {
-		id, err := strconv.ParseInt(r.Header.Get("webhook-id"), 10, 64)
+		id, _, err := wharf.ParseID(r.Header.Get("webhook-id"))
 		if err != nil {
 			h.problem("webhook-id %q is not a message id", r.Header.Get("webhook-id"))
 		}
@@ -216,7 +217,7 @@ func TestRelayToWebhookDeadLetter(t *testing.T) {
 	require.Len(t, lines, 1, "exactly the rejected message is dead: %s", res.stdout)
 	var d wharf.DeadLetter
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &d), lines[0])
-	require.Equal(t, reject, d.ID)
+	require.Equal(t, reject, d.Seq)
 	require.Equal(t, 1, d.Attempts, "a 400 is not retried")
 	require.Contains(t, d.LastError, "400 Bad Request")
 	require.Contains(t, d.LastError, "rejected by the test")

@@ -125,7 +125,7 @@ func TestOpenBuiltins(t *testing.T) {
 	} {
 		s, err := Open(ctx, raw)
 		require.NoError(t, err, raw)
-		require.Nil(t, s.Publish(ctx, []*wharf.Message{{ID: 1, Topic: "t"}}))
+		require.Nil(t, s.Publish(ctx, []*wharf.Message{{ID: wharf.FormatID(int64(1), 1), Seq: int64(1), Topic: "t"}}))
 		require.NoError(t, s.Close())
 	}
 	data, err := os.ReadFile(abs)
@@ -205,7 +205,7 @@ func TestFileSinkConcurrentAppends(t *testing.T) {
 					for i := range msgs {
 						id := int64(((si*goroutines+g)*batches+b)*perBatch + i)
 						msgs[i] = &wharf.Message{
-							ID:      id,
+							ID: wharf.FormatID(id, 1), Seq: id,
 							Topic:   "orders",
 							Key:     fmt.Sprintf("k%d", id%13),
 							Headers: map[string]string{"g": fmt.Sprint(g), "s": fmt.Sprint(si)},
@@ -240,7 +240,7 @@ func TestFileSinkConcurrentAppends(t *testing.T) {
 	n := 0
 	for sc.Scan() {
 		var l struct {
-			ID      int64             `json:"id"`
+			Seq     int64             `json:"seq"`
 			Topic   string            `json:"topic"`
 			Key     string            `json:"key"`
 			Headers map[string]string `json:"headers"`
@@ -250,12 +250,12 @@ func TestFileSinkConcurrentAppends(t *testing.T) {
 			} `json:"payload"`
 		}
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &l), "line %d: %.200s", n+2, sc.Text())
-		require.True(t, l.ID >= 0 && l.ID < total, "id %d", l.ID)
-		require.False(t, seen[l.ID], "id %d written twice", l.ID)
-		seen[l.ID] = true
-		require.Equal(t, l.ID, l.Payload.ID)
+		require.True(t, l.Seq >= 0 && l.Seq < total, "id %d", l.Seq)
+		require.False(t, seen[l.Seq], "id %d written twice", l.Seq)
+		seen[l.Seq] = true
+		require.Equal(t, l.Seq, l.Payload.ID)
 		require.Equal(t, pad, l.Payload.Pad)
-		require.Equal(t, fmt.Sprintf("k%d", l.ID%13), l.Key)
+		require.Equal(t, fmt.Sprintf("k%d", l.Seq%13), l.Key)
 		require.Len(t, l.Headers, 2)
 		n++
 	}

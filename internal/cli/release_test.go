@@ -1,0 +1,327 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/wharfhq/wharf"
+)
+
+// repoRoot is the module root, two directories up.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	require.NoError(t, err)
+	_, err = os.Stat(filepath.Join(root, "go.mod"))
+	require.NoError(t, err)
+	return root
+}
+
+var (
+	releaseOnce sync.Once
+	releaseDir  string // removed by TestMain
+	releaseBin  string
+	releaseOut  string
+	releaseErr  error
+)
+
+// releaseBinary builds wharf with scripts/build-release.sh, once per test
+// run, and returns its path.
+func releaseBinary(t *testing.T) string {
+	t.Helper()
+	releaseOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "wharf-release-")
+		if err != nil {
+			releaseErr = err
+			return
+		}
+		releaseDir = dir
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "build-release.sh"), dir)
+		out, err := cmd.CombinedOutput()
+		releaseOut, releaseErr = string(out), err
+		releaseBin = filepath.Join(dir, "wharf")
+	})
+	require.NoError(t, releaseErr, "scripts/build-release.sh:\n%s", releaseOut)
+	return releaseBin
+}
+
+// The release build runs `wharf version`, which names the revision it was
+// built from when the source is a git checkout.
+func TestReleaseBinaryRunsVersion(t *testing.T) {
+	t.Parallel()
+	bin := releaseBinary(t)
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Regexp(t, `^wharf \S+ \(.*go1\.\S+ \S+/\S+, schema version 2\)\n$`, string(out))
+	require.Contains(t, releaseOut, strings.TrimSpace(string(out)), "the script runs the binary it built")
+	if _, err := exec.LookPath("git"); err == nil {
+		if exec.Command("git", "-C", repoRoot(t), "rev-parse", "--git-dir").Run() == nil {
+			require.Regexp(t, `^wharf v\S+ \(revision [0-9a-f]{12} `, string(out), "a build from a git checkout records the revision")
+		}
+	}
+	// A static binary: no dynamic loader needed (the distroless static
+	// image has none).
+	f, err := os.ReadFile(bin)
+	require.NoError(t, err)
+	require.NotContains(t, string(f[:min(len(f), 4096)]), "/lib64/ld-linux", "the binary must be static")
+}
+
+// The Dockerfile's build stage and scripts/build-release.sh run the same
+// build command.
+func TestDockerfileAndReleaseScriptBuildAlike(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	buildLine := regexp.MustCompile(`(?m)^(?:RUN )?(CGO_ENABLED=0 go build .*)$`)
+	docker, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	require.NoError(t, err)
+	script, err := os.ReadFile(filepath.Join(root, "scripts", "build-release.sh"))
+	require.NoError(t, err)
+	d := buildLine.FindStringSubmatch(string(docker))
+	s := buildLine.FindStringSubmatch(string(script))
+	require.NotNil(t, d)
+	require.NotNil(t, s)
+	require.Equal(t, strings.Replace(d[1], "-o /wharf", `-o "$out/wharf"`, 1), s[1])
+	require.Contains(t, d[1], "-trimpath -ldflags=-s")
+	require.Regexp(t, `(?m)^FROM gcr.io/distroless/static\S*:nonroot$`, string(docker))
+	require.Regexp(t, `(?m)^USER 65532:65532$`, string(docker))
+}
+
+// freeAddr returns a loopback address nobody listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// The release binary's relay serves /metrics, /healthz and /readyz on
+// --admin-addr (the port the deploy examples scrape and probe), and SIGTERM
+// stops it gracefully with exit status 0.
+func TestRelayServesMetricsAndProbes(t *testing.T) {
+	t.Parallel()
+	bin := releaseBinary(t)
+	b := newSchema(t)
+	_, err := b.client.Enqueue(context.Background(), wharf.Message{Topic: "orders.paid", Key: "42", Payload: []byte(`{"order":42}`)})
+	require.NoError(t, err)
+	addr := freeAddr(t)
+	cmd := exec.Command(bin, append([]string{"relay", "--sink", "null:", "--lease-ttl", "3s", "--rebalance-interval", "200ms"}, b.args...)...)
+	cmd.Env = append(os.Environ(), "WHARF_ADMIN_ADDR="+addr)
+	stderrPath := filepath.Join(t.TempDir(), "relay.stderr")
+	errf, err := os.Create(stderrPath)
+	require.NoError(t, err)
+	defer errf.Close()
+	cmd.Stderr = errf
+	stderr := logFile(stderrPath)
+	require.NoError(t, cmd.Start())
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-done
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, 20*time.Second, 50*time.Millisecond,
+		"/readyz never answered 200\n%s", stderr.String())
+	code, body := get("/healthz")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"live":true`)
+	require.Eventually(t, func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `wharf_messages_delivered_total{topic="orders.paid"} 1`)
+	}, 20*time.Second, 50*time.Millisecond, "the delivery is not counted on /metrics")
+	_, body = get("/metrics")
+	require.Contains(t, body, "wharf_relay_info{")
+	require.Contains(t, body, "wharf_lanes_owned 64")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-done:
+		done <- err
+		require.NoError(t, err, "exit status after SIGTERM\n%s", stderr.String())
+	case <-time.After(15 * time.Second):
+		t.Fatalf("the relay did not stop within 15s of SIGTERM\n%s", stderr.String())
+	}
+	var owned int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".lanes WHERE owner IS NOT NULL").Scan(&owned))
+	require.Zero(t, owned, "a graceful stop hands every lane back")
+}
+
+// logFile prints a child process's log file in failure messages.
+type logFile string
+
+func (l logFile) String() string {
+	b, err := os.ReadFile(string(l))
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
+// settingNames are the WHARF_* variables some command reads.
+func settingNames(t *testing.T) map[string]bool {
+	t.Helper()
+	names := map[string]bool{"WHARF_CONFIG": true}
+	mark := func(f *pflag.Flag) {
+		if isSetting(f) {
+			for _, n := range envNames(f.Name) {
+				names[n] = true
+			}
+		}
+	}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(mark)
+		c.PersistentFlags().VisitAll(mark)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot(ioStreams{stdout: io.Discard, stderr: io.Discard}))
+	require.True(t, names["WHARF_MAX_ATTEMPTS"])
+	return names
+}
+
+type httpProbe struct {
+	HTTPGet struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+}
+
+var wharfVar = regexp.MustCompile(`\bWHARF_[A-Z_]+\b`)
+
+// The deployment examples start what they say: the compose file runs the
+// migration as a one-shot before the relays, a relay to NATS JetStream with
+// its admin port scraped by Prometheus, Grafana provisioned from
+// deploy/grafana; the Kubernetes relays probe /healthz and /readyz on :9090
+// and outlast their stop timeout; the systemd unit is hardened; and every
+// WHARF_* variable they set is a real setting.
+func TestDeployExamples(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	read := func(rel string) string {
+		b, err := os.ReadFile(filepath.Join(root, rel))
+		require.NoError(t, err, rel)
+		return string(b)
+	}
+	settings := settingNames(t)
+	for _, f := range []string{"deploy/compose/compose.yaml", "deploy/kubernetes/deployment.yaml", "deploy/kubernetes/migrate-job.yaml",
+		"deploy/kubernetes/secret.yaml", "deploy/systemd/wharf.env.example", "deploy/systemd/wharf-relay.service", "Dockerfile"} {
+		for _, v := range wharfVar.FindAllString(read(f), -1) {
+			require.Truef(t, settings[v], "%s uses %s, which is no wharf setting", f, v)
+		}
+	}
+
+	var compose struct {
+		Services map[string]struct {
+			Command     []string          `yaml:"command"`
+			Environment map[string]string `yaml:"environment"`
+			Volumes     []string          `yaml:"volumes"`
+			Restart     string            `yaml:"restart"`
+			DependsOn   map[string]struct {
+				Condition string `yaml:"condition"`
+			} `yaml:"depends_on"`
+		} `yaml:"services"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(read("deploy/compose/compose.yaml")), &compose))
+	s := compose.Services
+	require.Equal(t, []string{"migrate", "up"}, s["migrate"].Command)
+	require.Equal(t, "no", s["migrate"].Restart)
+	require.Equal(t, "service_completed_successfully", s["relay"].DependsOn["migrate"].Condition)
+	require.Equal(t, []string{"relay"}, s["relay"].Command)
+	require.True(t, strings.HasPrefix(s["relay"].Environment["WHARF_SINK"], "nats://nats:4222"))
+	require.Equal(t, ":9090", s["relay"].Environment["WHARF_ADMIN_ADDR"])
+	require.NotEmpty(t, s["relay"].Environment["WHARF_DATABASE_URL"], "the relay keeps the shared environment")
+	require.Contains(t, s["nats"].Command, "--jetstream")
+	require.Contains(t, s["prometheus"].Volumes, "../prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro")
+	require.Contains(t, s["grafana"].Volumes, "../grafana/provisioning:/etc/grafana/provisioning:ro")
+	require.Contains(t, s["grafana"].Volumes, "../grafana/dashboards:/var/lib/grafana/dashboards/wharf:ro")
+	prom := read("deploy/compose/prometheus.yml")
+	require.Contains(t, prom, "port: 9090")
+	require.Contains(t, prom, "metrics_path: /metrics")
+	for _, f := range []string{"deploy/grafana/dashboards/wharf.json", "deploy/prometheus/alerts.yml", "deploy/grafana/provisioning/dashboards/wharf.yml"} {
+		_, err := os.Stat(filepath.Join(root, f))
+		require.NoError(t, err, "compose mounts %s", f)
+	}
+	if promtool, err := exec.LookPath("promtool"); err == nil {
+		out, err := exec.Command(promtool, "check", "config", filepath.Join(root, "deploy/compose/prometheus.yml")).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+	}
+
+	var deploy struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					TerminationGracePeriodSeconds int `yaml:"terminationGracePeriodSeconds"`
+					Containers                    []struct {
+						Args  []string `yaml:"args"`
+						Ports []struct {
+							Name          string `yaml:"name"`
+							ContainerPort int    `yaml:"containerPort"`
+						} `yaml:"ports"`
+						Env []struct {
+							Name  string `yaml:"name"`
+							Value string `yaml:"value"`
+						} `yaml:"env"`
+						LivenessProbe  httpProbe `yaml:"livenessProbe"`
+						ReadinessProbe httpProbe `yaml:"readinessProbe"`
+					} `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	require.NoError(t, yaml.Unmarshal([]byte(read("deploy/kubernetes/deployment.yaml")), &deploy))
+	pod := deploy.Spec.Template.Spec
+	c := pod.Containers[0]
+	require.Equal(t, []string{"relay"}, c.Args)
+	require.Equal(t, 9090, c.Ports[0].ContainerPort)
+	require.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
+	require.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
+	require.Equal(t, c.Ports[0].Name, c.LivenessProbe.HTTPGet.Port)
+	require.Equal(t, c.Ports[0].Name, c.ReadinessProbe.HTTPGet.Port)
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	require.Equal(t, ":9090", env["WHARF_ADMIN_ADDR"])
+	stop, err := time.ParseDuration(env["WHARF_STOP_TIMEOUT"])
+	require.NoError(t, err)
+	require.Greater(t, time.Duration(pod.TerminationGracePeriodSeconds)*time.Second, stop, "the grace period must outlast --stop-timeout")
+	require.Contains(t, read("deploy/kubernetes/pdb.yaml"), "kind: PodDisruptionBudget")
+	require.Contains(t, read("deploy/kubernetes/migrate-job.yaml"), `args: ["migrate", "up"]`)
+	require.Contains(t, read("deploy/kubernetes/secret.yaml"), "WHARF_DATABASE_URL:")
+
+	unit := read("deploy/systemd/wharf-relay.service")
+	for _, want := range []string{"DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict", "EnvironmentFile=/etc/wharf/wharf.env", "ExecStart=/usr/local/bin/wharf relay"} {
+		require.Contains(t, unit, "\n"+want+"\n")
+	}
+	require.Contains(t, unit, "\nTimeoutStopSec=45s\n", "longer than the 30s default --stop-timeout")
+}
