@@ -24,15 +24,13 @@ var databaseURL string
 
 func smokeOptions(mode Mode) Options {
 	return Options{
-		Mode:           mode,
-		DatabaseURL:    databaseURL,
-		InProcess:      true,
-		Relays:         1,
-		SampleInterval: 100 * time.Millisecond,
-		Warmup:         500 * time.Millisecond,
-		TailWait:       5 * time.Second,
-		// A short idle poll keeps the backlog's noise well under the 1 %
-		// slope criterion in a 3-second run.
+		Mode:        mode,
+		DatabaseURL: databaseURL,
+		InProcess:   true,
+		Relays:      1,
+		Warmup:      500 * time.Millisecond,
+		TailWait:    5 * time.Second,
+		// A short idle poll keeps the backlog's noise small in a short run.
 		RelayConfig: wharf.Config{PollInterval: 5 * time.Millisecond},
 	}
 }
@@ -46,15 +44,45 @@ func decode(t *testing.T, r *Result) map[string]any {
 	require.NoError(t, json.Unmarshal(buf.Bytes(), &m))
 	for _, f := range []string{"mode", "target_rate", "producer_rate", "processing_rate", "backlog_slope", "backlog_at_stop",
 		"drain_seconds", "sustainable", "verdict_reason", "latency_ms", "wal_bytes_per_msg", "commits_per_msg",
-		"dead_tuples", "relay_cpu_seconds", "relay_peak_rss_bytes", "messages", "relays", "settings"} {
+		"dead_tuples", "relay_cpu_seconds", "relay_peak_rss_bytes", "messages", "relays", "settings", "environment"} {
 		require.Contains(t, m, f)
 	}
+	env := m["environment"].(map[string]any)
+	require.Positive(t, env["cores"])
+	require.NotEmpty(t, env["tls"])
+	names := map[string]bool{}
+	for _, s := range env["postgres_settings"].([]any) {
+		names[s.(map[string]any)["name"].(string)] = true
+	}
+	for _, n := range []string{"autovacuum", "shared_buffers", "synchronous_commit", "fsync", "max_wal_size"} {
+		require.True(t, names[n], "setting %s reported", n)
+	}
 	return m
+}
+
+// report writes the summary and the HTML report of r and returns both.
+func report(t *testing.T, r *Result) (summary, html string) {
+	t.Helper()
+	var sum bytes.Buffer
+	require.NoError(t, WriteSummary(&sum, r))
+	dir := t.TempDir()
+	require.NoError(t, WriteReport(dir, r))
+	b, err := os.ReadFile(filepath.Join(dir, "index.html"))
+	require.NoError(t, err)
+	require.Contains(t, string(b), "<svg")
+	require.NotContains(t, string(b), "<script")
+	for _, s := range []string{sum.String(), string(b)} {
+		require.Contains(t, s, "shared_buffers=")
+		require.Contains(t, s, "load average at start")
+		require.Contains(t, s, "TLS")
+	}
+	return sum.String(), string(b)
 }
 
 func TestDrain(t *testing.T) {
 	o := smokeOptions(ModeDrain)
 	o.Messages = 20000
+	o.Limits = true
 	var progress bytes.Buffer
 	o.Progress = &progress
 	r, err := Run(context.Background(), o)
@@ -72,38 +100,67 @@ func TestDrain(t *testing.T) {
 	require.Positive(t, r.RelayCPUSeconds)
 	require.Positive(t, r.RelayPeakRSSBytes)
 	require.Nil(t, r.LatencyMS)
-	require.NotEmpty(t, r.Samples)
+	// A drain of a fraction of a second still gets a series to chart.
+	require.GreaterOrEqual(t, len(r.Samples), 3)
+	require.NotNil(t, r.Limits)
+	require.Positive(t, r.Limits.RemovalRate)
+	require.EqualValues(t, 20000, r.Limits.RemovalRows)
+	require.InDelta(t, r.ProcessingRate/r.Limits.RemovalRate, r.Limits.DrainFraction, 1e-9)
 
-	// The presentation: summary, report files.
-	var sum bytes.Buffer
-	require.NoError(t, WriteSummary(&sum, r))
-	require.Contains(t, sum.String(), "processing rate")
+	sum, html := report(t, r)
+	require.Contains(t, sum, "drain rate")
+	require.Contains(t, sum, "of the removal limit")
+	require.Contains(t, html, "of the removal limit")
+	require.NotContains(t, html, ">produced<", "a drain produces nothing")
+	require.NotContains(t, html, "--rate<", "settings of other modes are not shown")
+	require.Contains(t, html, "--messages<")
 	dir := t.TempDir()
 	require.NoError(t, WriteReport(dir, r))
 	csvData, err := os.ReadFile(filepath.Join(dir, "samples.csv"))
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(string(csvData), "second,produced,processed,backlog,p50_ms,p99_ms,cpu_pct\n"))
-	html, err := os.ReadFile(filepath.Join(dir, "index.html"))
-	require.NoError(t, err)
-	require.Contains(t, string(html), "<svg")
-	require.NotContains(t, string(html), "<script")
+	require.True(t, strings.HasPrefix(string(csvData), "second,produced,processed,backlog,p50_ms,p99_ms,cpu_pct,phase\n"))
 }
 
 func TestBaseline(t *testing.T) {
 	o := smokeOptions(ModeBaseline)
-	o.Duration = 2 * time.Second
+	o.Duration = time.Second
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
 	m := decode(t, r)
 	require.Equal(t, "baseline", m["mode"])
 	require.Positive(t, r.ProducerRate)
 	require.Positive(t, r.Messages)
-	require.Zero(t, r.Relays)
-	require.Equal(t, r.Messages, r.OutboxRemaining, "nothing relays in a baseline")
+	require.Equal(t, 1, r.Relays)
+	require.Equal(t, r.Messages, r.Delivered, "the relays drained what the producers wrote")
+	require.Zero(t, r.OutboxRemaining)
+	require.Positive(t, r.ProcessingRate)
 	require.Positive(t, r.SinkPublishRate)
 	require.Positive(t, r.WALBytesPerMsg)
 	// 100-message transactions: about one commit per 100 messages.
 	require.Less(t, r.CommitsPerMsg, 0.05)
+	l := r.Limits
+	require.NotNil(t, l)
+	require.Positive(t, l.InsertRate)
+	require.Positive(t, l.RemovalRate)
+	require.Equal(t, r.Messages, l.RemovalRows)
+	require.InDelta(t, r.ProducerRate/l.InsertRate, l.ProducerFraction, 1e-9)
+	require.InDelta(t, r.ProcessingRate/l.RemovalRate, l.DrainFraction, 1e-9)
+	phases := map[string]bool{}
+	for _, s := range r.Samples {
+		phases[s.Phase] = true
+	}
+	require.Equal(t, map[string]bool{"enqueue": true, "drain": true}, phases)
+	sum, html := report(t, r)
+	for _, s := range []string{sum, html} {
+		require.Contains(t, s, "insert limit")
+		require.Contains(t, s, "removal limit")
+		require.Contains(t, s, "of the insert limit")
+		require.Contains(t, s, "of the removal limit")
+	}
+	var sb strings.Builder
+	require.NoError(t, WriteJSON(&sb, r))
+	require.Contains(t, sb.String(), `"producer_fraction"`)
+	require.Contains(t, sb.String(), `"drain_fraction"`)
 }
 
 func TestSteady(t *testing.T) {
@@ -115,6 +172,14 @@ func TestSteady(t *testing.T) {
 	m := decode(t, r)
 	require.Equal(t, "steady", m["mode"])
 	require.True(t, r.Sustainable, r.VerdictReason)
+	require.Len(t, r.Criteria, 4)
+	require.NotNil(t, r.BacklogGrowth)
+	require.True(t, r.BacklogGrowth.Valid)
+	require.Greater(t, r.BacklogGrowth.Readings, 100, "a reading every 20 ms over 3 s")
+	require.Equal(t, r.BacklogGrowth.Slope, r.BacklogSlope)
+	require.NotNil(t, r.Start)
+	require.Zero(t, r.Start.OutboxRows)
+	require.True(t, r.Start.Checkpointed)
 	require.NotNil(t, r.LatencyMS)
 	require.Positive(t, r.LatencyMS.P50)
 	require.LessOrEqual(t, r.LatencyMS.P50, r.LatencyMS.P99)
@@ -126,6 +191,13 @@ func TestSteady(t *testing.T) {
 	require.Zero(t, r.OutboxRemaining)
 	// 3.5 s at 2000/s, in batches of 100.
 	require.InDelta(t, 7000, r.Messages, 200)
+	// Sampled every 100 ms: the charts have points to draw.
+	require.Greater(t, len(r.Samples), 25)
+	sum, html := report(t, r)
+	require.Contains(t, sum, "backlog growth")
+	require.Contains(t, sum, "✓ backlog_growth")
+	require.Contains(t, html, "--rate<")
+	require.NotContains(t, html, "--messages<")
 }
 
 func TestSweep(t *testing.T) {
@@ -133,15 +205,32 @@ func TestSweep(t *testing.T) {
 	o.MinRate, o.MaxRate = 1000, 5000
 	o.SweepSteps = 2
 	o.Duration = 2 * time.Second
+	o.Limits = true
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
 	m := decode(t, r)
 	require.Equal(t, "sweep", m["mode"])
-	require.Len(t, r.Steps, 2)
-	require.Equal(t, 3000, r.Steps[0].Rate)
+	require.Equal(t, 1000, r.Steps[0].Rate)
+	require.Equal(t, RoleReference, r.Steps[0].Role)
+	require.Equal(t, 2200, r.Steps[1].Rate, "the geometric mean of 1000 and 5000")
 	require.True(t, r.Sustainable, r.VerdictReason)
-	require.GreaterOrEqual(t, r.TargetRate, 1000.0)
-	require.LessOrEqual(t, r.TargetRate, 5000.0)
+	require.GreaterOrEqual(t, r.ConfirmedRuns, 3)
+	confirms := 0
+	for _, s := range r.Steps {
+		require.Zero(t, s.Start.OutboxRows, "every run starts from an empty outbox")
+		require.True(t, s.Growth.Valid)
+		if s.Role == RoleConfirm {
+			confirms++
+			require.Equal(t, int(r.TargetRate), s.Rate)
+		}
+	}
+	require.Equal(t, 2, confirms)
+	require.Positive(t, r.Limits.InsertRate)
+	require.InDelta(t, r.TargetRate/r.Limits.InsertRate, r.Limits.ProducerFraction, 1e-9)
+	sum, html := report(t, r)
+	require.Contains(t, sum, "sweep runs, in order")
+	require.Contains(t, sum, "reference")
+	require.Contains(t, html, "detects ≥")
 }
 
 func TestDrainRelayProcesses(t *testing.T) {
@@ -219,35 +308,6 @@ func TestSlope(t *testing.T) {
 	require.InDelta(t, 0.5, Slope([]float64{0, 1, 2, 3}, []float64{0, 1, 0, 2}), 1e-9)
 }
 
-func TestVerdict(t *testing.T) {
-	ok, why := Verdict(10000, 9950, 50, 15000)
-	require.True(t, ok, why)
-	require.True(t, strings.HasPrefix(why, "met: "))
-
-	ok, why = Verdict(10000, 9850, 0, 0) // under 99 % of the target
-	require.False(t, ok)
-	require.Contains(t, why, "producer 9850")
-
-	ok, why = Verdict(10000, 10000, 101, 0) // growing faster than 1 %
-	require.False(t, ok)
-	require.Contains(t, why, "failed: backlog slope")
-
-	ok, _ = Verdict(10000, 10000, 100, 20000) // both limits inclusive
-	require.True(t, ok)
-	ok, why = Verdict(10000, 10000, 0, 20001)
-	require.False(t, ok)
-	require.Contains(t, why, "backlog at stop")
-
-	// Low rates: the slope limit is at least 1 msg/s.
-	ok, _ = Verdict(50, 50, 1, 0)
-	require.True(t, ok)
-	ok, _ = Verdict(50, 50, 1.01, 0)
-	require.False(t, ok)
-
-	ok, _ = Verdict(0, 0, 0, 0)
-	require.False(t, ok)
-}
-
 func TestHistogram(t *testing.T) {
 	h := newHistogram()
 	require.Zero(t, h.quantile(0.5))
@@ -295,4 +355,13 @@ func TestTracker(t *testing.T) {
 	tr.ackedIDs(ids[:1], start.Add(time.Second))
 	_, dups = tr.summary()
 	require.EqualValues(t, 3, dups)
+}
+
+func TestOptionsNewFlags(t *testing.T) {
+	err := Options{Mode: ModeSweep, DatabaseURL: "x", Confirm: 1}.Validate()
+	require.ErrorContains(t, err, "--confirm must be at least 2")
+	err = Options{Mode: ModeSteady, DatabaseURL: "x", Rate: 5, MaxP99: -time.Second}.Validate()
+	require.ErrorContains(t, err, "--max-p99")
+	err = Options{Mode: ModeSteady, DatabaseURL: "x", Rate: 5, Duration: 500 * time.Millisecond}.Validate()
+	require.ErrorContains(t, err, "--duration must be at least 1s")
 }

@@ -1,8 +1,9 @@
 // Package bench implements `wharf bench`, the project's reproducible
-// benchmark (DESIGN.md §6): drain a pre-filled outbox, find the producers'
-// insert ceiling, run producers at a fixed rate against relays and judge
-// whether the rate is sustainable, and search for the highest sustainable
-// rate. Run does the work and returns a Result; WriteSummary, WriteJSON and
+// benchmark: drain a pre-filled outbox, measure Wharf's enqueue and drain
+// beside the server's physical limits (a bare INSERT, a bare claim+delete
+// loop), run producers at a fixed rate against relays and judge whether the
+// rate is sustainable, and search for the highest sustainable rate. Run
+// does the work and returns a Result; WriteSummary, WriteJSON and
 // WriteReport present it.
 package bench
 
@@ -11,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/wharfhq/wharf"
@@ -24,14 +26,17 @@ const (
 	// ModeDrain pre-fills Messages rows with COPY, then times the relays
 	// emptying the outbox.
 	ModeDrain Mode = "drain"
-	// ModeBaseline runs the producers alone, flat out, for Duration: the insert
-	// ceiling a relay can at best approach.
+	// ModeBaseline runs the producers alone, flat out, for Duration, then the
+	// relays draining what they wrote, each beside the server's physical
+	// limit measured in the same run: a bare multi-row INSERT and a bare
+	// claim+delete loop.
 	ModeBaseline Mode = "baseline"
 	// ModeSteady runs the producers at Rate msgs/s for Warmup+Duration with the
 	// relays running, and judges whether the rate is sustainable.
 	ModeSteady Mode = "steady"
 	// ModeSweep bisects the rate between MinRate and MaxRate with SweepSteps
-	// steady runs and reports the highest sustainable one.
+	// steady runs, repeats the winner Confirm times and reports the highest
+	// rate sustainable in every run.
 	ModeSweep Mode = "sweep"
 )
 
@@ -47,7 +52,8 @@ type Options struct {
 	// throwaway cluster when none is given).
 	DatabaseURL string
 	// Schema is the fresh schema to work in; it must not exist. Defaults to
-	// wharf_bench_<random>. Sweep steps use Schema_<step>.
+	// wharf_bench_<random>. A sweep runs every step in it; baseline and
+	// --limits add scratch tables (bare_insert, bare_queue) that they drop.
 	Schema string
 	// Keep leaves the schema in place at the end instead of dropping it.
 	Keep bool
@@ -64,15 +70,26 @@ type Options struct {
 	Rate int
 	// MinRate and MaxRate bound the sweep. Default to 10000 and 400000.
 	MinRate, MaxRate int
-	// SweepSteps is how many steady runs the sweep makes. Defaults to 5.
+	// SweepSteps bounds the bisection runs the sweep makes after its
+	// reference run at MinRate; it stops sooner once the bracket is within
+	// SweepPrecision. Defaults to 8 (enough for 10k-400k msg/s).
 	SweepSteps int
+	// Confirm is how many times the sweep repeats its winner; every repeat
+	// must be sustainable. Defaults to 2, the least allowed.
+	Confirm int
+	// MaxP99 is the p99 commit → ack bound of a steady run; 0 leaves the
+	// latency unjudged (a sweep judges each run against the runs below it).
+	MaxP99 time.Duration
+	// Limits also measures the physical limits in drain (the removal limit),
+	// steady and sweep runs (the insert limit). Baseline always does.
+	Limits bool
 
 	// Producers is the number of producer connections. Defaults to 4.
 	Producers int
 	// ProducerBatch is the messages per producer transaction. Defaults to 100.
 	ProducerBatch int
 	// RecordsPerKey is how many consecutive messages share a key before a new
-	// key is used (the Namastack shape); negative means no keys (NULL).
+	// key is used; negative means no keys (NULL).
 	// Defaults to 10. Ignored when Keys is set.
 	RecordsPerKey int
 	// Keys, when positive, cycles message i over keys k<i % Keys> instead (the
@@ -81,7 +98,8 @@ type Options struct {
 	// PayloadBytes is the payload size. Defaults to 200.
 	PayloadBytes int
 
-	// Relays is the number of relays. Defaults to 1; baseline runs none.
+	// Relays is the number of relays. Defaults to 1 (baseline runs them only
+	// for its drain phase).
 	Relays int
 	// InProcess runs the single relay inside this process, behind a probe
 	// sink that records acknowledgement times: the only way to measure
@@ -100,14 +118,17 @@ type Options struct {
 	// RelayStderr receives the relay processes' stderr. Defaults to discarding it.
 	RelayStderr io.Writer
 
-	// SampleInterval is the sampling period. Defaults to 1s.
+	// SampleInterval fixes the sampling period. By default it adapts to the
+	// run: 100 ms (250 ms with relay processes), doubling whenever the series
+	// passes 240 points.
 	SampleInterval time.Duration
 	// TailWait bounds how long a steady run waits after the producers stopped
 	// for the relays to deliver the rest (for complete latency figures).
-	// Defaults to 10s; negative means none. In a sweep, runs already judged
-	// unsustainable skip it.
+	// Defaults to 10s; negative means none. A sweep waits until the outbox is
+	// empty (at least TailWait, at most 2 minutes) so that its next run
+	// starts from an empty outbox.
 	TailWait time.Duration
-	// Timeout bounds a drain. Defaults to 10m.
+	// Timeout bounds a drain and the removal limit. Defaults to 10m.
 	Timeout time.Duration
 
 	// Progress receives a progress line per sample; nil for none.
@@ -138,7 +159,8 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.Messages, 200000)
 	def(&o.MinRate, 10000)
 	def(&o.MaxRate, 400000)
-	def(&o.SweepSteps, 5)
+	def(&o.SweepSteps, 8)
+	def(&o.Confirm, 2)
 	def(&o.Producers, 4)
 	def(&o.ProducerBatch, 100)
 	def(&o.RecordsPerKey, 10)
@@ -146,7 +168,6 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.Relays, 1)
 	defDur(&o.Duration, 10*time.Second)
 	defDur(&o.Warmup, 5*time.Second)
-	defDur(&o.SampleInterval, time.Second)
 	defDur(&o.TailWait, 10*time.Second)
 	defDur(&o.Timeout, 10*time.Minute)
 	if o.Warmup < 0 {
@@ -191,16 +212,22 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Mode == ModeSteady && o.Rate < 1 {
 		return o, fmt.Errorf("--rate must be at least 1 msg/s in steady mode, got %d", o.Rate)
 	}
+	if o.Confirm < 2 {
+		return o, fmt.Errorf("--confirm must be at least 2 (the winner is repeated to confirm it), got %d", o.Confirm)
+	}
 	if o.Mode == ModeSweep && o.MaxRate <= o.MinRate {
 		return o, fmt.Errorf("--max-rate (%d) must be above --min-rate (%d)", o.MaxRate, o.MinRate)
 	}
 	for _, c := range []struct {
 		name string
 		v    time.Duration
-	}{{"--duration", o.Duration}, {"--sample-interval", o.SampleInterval}, {"--timeout", o.Timeout}} {
+	}{{"--duration", o.Duration}, {"--sample-interval", o.SampleInterval}, {"--timeout", o.Timeout}, {"--max-p99", o.MaxP99}} {
 		if c.v < 0 {
 			return o, fmt.Errorf("%s must not be negative, got %s", c.name, c.v)
 		}
+	}
+	if o.Mode != ModeDrain && o.Duration < time.Second {
+		return o, fmt.Errorf("--duration must be at least 1s (the growth test needs readings), got %s", o.Duration)
 	}
 	if o.InProcess && o.Relays != 1 {
 		return o, fmt.Errorf("--in-process needs --relays 1 (got %d): several relays run as processes", o.Relays)
@@ -220,6 +247,9 @@ type Settings struct {
 	MinRate        int      `json:"min_rate"`
 	MaxRate        int      `json:"max_rate"`
 	SweepSteps     int      `json:"sweep_steps"`
+	Confirm        int      `json:"confirm"`
+	MaxP99         string   `json:"max_p99"`
+	Limits         bool     `json:"limits"`
 	Producers      int      `json:"producers"`
 	ProducerBatch  int      `json:"producer_batch"`
 	RecordsPerKey  int      `json:"records_per_key"`
@@ -231,14 +261,66 @@ type Settings struct {
 	RelayArgs      []string `json:"relay_args"`
 	SampleInterval string   `json:"sample_interval"`
 	TailWait       string   `json:"tail_wait"`
+	Timeout        string   `json:"timeout"`
 }
 
 func (o Options) settings() Settings {
+	si := "auto"
+	if o.SampleInterval > 0 {
+		si = o.SampleInterval.String()
+	}
 	return Settings{
 		Mode: o.Mode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
-		Rate: o.Rate, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps,
+		Rate: o.Rate, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
+		MaxP99: o.MaxP99.String(), Limits: o.Limits || o.Mode == ModeBaseline,
 		Producers: o.Producers, ProducerBatch: o.ProducerBatch, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
 		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink,
-		RelayArgs: append([]string{}, o.RelayArgs...), SampleInterval: o.SampleInterval.String(), TailWait: o.TailWait.String(),
+		RelayArgs: append([]string{}, o.RelayArgs...), SampleInterval: si, TailWait: o.TailWait.String(),
+		Timeout: o.Timeout.String(),
 	}
+}
+
+// Applicable lists the settings that shape a run of s.Mode, named as the
+// CLI flags are, in the order of the help text.
+func (s Settings) Applicable() []Setting {
+	m := s.Mode
+	drain, baseline, steady, sweep := m == ModeDrain, m == ModeBaseline, m == ModeSteady, m == ModeSweep
+	loaded := baseline || steady || sweep
+	keys := fmt.Sprintf("%d consecutive messages per key", s.RecordsPerKey)
+	switch {
+	case s.Keys > 0:
+		keys = fmt.Sprintf("cycling over %d keys", s.Keys)
+	case s.RecordsPerKey < 0:
+		keys = "none (NULL)"
+	}
+	var out []Setting
+	add := func(ok bool, name string, v any) {
+		if ok {
+			out = append(out, Setting{Name: name, Value: fmt.Sprint(v)})
+		}
+	}
+	add(true, "mode", m)
+	add(drain, "messages", s.Messages)
+	add(sweep, "min-rate", s.MinRate)
+	add(sweep, "max-rate", s.MaxRate)
+	add(sweep, "sweep-steps", s.SweepSteps)
+	add(sweep, "confirm", s.Confirm)
+	add(steady, "rate", s.Rate)
+	add(loaded, "duration", s.Duration)
+	add(steady || sweep, "warmup", s.Warmup)
+	add(steady && s.MaxP99 != "0s", "max-p99", s.MaxP99)
+	add(loaded, "producers", s.Producers)
+	add(loaded, "producer-batch", s.ProducerBatch)
+	add(true, "keys", keys)
+	add(true, "payload-bytes", s.PayloadBytes)
+	add(true, "relays", s.Relays)
+	add(true, "in-process", s.InProcess)
+	add(true, "sink", s.Sink)
+	add(len(s.RelayArgs) > 0, "relay-arg", strings.Join(s.RelayArgs, " "))
+	add(steady || sweep, "tail-wait", s.TailWait)
+	add(drain || baseline, "timeout", s.Timeout)
+	add(!baseline, "limits", s.Limits)
+	add(true, "sample-interval", s.SampleInterval)
+	add(true, "schema", s.Schema)
+	return out
 }

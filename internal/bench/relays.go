@@ -44,7 +44,7 @@ func (p *probeSink) Publish(ctx context.Context, msgs []*wharf.Message) []error 
 	ids := make([]int64, 0, len(msgs))
 	for i, m := range msgs {
 		if errs == nil || errs[i] == nil {
-			ids = append(ids, m.ID)
+			ids = append(ids, m.Seq)
 		}
 	}
 	p.tr.ackedIDs(ids, now)

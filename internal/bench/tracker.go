@@ -50,6 +50,18 @@ func (h *histogram) add(d time.Duration) {
 	h.max = max(h.max, us)
 }
 
+// merge adds o's counts to h.
+func (h *histogram) merge(o *histogram) {
+	if o == nil {
+		return
+	}
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+	h.max = max(h.max, o.max)
+}
+
 // quantile returns the latency below which a fraction q of the samples lie,
 // in milliseconds (0 when empty).
 func (h *histogram) quantile(q float64) float64 {

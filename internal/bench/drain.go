@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// drain pre-fills the outbox with COPY and times the relays emptying it.
+func (e *env) drain(ctx context.Context, schema string) (*Result, error) {
+	o := e.o
+	res := &Result{Relays: o.Relays, Messages: int64(o.Messages)}
+	rate, err := e.copyFill(ctx, pgx.Identifier{schema, "outbox"}, int64(o.Messages))
+	if err != nil {
+		return nil, fmt.Errorf("pre-filling the outbox: %w", err)
+	}
+	res.ProducerRate = rate
+	if _, err := e.ctl.Exec(ctx, "VACUUM (ANALYZE) "+schema+".outbox"); err != nil {
+		return nil, err
+	}
+	if _, err := e.quiesce(ctx); err != nil {
+		return nil, err
+	}
+	before, err := e.counters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	samples, err := e.drainOutbox(ctx, schema, int64(o.Messages), time.Now(), "drain", res)
+	if err != nil {
+		return nil, err
+	}
+	res.Samples = samples
+	res.VerdictReason = "n/a: drain mode has no target rate"
+	res.LatencyNote = "n/a (drain: the messages were pre-filled, so commit → ack measures queueing, not the relay)"
+	res.note("producer_rate is the COPY pre-fill's rate (one COPY); the outbox is then VACUUM (ANALYZE)d and CHECKPOINTed, and drain_seconds runs from the relays' start to an empty outbox")
+	res.note("wal_bytes_per_msg and commits_per_msg cover the drain only (the relays' reads, removals and leases), not the pre-fill")
+	if !o.InProcess {
+		res.note("drain_seconds includes starting the relay processes")
+	}
+	if err := e.finish(ctx, res, schema, before, res.Messages); err != nil {
+		return nil, err
+	}
+	if o.Limits {
+		l, err := e.removalLimit(ctx, schema, res.Messages)
+		if err != nil {
+			return nil, err
+		}
+		l.fractions(0, res.ProcessingRate)
+		res.Limits = l
+		limitNotes(res, o)
+	}
+	return res, nil
+}
+
+// drainOutbox starts the relays on an outbox holding total rows, times them
+// emptying it and fills in res's drain figures (rate, time, delivery, relay
+// usage). The samples' times count from origin.
+func (e *env) drainOutbox(ctx context.Context, schema string, total int64, origin time.Time, label string, res *Result) ([]Sample, error) {
+	o := e.o
+	start := time.Now()
+	tr := newTracker(start, 0)
+	r, err := e.startRelays(ctx, schema, tr, false)
+	if err != nil {
+		return nil, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = e.stopRelays(r, res)
+		}
+	}()
+	sm := newSampler(e, schema, origin, tr, o.InProcess, label)
+	defer sm.stop()
+	sm.fixedProduced = total
+	if err := sm.sample(ctx, "drain"); err != nil {
+		return nil, err
+	}
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	deadline := time.NewTimer(o.Timeout)
+	defer deadline.Stop()
+	var end time.Time
+	for end.IsZero() {
+		select {
+		case <-sm.C():
+			if err := sm.sample(ctx, "drain"); err != nil {
+				return nil, err
+			}
+		case <-poll.C:
+			if o.InProcess && tr.acked.Load() < total {
+				continue
+			}
+			empty, err := e.outboxEmpty(ctx, schema)
+			if err != nil {
+				return nil, err
+			}
+			if empty {
+				end = time.Now()
+			}
+		case err := <-r.exited():
+			return nil, err
+		case <-deadline.C:
+			return nil, fmt.Errorf("drain not done after %s (raise --timeout)", o.Timeout)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	res.DrainSeconds = end.Sub(start).Seconds()
+	res.ProcessingRate = float64(total) / res.DrainSeconds
+	if err := sm.sample(ctx, "drain"); err != nil {
+		return nil, err
+	}
+	sm.progressDone()
+	stopped = true
+	if err := e.stopRelays(r, res); err != nil {
+		return nil, err
+	}
+	if o.InProcess {
+		res.Delivered = tr.acked.Load()
+		_, res.Redelivered = tr.summary()
+		if res.Delivered != total {
+			return nil, fmt.Errorf("the outbox is empty but the sink acknowledged %d of %d messages", res.Delivered, total)
+		}
+	} else {
+		res.Delivered = total
+	}
+	return sm.samples, nil
+}

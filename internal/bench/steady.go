@@ -1,0 +1,320 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/wharfhq/wharf"
+)
+
+// steadySpec is one steady run.
+type steadySpec struct {
+	schema string
+	rate   float64
+	label  string
+	// p99Bound is the latency bound in ms (0: not judged) and p99Basis
+	// where it comes from.
+	p99Bound float64
+	p99Basis string
+	// drainAll waits for the relays to empty the outbox whatever the
+	// verdict, so that the next run starts from an empty outbox (sweep).
+	drainAll bool
+}
+
+// drainAllWait bounds how long a sweep waits for the relays to work off an
+// unsustainable step's backlog before it empties the outbox itself.
+const drainAllWait = 2 * time.Minute
+
+// steadyMode is --mode steady: the insert limit first when asked for, then
+// one steady run.
+func (e *env) steadyMode(ctx context.Context, schema string) (*Result, error) {
+	o := e.o
+	var lim *Limits
+	if o.Limits {
+		rate, err := e.insertLimit(ctx, schema)
+		if err != nil {
+			return nil, err
+		}
+		lim = &Limits{InsertRate: rate}
+	}
+	sp := steadySpec{schema: schema, rate: float64(o.Rate), label: fmt.Sprintf("steady %d/s", o.Rate),
+		p99Basis: "no lower rate to compare with (--max-p99 sets a bound)"}
+	if o.MaxP99 > 0 {
+		sp.p99Bound, sp.p99Basis = float64(o.MaxP99)/float64(time.Millisecond), "--max-p99"
+	}
+	res, err := e.steady(ctx, sp)
+	if err != nil {
+		return nil, err
+	}
+	if lim != nil {
+		lim.fractions(res.ProducerRate, 0)
+		res.Limits = lim
+		limitNotes(res, o)
+	}
+	return res, nil
+}
+
+// steady runs the producers at sp.rate for Warmup+Duration with the relays
+// running, from a prepared outbox, and judges whether the rate is
+// sustainable.
+func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
+	o := e.o
+	schema := sp.schema
+	startState, err := e.prepare(ctx, schema)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{TargetRate: sp.rate, Relays: o.Relays, Start: &startState}
+	pool, err := connect(ctx, o.DatabaseURL, int32(o.Producers))
+	if err != nil {
+		return nil, err
+	}
+	poolClosed := false
+	defer func() {
+		if !poolClosed {
+			pool.Close()
+		}
+	}()
+	client, err := wharf.NewClient(nil, &wharf.Config{Schema: schema})
+	if err != nil {
+		return nil, err
+	}
+	before, err := e.counters(ctx)
+	if err != nil {
+		return nil, err
+	}
+
+	warmup := o.Warmup
+	start := time.Now()
+	tr := newTracker(start, warmup)
+	var onCommit func([]int64, time.Time)
+	if o.InProcess {
+		onCommit = tr.committed
+	}
+	p := &producers{o: o, newWriter: wharfWriter(o, pool, client, onCommit), measureFrom: start.Add(warmup)}
+	r, err := e.startRelays(ctx, schema, tr, true)
+	if err != nil {
+		return nil, err
+	}
+	relaysStopped := false
+	defer func() {
+		if !relaysStopped {
+			_ = e.stopRelays(r, res)
+		}
+	}()
+	exited := r.exited()
+
+	sm := newSampler(e, schema, start, tr, o.InProcess, sp.label)
+	defer sm.stop()
+	sm.produced = &p.produced
+	prodCtx, cancelProd := context.WithCancel(ctx)
+	defer cancelProd()
+	stopAt := start.Add(warmup + o.Duration)
+	prodDone := make(chan error, 1)
+	go func() { prodDone <- p.run(prodCtx, start, sp.rate, stopAt) }()
+	defer func() {
+		cancelProd()
+		select {
+		case <-prodDone:
+		case <-time.After(30 * time.Second):
+		}
+	}()
+
+	var warmC <-chan time.Time
+	if warmup > 0 {
+		wt := time.NewTimer(time.Until(start.Add(warmup)))
+		defer wt.Stop()
+		warmC = wt.C
+	}
+	// With the relay in this process the backlog costs nothing to read, so
+	// the growth test gets a reading every 20 ms; relay processes' backlog is
+	// read at each sample (a query).
+	var fineC <-chan time.Time
+	if o.InProcess {
+		fine := time.NewTicker(20 * time.Millisecond)
+		defer fine.Stop()
+		fineC = fine.C
+	}
+	warmAt := -1.0 // seconds since start when the window began
+	var warmProcessed int64
+	if warmup == 0 {
+		sm.recording = true
+		warmAt = 0
+	}
+	phase := func() string {
+		if sm.recording {
+			return "measure"
+		}
+		return "warmup"
+	}
+	if err := sm.sample(ctx, phase()); err != nil {
+		return nil, err
+	}
+	for producing := true; producing; {
+		select {
+		case <-fineC:
+			if sm.recording {
+				if _, _, err := sm.measure(ctx, "measure", false); err != nil {
+					return nil, err
+				}
+			}
+		case <-sm.C():
+			if err := sm.sample(ctx, phase()); err != nil {
+				return nil, err
+			}
+		case <-warmC:
+			// The warm-up's end is the first reading of the window.
+			sm.recording = true
+			w, _, err := sm.measure(ctx, "measure", false)
+			if err != nil {
+				return nil, err
+			}
+			warmAt, warmProcessed = w.Seconds, w.Processed
+		case err := <-prodDone:
+			prodDone <- nil // for the deferred wait
+			if err != nil {
+				return nil, fmt.Errorf("producer failed: %w", err)
+			}
+			producing = false
+		case err := <-exited:
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	stop, _, err := sm.measure(ctx, "measure", false) // the window's last reading
+	if err != nil {
+		return nil, err
+	}
+	sm.recording = false
+	if err := sm.sample(ctx, "measure"); err != nil {
+		return nil, err
+	}
+	if warmAt < 0 { // the producers stopped before the warm-up ended
+		warmAt, warmProcessed = stop.Seconds, stop.Processed
+	}
+	// The rates are over the planned window: producers start no batch after
+	// stopAt, so what they fell behind is missing from the count, while a
+	// last commit that returned a little late does not stretch the window.
+	window := stopAt.Sub(start).Seconds() - warmAt
+	if window > 0 {
+		res.ProducerRate = float64(p.inWindow.Load()) / window
+		res.ProcessingRate = float64(stop.Processed-warmProcessed) / window
+	}
+	res.Messages = stop.Produced
+	growth := TestGrowth(sm.readX, sm.readY, GrowthTolerance(sp.rate))
+	res.BacklogGrowth = &growth
+	res.BacklogSlope = growth.Slope
+	res.BacklogAtStop = stop.Backlog
+
+	// Tail: let the relays deliver what is left, so that the latency covers
+	// every message, and time how long catching up takes.
+	res.DrainSeconds = -1
+	wait := o.TailWait
+	if sp.drainAll {
+		wait = max(wait, drainAllWait)
+	}
+	emptied, err := e.tail(ctx, sm, tr, p, r, wait, sp.drainAll, res)
+	if err != nil {
+		return nil, err
+	}
+	sm.progressDone()
+	relaysStopped = true
+	if err := e.stopRelays(r, res); err != nil {
+		return nil, err
+	}
+	pool.Close()
+	poolClosed = true
+	if sp.drainAll && !emptied {
+		// The relays could not work the backlog off in time: empty the
+		// outbox so that the next run starts from nothing.
+		if _, err := e.ctl.Exec(ctx, "DELETE FROM "+schema+".outbox"); err != nil {
+			return nil, err
+		}
+		res.note("the relays had not emptied the outbox %s after the producers stopped; the bench deleted the rest", wait)
+	}
+	res.Samples = sm.samples
+	if o.InProcess {
+		res.Delivered = tr.acked.Load()
+		res.LatencyMS, res.Redelivered = tr.summary()
+		res.LatencyNote = "commit → sink ack: the producer records the time its Commit returned per message position, the in-process relay's probe sink the time the sink acknowledged; messages acknowledged during the warm-up are excluded"
+		if missing := res.Messages - res.Delivered; missing > 0 {
+			res.LatencyNote += fmt.Sprintf("; %d messages not acknowledged by the end are not counted", missing)
+		}
+	} else {
+		res.LatencyNote = "n/a (relay processes cannot report acknowledgement times; run --relays 1 --in-process for latency)"
+	}
+	ev := Evidence{Target: sp.rate, ProducerRate: res.ProducerRate, Growth: growth, BacklogAtStop: res.BacklogAtStop,
+		P99Bound: sp.p99Bound, P99Basis: sp.p99Basis}
+	if res.LatencyMS != nil {
+		ev.P99 = res.LatencyMS.P99
+	}
+	j := Judge(ev)
+	res.Sustainable, res.VerdictReason, res.Criteria = j.Sustainable, j.Reason, j.Criteria
+	res.note("every steady run starts from an empty outbox: the relays of the previous run emptied it, then VACUUM (ANALYZE) of the outbox and the relays' tables, REINDEX TABLE of the outbox (VACUUM leaves indexes at their high-water size, which slows the runs that follow a large backlog), CHECKPOINT and a %s pause", settle)
+	res.note("verdict: sustainable when the producers reached %.0f %% of the target, the backlog did not grow faster than max(%.0f msg/s, %.1f %% of the target) with %.0f %% confidence over the window (least-squares slope of block means, autocorrelation-corrected standard error, one-sided Student t test), the backlog at the producers' stop was at most %.0f s of load, and p99 commit → ack was at most max(%.0f ms, %.0f × the p99 of the highest passing lower rate) where there is one",
+		100*MinProducerFraction, MinGrowthTolerance, 100*GrowthToleranceFraction, 100*GrowthConfidence, MaxBacklogSeconds, P99FloorMS, P99Factor)
+	res.note("backlog is produced minus acknowledged (in-process relay, read every 20 ms) or the outbox's row count (relay processes, read at each sample)")
+	res.note("producer_rate is the messages committed after the warm-up over the planned window (batch i is due at start + i*batch/rate; no batch starts after the planned stop, so a producer that fell behind comes short)")
+	res.note("drain_seconds is the time from the producers' stop until the relays caught up (-1: not within --tail-wait)")
+	res.note("wal_bytes_per_msg and commits_per_msg cover the inserts and the relays' work together")
+	if startState.Note != "" {
+		res.note("%s", startState.Note)
+	}
+	if err := e.finish(ctx, res, schema, before, res.Messages); err != nil {
+		return nil, err
+	}
+	if !o.InProcess {
+		res.Delivered = res.Messages - res.OutboxRemaining
+	}
+	return res, nil
+}
+
+// tail waits up to wait for the relays to deliver what the producers
+// enqueued (and, with untilEmpty, for the outbox to be empty), sampling
+// meanwhile. It reports whether the outbox is known to be empty.
+func (e *env) tail(ctx context.Context, sm *sampler, tr *tracker, p *producers, r relays, wait time.Duration, untilEmpty bool, res *Result) (bool, error) {
+	if wait <= 0 {
+		return false, nil
+	}
+	o := e.o
+	stopT := time.Now()
+	tailEnd := time.NewTimer(wait)
+	defer tailEnd.Stop()
+	poll := time.NewTicker(20 * time.Millisecond)
+	defer poll.Stop()
+	caughtUp, empty := false, false
+	for !empty && (!caughtUp || untilEmpty) {
+		select {
+		case <-sm.C():
+			if err := sm.sample(ctx, "tail"); err != nil {
+				return false, err
+			}
+		case <-poll.C:
+			var err error
+			if !caughtUp && o.InProcess {
+				caughtUp = tr.acked.Load() >= p.produced.Load()
+				if !caughtUp {
+					continue
+				}
+			}
+			if empty, err = e.outboxEmpty(ctx, sm.schema); err != nil {
+				return false, err
+			}
+			if empty && !caughtUp {
+				caughtUp = true
+			}
+			if caughtUp && res.DrainSeconds < 0 {
+				res.DrainSeconds = time.Since(stopT).Seconds()
+			}
+		case <-tailEnd.C:
+			return false, sm.sample(ctx, "tail")
+		case err := <-r.exited():
+			return false, err
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	return empty, sm.sample(ctx, "tail")
+}
