@@ -52,6 +52,13 @@ type Sample struct {
 	CPUPercent float64 `json:"cpu_pct"`
 	// Phase is warmup, measure or tail (after the producers stopped).
 	Phase string `json:"phase"`
+	// Soak mode only: this process's resident memory and Go heap in bytes,
+	// its goroutines, and the outbox's dead tuples (n_dead_tup) at the
+	// sample.
+	RSSBytes   int64 `json:"rss_bytes,omitempty"`
+	HeapBytes  int64 `json:"heap_bytes,omitempty"`
+	Goroutines int   `json:"goroutines,omitempty"`
+	DeadTuples int64 `json:"dead_tuples,omitempty"`
 }
 
 // StartState is the outbox a steady run started from: every run starts from
@@ -153,6 +160,8 @@ type Result struct {
 	// Limits are the physical limits measured in the same run, and Wharf's
 	// figures as fractions of them; nil when not measured.
 	Limits *Limits `json:"limits,omitempty"`
+	// Soak is a soak run's trends; nil in the other modes.
+	Soak *Soak `json:"soak,omitempty"`
 	// Environment is the machine and the server settings that matter.
 	Environment Environment `json:"environment"`
 	// Start is the state the (last) steady run started from.
@@ -248,6 +257,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		res, err = e.steadyMode(ctx, o.Schema)
 	case ModeSweep:
 		res, err = e.sweep(ctx, o.Schema)
+	case ModeSoak:
+		res, err = e.soak(ctx, o.Schema)
 	}
 	if err != nil {
 		return nil, err

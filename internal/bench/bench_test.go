@@ -118,7 +118,7 @@ func TestDrain(t *testing.T) {
 	require.NoError(t, WriteReport(dir, r))
 	csvData, err := os.ReadFile(filepath.Join(dir, "samples.csv"))
 	require.NoError(t, err)
-	require.True(t, strings.HasPrefix(string(csvData), "second,produced,processed,backlog,p50_ms,p99_ms,cpu_pct,phase\n"))
+	require.True(t, strings.HasPrefix(string(csvData), "second,produced,processed,backlog,p50_ms,p99_ms,cpu_pct,phase,rss_bytes,heap_bytes,goroutines,dead_tuples\n"))
 }
 
 func TestBaseline(t *testing.T) {

@@ -38,10 +38,16 @@ const (
 	// steady runs, repeats the winner Confirm times and reports the highest
 	// rate sustainable in every run.
 	ModeSweep Mode = "sweep"
+	// ModeSoak is a long steady run (Rate msgs/s for Warmup+Duration, e.g.
+	// 30m at a fraction of the sustainable rate) with the relay in this
+	// process: besides the steady verdict it samples the process's RSS, Go
+	// heap and goroutines, the p99 latency and the outbox's dead tuples, and
+	// tests that none of them trends upward.
+	ModeSoak Mode = "soak"
 )
 
 // Modes lists the modes, for help texts and errors.
-var Modes = []Mode{ModeDrain, ModeBaseline, ModeSteady, ModeSweep}
+var Modes = []Mode{ModeDrain, ModeBaseline, ModeSteady, ModeSweep, ModeSoak}
 
 // Options configures Run. The zero value of a field means its default, as
 // the CLI flag of the same name documents.
@@ -186,11 +192,11 @@ func (o Options) withDefaults() (Options, error) {
 		o.RelayStderr = io.Discard
 	}
 	switch o.Mode {
-	case ModeDrain, ModeBaseline, ModeSteady, ModeSweep:
+	case ModeDrain, ModeBaseline, ModeSteady, ModeSweep, ModeSoak:
 	case "":
-		return o, errors.New("--mode is required: drain, baseline, steady or sweep")
+		return o, errors.New("--mode is required: drain, baseline, steady, sweep or soak")
 	default:
-		return o, fmt.Errorf("--mode %q: use drain, baseline, steady or sweep", o.Mode)
+		return o, fmt.Errorf("--mode %q: use drain, baseline, steady, sweep or soak", o.Mode)
 	}
 	for _, c := range []struct {
 		name string
@@ -209,8 +215,23 @@ func (o Options) withDefaults() (Options, error) {
 	if o.PayloadBytes < 2 {
 		return o, fmt.Errorf("--payload-bytes must be at least 2, got %d", o.PayloadBytes)
 	}
-	if o.Mode == ModeSteady && o.Rate < 1 {
-		return o, fmt.Errorf("--rate must be at least 1 msg/s in steady mode, got %d", o.Rate)
+	if (o.Mode == ModeSteady || o.Mode == ModeSoak) && o.Rate < 1 {
+		return o, fmt.Errorf("--rate must be at least 1 msg/s in %s mode, got %d", o.Mode, o.Rate)
+	}
+	if o.Mode == ModeSoak {
+		// The trends are the relay's own: it must run in this process.
+		if o.Relays != 1 {
+			return o, fmt.Errorf("--mode soak samples one relay's memory and goroutines, so it runs with --relays 1 (got %d)", o.Relays)
+		}
+		o.InProcess = true
+		if o.Duration < soakMinDuration {
+			return o, fmt.Errorf("--duration must be at least %s in soak mode (a trend needs time to show), got %s", soakMinDuration, o.Duration)
+		}
+		if o.SampleInterval == 0 {
+			// A fixed interval: the automatic one keeps every sample's
+			// histogram, memory the soak would then see growing.
+			o.SampleInterval = max(time.Second, (o.Warmup+o.Duration)/soakSamples)
+		}
 	}
 	if o.Confirm < 2 {
 		return o, fmt.Errorf("--confirm must be at least 2 (the winner is repeated to confirm it), got %d", o.Confirm)
@@ -284,7 +305,8 @@ func (o Options) settings() Settings {
 // CLI flags are, in the order of the help text.
 func (s Settings) Applicable() []Setting {
 	m := s.Mode
-	drain, baseline, steady, sweep := m == ModeDrain, m == ModeBaseline, m == ModeSteady, m == ModeSweep
+	drain, baseline, sweep := m == ModeDrain, m == ModeBaseline, m == ModeSweep
+	steady := m == ModeSteady || m == ModeSoak
 	loaded := baseline || steady || sweep
 	keys := fmt.Sprintf("%d consecutive messages per key", s.RecordsPerKey)
 	switch {

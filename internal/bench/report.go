@@ -41,10 +41,10 @@ func pct(f float64) string { return fmt.Sprintf("%.1f %%", 100*f) }
 func (r *Result) rows() []row {
 	rows := []row{{"mode", string(r.Mode)}}
 	add := func(name, value string) { rows = append(rows, row{name, value}) }
-	steady := r.Mode == ModeSteady || r.Mode == ModeSweep
+	steady := r.Mode == ModeSteady || r.Mode == ModeSweep || r.Mode == ModeSoak
 	l := r.Limits
 	switch r.Mode {
-	case ModeSteady:
+	case ModeSteady, ModeSoak:
 		add("target rate", rate(r.TargetRate))
 	case ModeSweep:
 		if r.TargetRate > 0 {
@@ -298,11 +298,12 @@ func writeCSV(path string, samples []Sample) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	_ = w.Write([]string{"second", "produced", "processed", "backlog", "p50_ms", "p99_ms", "cpu_pct", "phase"})
+	_ = w.Write([]string{"second", "produced", "processed", "backlog", "p50_ms", "p99_ms", "cpu_pct", "phase", "rss_bytes", "heap_bytes", "goroutines", "dead_tuples"})
 	ff := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
 	for _, s := range samples {
 		_ = w.Write([]string{ff(s.Seconds, 3), ff(s.ProducedRate, 0), ff(s.ProcessedRate, 0),
-			strconv.FormatInt(s.Backlog, 10), ff(s.P50, 3), ff(s.P99, 3), ff(s.CPUPercent, 1), s.Phase})
+			strconv.FormatInt(s.Backlog, 10), ff(s.P50, 3), ff(s.P99, 3), ff(s.CPUPercent, 1), s.Phase,
+			strconv.FormatInt(s.RSSBytes, 10), strconv.FormatInt(s.HeapBytes, 10), strconv.Itoa(s.Goroutines), strconv.FormatInt(s.DeadTuples, 10)})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
@@ -507,6 +508,17 @@ func writeHTML(w io.Writer, r *Result) error {
 	}
 	if anyCPU {
 		charts = append(charts, lineChart("CPU of the bench process with the in-process relay (producers included)", "% of a core", xs, []series{{"cpu", "#8c564b", cpu}}))
+	}
+	if r.Soak != nil {
+		rss, heap, gor, dead := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+		for i, s := range r.Samples {
+			rss[i], heap[i] = float64(s.RSSBytes)/(1<<20), float64(s.HeapBytes)/(1<<20)
+			gor[i], dead[i] = float64(s.Goroutines), float64(s.DeadTuples)
+		}
+		charts = append(charts,
+			lineChart("Memory of the bench process (relay, producers and bench)", "MiB", xs, []series{{"rss", "#17becf", rss}, {"go heap", "#bcbd22", heap}}),
+			lineChart("Goroutines", "goroutines", xs, []series{{"goroutines", "#7f7f7f", gor}}),
+			lineChart("Outbox dead tuples (n_dead_tup)", "rows", xs, []series{{"dead tuples", "#e377c2", dead}}))
 	}
 	return reportTmpl.Execute(w, map[string]any{
 		"Mode": r.Mode, "Started": r.Started.Format("2006-01-02 15:04:05 MST"), "Version": r.PostgresVersion,

@@ -141,6 +141,11 @@ func (s *sampler) sample(ctx context.Context, phase string) error {
 func (s *sampler) push(x Sample, h *histogram) {
 	s.samples = append(s.samples, x)
 	if s.inProcess {
+		if !s.auto && len(s.hists) > 0 {
+			// Only coarsen needs the older ones; a fixed interval keeps
+			// the last alone, so a long run's memory does not grow.
+			s.hists[len(s.hists)-1] = nil
+		}
 		s.hists = append(s.hists, h)
 	}
 }
@@ -230,6 +235,11 @@ func (s *sampler) measure(ctx context.Context, phase string, interval bool) (Sam
 	}
 	if s.recording {
 		s.readX, s.readY = append(s.readX, x.Seconds), append(s.readY, float64(x.Backlog))
+	}
+	if interval && s.e.o.Mode == ModeSoak {
+		if err := s.e.soakReadings(ctx, s.schema, &x); err != nil {
+			return x, nil, err
+		}
 	}
 	return x, h, nil
 }

@@ -129,9 +129,10 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	}
 	// With the relay in this process the backlog costs nothing to read, so
 	// the growth test gets a reading every 20 ms; relay processes' backlog is
-	// read at each sample (a query).
+	// read at each sample (a query), and so is a soak's (its run is long
+	// enough for that to give the test hundreds of readings).
 	var fineC <-chan time.Time
-	if o.InProcess {
+	if o.InProcess && o.Mode != ModeSoak { // a soak reads at each sample: 20 ms readings would grow its memory
 		fine := time.NewTicker(20 * time.Millisecond)
 		defer fine.Stop()
 		fineC = fine.C

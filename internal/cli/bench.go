@@ -25,7 +25,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 	f := &benchFlags{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure throughput, sustainable rate and latency (drain, baseline, steady, sweep)",
+		Short: "Measure throughput, sustainable rate, latency and stability (drain, baseline, steady, sweep, soak)",
 		Long: `Runs the benchmark in a fresh schema wharf_bench_<random>,
 dropped at the end unless --keep is given. Without a database URL it starts a
 throwaway PostgreSQL (fsync on) from the local server binaries.
@@ -53,6 +53,12 @@ Modes:
             p99 must stay within max(50 ms, 3 × the p99 of the highest passing
             rate below). Reports the highest rate sustainable in every run, with
             the evidence of each run
+  soak      a long steady run (e.g. --rate at half the sustainable rate,
+            --duration 30m) with the relay in this process; samples the process's
+            resident memory, Go heap and goroutines, the p99 of each interval and
+            the outbox's dead tuples, and fails when any of them rises faster
+            than its tolerance per hour with 95 % confidence (same trend test as
+            the backlog's growth)
 
 One relay runs in this process by default, behind a probe sink that records when the
 sink acknowledged each message: that gives commit-to-ack latency. With --relays > 1
@@ -63,7 +69,8 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
   wharf bench --mode baseline --duration 10s
   wharf bench --mode steady --rate 20000 --duration 30s --report out/
   wharf bench --mode sweep --records-per-key 10 --producer-batch 100 --payload-bytes 200 --json sweep.json
-  wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000`,
+  wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000
+  wharf bench --mode soak --rate 10000 --duration 30m --report soak/`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signalContext(cmd.Context())
@@ -73,11 +80,11 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
 	}
 	o := &f.opts
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady or sweep")
+	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady, sweep or soak")
 	fl.IntVar(&o.Messages, "messages", 200000, "drain: messages to pre-fill")
-	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady and each sweep step: how long the producers run after the warm-up")
-	fl.DurationVar(&o.Warmup, "warmup", 5*time.Second, "steady and sweep: warm-up before --duration, excluded from the rates, slope and latency (0 = none)")
-	fl.IntVar(&o.Rate, "rate", 0, "steady: target msgs/s")
+	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady, soak and each sweep step: how long the producers run after the warm-up")
+	fl.DurationVar(&o.Warmup, "warmup", 5*time.Second, "steady, soak and sweep: warm-up before --duration, excluded from the rates, slope and latency (0 = none)")
+	fl.IntVar(&o.Rate, "rate", 0, "steady and soak: target msgs/s")
 	fl.IntVar(&o.MinRate, "min-rate", 10000, "sweep: lowest rate in msgs/s")
 	fl.IntVar(&o.MaxRate, "max-rate", 400000, "sweep: highest rate in msgs/s")
 	fl.IntVar(&o.SweepSteps, "sweep-steps", 8, "sweep: most bisection runs after the reference run at --min-rate (it stops once the bracket is within 5 %)")
