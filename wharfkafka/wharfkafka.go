@@ -32,10 +32,12 @@
 //     "snappy" (falling back to none for brokers without it).
 //   - tls: "true" to connect with TLS using the system's roots. Defaults to
 //     "false".
+//   - tls_ca: a PEM file of the CA certificates to verify the brokers with
+//     (default: the system's roots); tls_cert and tls_key: a client
+//     certificate and its key (mutual TLS). Any of them turns TLS on.
 //
-// A URL with a user or password is rejected: for SASL, TLS client
-// certificates or any other franz-go setting, build the sink with [New] and
-// pass [kgo.Opt] values.
+// A URL with a user or password is rejected: for SASL or any other franz-go
+// setting, build the sink with [New] and pass [kgo.Opt] values.
 //
 // # Failures and ordering
 //
@@ -71,7 +73,6 @@ package wharfkafka
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -84,6 +85,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
 // HeaderMessageID is the record header that carries [wharf.Message.ID].
@@ -449,11 +451,25 @@ func Open(_ context.Context, u *url.URL) (wharf.Sink, error) {
 		return nil, err
 	}
 	var extra []kgo.Opt
+	files := tlsfiles.FromQuery(u.Query(), tlsNames)
+	if files.Any() {
+		if u.Query().Has("tls") && !tlsOn {
+			return nil, fmt.Errorf("sink URL %q: tls=false with tls_ca, tls_cert or tls_key: the files are for TLS; drop tls=false", u.Redacted())
+		}
+		tlsOn = true
+	}
 	if tlsOn {
-		extra = append(extra, kgo.DialTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}))
+		tc, err := files.Config(tlsNames)
+		if err != nil {
+			return nil, fmt.Errorf("sink URL %q: %w", u.Redacted(), err)
+		}
+		extra = append(extra, kgo.DialTLSConfig(tc))
 	}
 	return New(opts, extra...)
 }
+
+// tlsNames are the URL options naming the TLS files.
+var tlsNames = [3]string{"tls_ca", "tls_cert", "tls_key"}
 
 func parseURL(u *url.URL) (opts Options, tlsOn bool, err error) {
 	shown := u.Redacted()
@@ -508,8 +524,9 @@ func parseURL(u *url.URL) (opts Options, tlsOn bool, err error) {
 				return opts, false, fmt.Errorf("sink URL %q: tls=%q: want true or false", shown, v)
 			}
 			tlsOn = b
+		case "tls_ca", "tls_cert", "tls_key": // read by Open
 		default:
-			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression and tls", shown, k)
+			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression, tls, tls_ca, tls_cert and tls_key", shown, k)
 		}
 	}
 	return opts, tlsOn, nil

@@ -38,6 +38,10 @@
 //     with "$" or is "_INBOX" (see Security). Defaults to "false".
 //   - name: the connection name shown by the server. Defaults to "wharf".
 //   - tls: "true" to require TLS. Defaults to "false".
+//   - tls_ca: a PEM file of the CA certificates to verify the server with
+//     (default: the system's roots); tls_cert and tls_key: a client
+//     certificate and its key, for servers that verify clients. Any of them
+//     turns TLS on.
 //
 // Open connects at once and fails when no server answers. Once connected the
 // connection reconnects forever; while it is away, publishes fail at once
@@ -90,7 +94,6 @@ package wharfnats
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/url"
@@ -103,6 +106,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
 // HeaderKey is the NATS header that carries [wharf.Message.Key] (absent for
@@ -510,7 +514,11 @@ type urlConfig struct {
 	createStream bool
 	name         string
 	tls          bool
+	tlsFiles     tlsfiles.Files
 }
+
+// tlsNames are the URL options naming the TLS files.
+var tlsNames = [3]string{"tls_ca", "tls_cert", "tls_key"}
 
 // Open opens the sink a nats:// URL names (see the package documentation for
 // its options). It is the opener the CLI registers for the "nats" scheme.
@@ -527,7 +535,11 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		nats.ReconnectBufSize(-1),
 	}
 	if cfg.tls {
-		nopts = append(nopts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12}))
+		tc, err := cfg.tlsFiles.Config(tlsNames)
+		if err != nil {
+			return nil, fmt.Errorf("sink URL %q: %w", shown, err)
+		}
+		nopts = append(nopts, nats.Secure(tc))
 	}
 	nc, err := nats.Connect(strings.Join(cfg.servers, ","), nopts...)
 	if err != nil {
@@ -633,9 +645,17 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: tls=%q: want true or false", shown, v)
 			}
 			cfg.tls = b
+		case "tls_ca", "tls_cert", "tls_key":
+			cfg.tlsFiles.Set(tlsNames, k, v)
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name and tls", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name, tls, tls_ca, tls_cert and tls_key", shown, k)
 		}
+	}
+	if cfg.tlsFiles.Any() {
+		if q := u.Query(); q.Has("tls") && !cfg.tls {
+			return cfg, fmt.Errorf("sink URL %q: tls=false with tls_ca, tls_cert or tls_key: the files are for TLS; drop tls=false", shown)
+		}
+		cfg.tls = true
 	}
 	names, err := wharf.ParseTopicTemplate(cfg.opts.SubjectTemplate)
 	if err != nil {

@@ -26,7 +26,7 @@
 // From the CLI the sink is opened with a URL (see [Open]):
 //
 //	redis://[[user]:password@]host[:port][/db][?option=value&...]
-//	rediss://...   (the same over TLS, verified against the system's roots)
+//	rediss://...   (the same over TLS, verified against the system's roots or tls_ca)
 //
 // The host defaults to localhost, the port to 6379 and the database to 0.
 // Options, all optional:
@@ -46,6 +46,9 @@
 //     bytes; a larger one fails permanently before sending. Set it to the
 //     server's proto-max-bulk-len if you lowered it. Defaults to 512 MiB,
 //     Redis's default proto-max-bulk-len.
+//   - tls_ca (rediss:// only): a PEM file of the CA certificates to verify
+//     the server with, instead of the system's roots; tls_cert and tls_key:
+//     a client certificate and its key, for servers with tls-auth-clients.
 //
 // Open connects, pings and runs an empty MULTI/EXEC at once, so a wrong
 // address, password or database, or a user that may not run transactions,
@@ -137,6 +140,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
 // Entry field names (see the package documentation).
@@ -583,7 +587,10 @@ type urlConfig struct {
 }
 
 // validOptions lists the URL options, for the unknown-option error.
-const validOptions = "stream_template, maxlen, timeout, name and max_payload"
+const validOptions = "stream_template, maxlen, timeout, name, max_payload and, with rediss://, tls_ca, tls_cert and tls_key"
+
+// tlsNames are the URL options naming the TLS files.
+var tlsNames = [3]string{"tls_ca", "tls_cert", "tls_key"}
 
 // Open opens the sink a redis:// or rediss:// URL names (see the package
 // documentation for its options) and pings the server. It is the opener the
@@ -594,6 +601,14 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		return nil, err
 	}
 	shown := u.Redacted()
+	if files := tlsfiles.FromQuery(u.Query(), tlsNames); files.Any() {
+		tc, err := files.Config(tlsNames)
+		if err != nil {
+			return nil, fmt.Errorf("sink URL %q: %w", shown, err)
+		}
+		tc.ServerName = cfg.redis.TLSConfig.ServerName
+		cfg.redis.TLSConfig = tc
+	}
 	client := redis.NewClient(cfg.redis)
 	s, err := New(client, cfg.opts)
 	if err != nil {
@@ -689,6 +704,10 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: max_payload=%q is not a positive number of bytes", shown, v)
 			}
 			cfg.opts.MaxPayload = n
+		case "tls_ca", "tls_cert", "tls_key": // read by Open
+			if u.Scheme != "rediss" {
+				return cfg, fmt.Errorf("sink URL %q: %s is a TLS option: use rediss://", shown, k)
+			}
 		default:
 			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the redis sink takes %s", shown, k, validOptions)
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
 // checkDestination accepts absolute http and https URLs with a host, and
@@ -254,10 +255,14 @@ type urlConfig struct {
 	opts       Options
 	secretEnv  string
 	secretFile string
+	tls        tlsfiles.Files
 }
 
 // optionNames lists the options for errors.
-const optionNames = "wharf_mode, wharf_batch_size, wharf_concurrency, wharf_timeout, wharf_secret_env, wharf_secret_file, wharf_allow_private, wharf_permanent_status and wharf_header_<Name>"
+const optionNames = "wharf_mode, wharf_batch_size, wharf_concurrency, wharf_timeout, wharf_secret_env, wharf_secret_file, wharf_allow_private, wharf_permanent_status, wharf_header_<Name> and, with https, wharf_tls_ca, wharf_tls_cert and wharf_tls_key"
+
+// tlsNames are the URL options naming the TLS files.
+var tlsNames = [3]string{"wharf_tls_ca", "wharf_tls_cert", "wharf_tls_key"}
 
 // Open opens the sink an http:// or https:// URL names (see the package
 // documentation for its options). It is the opener the CLI registers for
@@ -273,6 +278,13 @@ func openSink(ctx context.Context, u *url.URL, resolver *net.Resolver) (*Sink, e
 	shown := redactURL(u)
 	if err := cfg.loadSecret(shown); err != nil {
 		return nil, err
+	}
+	if cfg.tls.Any() {
+		tc, err := cfg.tls.Config(tlsNames)
+		if err != nil {
+			return nil, fmt.Errorf("sink URL %q: %w", shown, err)
+		}
+		cfg.opts.TLSConfig = tc
 	}
 	if !cfg.opts.AllowPrivate {
 		if err := checkResolved(ctx, resolver, u.Hostname(), shown); err != nil {
@@ -343,7 +355,7 @@ func parseURL(u *url.URL) (urlConfig, error) {
 		}
 		v, err := url.QueryUnescape(rawV)
 		if err != nil {
-			return cfg, fmt.Errorf("sink URL %q: the value of %s is malformed percent-encoding", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: the value of %s is malformed percent-encoding", shown, strings.Trim(strconv.Quote(k), `"`))
 		}
 		switch {
 		case name == "wharf_mode":
@@ -395,10 +407,15 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: wharf_allow_private=%q: want true or false", shown, v)
 			}
 			cfg.opts.AllowPrivate = b
+		case name == tlsNames[0] || name == tlsNames[1] || name == tlsNames[2]:
+			if u.Scheme != "https" {
+				return cfg, fmt.Errorf("sink URL %q: %s is a TLS option: use https://", shown, k)
+			}
+			cfg.tls.Set(tlsNames, name, v)
 		case strings.HasPrefix(name, "wharf_header_"):
 			h := k[len("wharf_header_"):]
 			if err := checkStaticHeader(h, v); err != nil {
-				return cfg, fmt.Errorf("sink URL %q: %s: %w", shown, k, err)
+				return cfg, fmt.Errorf("sink URL %q: %q: %w", shown, k, err)
 			}
 			if cfg.opts.Headers == nil {
 				cfg.opts.Headers = map[string]string{}

@@ -76,6 +76,9 @@
 //   - wharf_header_<Name>: a header sent with every request, e.g.
 //     wharf_header_Authorization=Bearer%20abc. Repeatable. The sink never
 //     shows these values in errors.
+//   - wharf_tls_ca (https only): a PEM file of the CA certificates to verify
+//     the destination with, instead of the system's roots; wharf_tls_cert and
+//     wharf_tls_key: a client certificate and its key (mutual TLS).
 //
 // The secret itself is not accepted in the URL (wharf_secret=...), because
 // URLs end up in shell histories, process lists and logs.
