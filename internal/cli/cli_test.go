@@ -2,11 +2,8 @@ package cli
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
-	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -281,23 +278,6 @@ func TestConfigValidateChecksTheDatabaseAndSinks(t *testing.T) {
 	code, _, errOut = run(m.cmd("config", "validate", "--sink", "stdout:")...)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "run `wharf migrate up`")
-}
-
-// The demo prints where it runs without the database password, whether the
-// URL is a URL or a key=value connection string.
-func TestDemoPrintsNoDatabasePassword(t *testing.T) {
-	t.Parallel()
-	u, err := url.Parse(databaseURL)
-	require.NoError(t, err)
-	u.User = url.UserPassword(u.User.Username(), "DEMOSECRET")
-	host, port, _ := strings.Cut(u.Host, ":")
-	dsn := fmt.Sprintf("host=%s port=%s user=%s password=DSNDEMOSECRET dbname=%s", host, cmp.Or(port, "5432"), u.User.Username(), strings.TrimPrefix(u.Path, "/"))
-	for _, db := range []string{u.String(), dsn} {
-		code, out, errOut := run("demo", "--database-url", db, "--messages", "200", "--keys", "10", "--log-level", "debug")
-		require.Equal(t, 0, code, errOut)
-		require.Contains(t, errOut, "wharf demo: 200 messages")
-		require.NotContains(t, out+errOut, "SECRET")
-	}
 }
 
 func TestVersionLine(t *testing.T) {
