@@ -483,3 +483,18 @@ func (s *Sink) Close() error {
 	})
 	return nil
 }
+
+// Ping reports whether RabbitMQ is reachable: an open connection, dialled now
+// if there is none, that the broker has not blocked (connection.blocked: a
+// memory or disk alarm, during which publishes wait). It implements
+// [wharf.Pinger], which readiness probes use.
+func (s *Sink) Ping(ctx context.Context) error {
+	cn, err := s.connection(ctx)
+	if err != nil {
+		return err
+	}
+	if reason, _ := cn.blockedState(); reason != "" {
+		return fmt.Errorf("wharfamqp: %s blocked publishing: %s", s.where, reason)
+	}
+	return nil
+}

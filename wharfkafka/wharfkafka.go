@@ -531,3 +531,12 @@ func parseURL(u *url.URL) (opts Options, tlsOn bool, err error) {
 	}
 	return opts, tlsOn, nil
 }
+
+// Ping asks a broker for metadata within ctx. It implements [wharf.Pinger],
+// which readiness probes use.
+func (s *Sink) Ping(ctx context.Context) error {
+	if err := s.cl.Ping(ctx); err != nil {
+		return fmt.Errorf("wharfkafka: no broker answered: %w", err)
+	}
+	return nil
+}

@@ -678,3 +678,13 @@ func parseURL(u *url.URL) (urlConfig, error) {
 	}
 	return cfg, nil
 }
+
+// Ping reports whether the connection to NATS is up (it does not wait for a
+// round trip: a reconnecting or closed connection fails at once). It
+// implements [wharf.Pinger], which readiness probes use.
+func (s *Sink) Ping(context.Context) error {
+	if st := s.nc.Status(); st != nats.CONNECTED {
+		return fmt.Errorf("wharfnats: not connected to NATS (%s)", strings.ToLower(st.String()))
+	}
+	return nil
+}

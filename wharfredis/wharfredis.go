@@ -740,3 +740,12 @@ func parseURL(u *url.URL) (urlConfig, error) {
 	cfg.redis = o
 	return cfg, nil
 }
+
+// Ping sends PING within ctx. It implements [wharf.Pinger], which readiness
+// probes use.
+func (s *Sink) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("wharfredis: %s", strings.ReplaceAll(err.Error(), "\n", " "))
+	}
+	return nil
+}
