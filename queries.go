@@ -45,11 +45,15 @@ FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
 
 	// fenced locks the caller's lanes whose fence still matches, FOR SHARE, so
 	// a takeover (UPDATE of the lane row) cannot commit between the check and
-	// the write: a relay that lost a lane writes nothing for it.
+	// the write: a relay that lost a lane writes nothing for it. Every
+	// statement that locks several lane rows locks them in lane order (the
+	// sort runs below the row locking): the lease loop renews the same rows
+	// while the completer writes, and two orders would deadlock.
 	const fenced = `f AS (
     SELECT l.lane FROM S.lanes l
     JOIN unnest($1::smallint[], $2::bigint[]) AS mine(lane, fence) ON mine.lane = l.lane AND mine.fence = l.fence
     WHERE l.owner = $3
+    ORDER BY l.lane
     FOR SHARE OF l)`
 
 	const cols = `o.lane, o.id, o.nonce, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at`
@@ -170,15 +174,18 @@ FROM (SELECT 1) AS one LEFT JOIN S.relays r ON r.relay_id = $1`),
     DELETE FROM S.relays WHERE heartbeat_at < now() - 3 * $3::interval AND relay_id <> $1
 )
 SELECT (SELECT count(*) FROM hb), count(*) + 1 FROM S.relays WHERE heartbeat_at > now() - $3::interval AND relay_id <> $1`),
-		renew: q(`UPDATE S.lanes SET lease_until = now() + $2::interval
-WHERE owner = $1 RETURNING lane, fence`),
+		renew: q(`UPDATE S.lanes l SET lease_until = now() + $2::interval
+FROM (SELECT lane FROM S.lanes WHERE owner = $1 ORDER BY lane FOR UPDATE) mine
+WHERE l.lane = mine.lane RETURNING l.lane, l.fence`),
 		claim: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1, lease_until = now() + $2::interval
 WHERE l.lane IN (
     SELECT lane FROM S.lanes WHERE owner IS NULL OR lease_until < now()
     ORDER BY lane LIMIT $3 FOR UPDATE SKIP LOCKED)
 RETURNING l.lane, l.fence`),
-		release:     q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),
-		releaseAll:  q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE owner = $1 AND lane = ANY($2::smallint[])`),
+		release: q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),
+		releaseAll: q(`UPDATE S.lanes l SET owner = NULL, lease_until = NULL
+FROM (SELECT lane FROM S.lanes WHERE owner = $1 AND lane = ANY($2::smallint[]) ORDER BY lane FOR UPDATE) mine
+WHERE l.lane = mine.lane`),
 		unregister:  q(`DELETE FROM S.relays WHERE relay_id = $1 AND incarnation = $2`),
 		loadRetries: q(`SELECT id, attempts, next_attempt_at, lane FROM S.retries WHERE lane = ANY($1::smallint[])`),
 		laneOwners: q(`SELECT count(*) FILTER (WHERE owner IS NULL OR lease_until < now() OR owner NOT IN (
