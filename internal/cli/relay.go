@@ -27,6 +27,8 @@ type relayFlags struct {
 	// adminAddr is where the relay serves its metrics and probes ("": nowhere).
 	adminAddr string
 	cfg       wharf.Config
+	// console: `relay --console` serves the web console on adminAddr.
+	console consoleFlags
 }
 
 func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
@@ -99,10 +101,19 @@ hands its lanes back. A second signal ends it at once.`,
 			if err != nil {
 				return err
 			}
+			if f.console.enabled {
+				if f.adminAddr == "" {
+					return usageError{errors.New("--console needs --admin-addr: the console is served there at /console/")}
+				}
+				if err := f.console.resolve("--admin-addr", f.adminAddr, g.sources); err != nil {
+					return err
+				}
+			}
 			return runRelay(ctx, g, f, cfg)
 		},
 	}
 	f.registerSettings(cmd)
+	f.console.registerRelay(cmd)
 	return cmd
 }
 
@@ -139,7 +150,7 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags, cfg wharf.Config) 
 	if err != nil {
 		return err
 	}
-	stopAdmin, err := g.serveAdmin(f.adminAddr, client)
+	stopAdmin, err := g.serveAdmin(f.adminAddr, client, &f.console)
 	if err != nil {
 		return err
 	}
@@ -191,7 +202,7 @@ func drainUntilSignal(ctx context.Context, g *globals, f *relayFlags, client *wh
 // /readyz) on addr until the returned function is called; "" serves nothing.
 // The address is bound before the relay starts, so a port in use fails the
 // start instead of leaving a relay without its probes.
-func (g *globals) serveAdmin(addr string, client *wharf.Client) (stop func(), err error) {
+func (g *globals) serveAdmin(addr string, client *wharf.Client, console *consoleFlags) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -200,7 +211,7 @@ func (g *globals) serveAdmin(addr string, client *wharf.Client) (stop func(), er
 		return nil, fmt.Errorf("--admin-addr %s: %w", addr, err)
 	}
 	srv := &http.Server{
-		Handler:           wharfprom.Handler(client, wharfprom.WithVersion(moduleVersion()), wharfprom.WithLogger(g.log)),
+		Handler:           console.adminHandler(g, client, wharfprom.Handler(client, wharfprom.WithVersion(moduleVersion()), wharfprom.WithLogger(g.log))),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	go func() {
@@ -209,6 +220,9 @@ func (g *globals) serveAdmin(addr string, client *wharf.Client) (stop func(), er
 		}
 	}()
 	g.log.Info("wharf: serving /metrics, /healthz and /readyz", "addr", ln.Addr().String())
+	if console != nil && console.enabled {
+		g.log.Info("wharf: serving the console", "url", "http://"+ln.Addr().String()+"/console/", "read_only", console.readOnly, "token", console.token != "")
+	}
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -60,18 +60,26 @@ func stdinIsTerminal() bool {
 }
 
 func mainWith(args []string, streams ioStreams) int {
-	root := newRoot(streams)
+	root, g := newRootWith(streams)
 	root.SetArgs(args)
 	err := root.Execute()
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(streams.stderr, "wharf: %s\n", oneLineError(err))
+	code := 1
 	var ue usageError
 	if errors.As(err, &ue) {
-		return 2
+		code = 2
 	}
-	return 1
+	msg := "wharf: " + oneLineError(err)
+	if g.logFormat == "json" && g.log != nil {
+		// Log collectors parse every stderr line as JSON: the fatal
+		// error too.
+		g.log.Error(msg, "exit_code", code)
+	} else {
+		fmt.Fprintln(streams.stderr, msg)
+	}
+	return code
 }
 
 // oneLineError folds a possibly multi-line error (pgx lists every connection
@@ -148,6 +156,12 @@ type globals struct {
 }
 
 func newRoot(streams ioStreams) *cobra.Command {
+	root, _ := newRootWith(streams)
+	return root
+}
+
+// newRootWith is newRoot with the globals the commands fill in.
+func newRootWith(streams ioStreams) (*cobra.Command, *globals) {
 	g := &globals{stdin: streams.stdin, stdout: streams.stdout, stderr: streams.stderr, terminal: streams.terminal, sources: map[string]string{}}
 	stdout, stderr := streams.stdout, streams.stderr
 	root := &cobra.Command{
@@ -196,11 +210,12 @@ whole configuration and that the database and every sink answer.`,
 		newDemoCmd(g),
 		newBenchCmd(g),
 		newVersionCmd(g),
+		newConsoleCmd(g),
 	)
 	for _, c := range root.Commands() {
 		c.SilenceUsage = true
 	}
-	return root
+	return root, g
 }
 
 // load applies the environment and the YAML file to every setting the user

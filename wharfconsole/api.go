@@ -1,0 +1,438 @@
+package wharfconsole
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/wharfhq/wharf"
+)
+
+// requestTimeout bounds every database call of one API request.
+const requestTimeout = 15 * time.Second
+
+func (h *console) api(mux *http.ServeMux) {
+	mux.HandleFunc("GET /api/config", h.config)
+	mux.HandleFunc("GET /api/status", h.status)
+	mux.HandleFunc("GET /api/blocked", h.blocked)
+	mux.HandleFunc("GET /api/pending", h.pending)
+	mux.HandleFunc("GET /api/dead", h.dead)
+	mux.HandleFunc("POST /api/pending/cancel", h.mutate(h.cancel))
+	mux.HandleFunc("POST /api/pending/reschedule", h.mutate(h.reschedule))
+	mux.HandleFunc("POST /api/dead/retry", h.mutate(h.retry))
+	mux.HandleFunc("POST /api/dead/purge", h.mutate(h.purge))
+}
+
+type configJSON struct {
+	ReadOnly bool   `json:"read_only"`
+	Auth     bool   `json:"auth"`
+	Schema   string `json:"schema"`
+	RelayID  string `json:"relay_id"`
+}
+
+func (h *console) config(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, configJSON{ReadOnly: h.o.readOnly, Auth: h.session != "", Schema: h.c.Schema(), RelayID: h.c.RelayID()})
+}
+
+type countJSON struct {
+	N     int64 `json:"n"`
+	Exact bool  `json:"exact"`
+}
+
+type relayJSON struct {
+	ID              string    `json:"id"`
+	Host            string    `json:"host"`
+	PID             int       `json:"pid"`
+	StartedAt       time.Time `json:"started_at"`
+	HeartbeatAgeSec float64   `json:"heartbeat_age_s"`
+	Live            bool      `json:"live"`
+	Lanes           []int     `json:"lanes"`
+	LeaseLeftSec    float64   `json:"lease_left_s"`
+}
+
+type laneJSON struct {
+	Lane         int       `json:"lane"`
+	Owner        string    `json:"owner"`
+	Fence        int64     `json:"fence"`
+	LeaseUntil   time.Time `json:"lease_until"`
+	LeaseLeftSec float64   `json:"lease_left_s"`
+	Covered      bool      `json:"covered"`
+	OwnerLive    bool      `json:"owner_live"`
+}
+
+// inProcessJSON are the counters of a relay running in the console's own
+// process ([wharf.Client.Metrics]).
+type inProcessJSON struct {
+	Delivered      int64 `json:"delivered"`
+	FailedAttempts int64 `json:"failed_attempts"`
+	DeadLettered   int64 `json:"dead_lettered"`
+	InFlight       int64 `json:"in_flight"`
+	LanesOwned     int64 `json:"lanes_owned"`
+}
+
+type statusJSON struct {
+	Time             time.Time      `json:"time"`
+	Messages         countJSON      `json:"messages"`
+	Due              int64          `json:"due"`
+	Scheduled        countJSON      `json:"scheduled"`
+	Retrying         countJSON      `json:"retrying"`
+	DeadLetters      countJSON      `json:"dead_letters"`
+	OldestDueAgeSec  float64        `json:"oldest_due_age_s"`
+	OldestDueUnknown []int          `json:"oldest_due_unknown"`
+	DeadTuples       int64          `json:"dead_tuples"`
+	LeaseTTLSec      float64        `json:"lease_ttl_s"`
+	Relays           []relayJSON    `json:"relays"`
+	Lanes            []laneJSON     `json:"lanes"`
+	Uncovered        []int          `json:"uncovered"`
+	InProcess        *inProcessJSON `json:"in_process"`
+}
+
+func (h *console) status(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	s, err := h.c.Status(ctx)
+	if err != nil {
+		h.fail(w, "status", err)
+		return
+	}
+	out := statusJSON{
+		Time:             time.Now().UTC(),
+		Messages:         countJSON(s.Messages),
+		Due:              s.Due(),
+		Scheduled:        countJSON(s.Scheduled),
+		Retrying:         countJSON(s.Retrying),
+		DeadLetters:      countJSON(s.DeadLetters),
+		OldestDueAgeSec:  s.OldestDueAge.Seconds(),
+		OldestDueUnknown: nonNil(s.OldestDueUnknown),
+		DeadTuples:       s.DeadTuples,
+		LeaseTTLSec:      s.LeaseTTL.Seconds(),
+		Relays:           []relayJSON{},
+		Uncovered:        nonNil(s.UncoveredLanes()),
+	}
+	live := map[string]bool{}
+	for _, rl := range s.Relays {
+		live[rl.ID] = rl.Live
+		out.Relays = append(out.Relays, relayJSON{
+			ID: rl.ID, Host: rl.Host, PID: rl.PID, StartedAt: rl.StartedAt, HeartbeatAgeSec: rl.HeartbeatAge.Seconds(),
+			Live: rl.Live, Lanes: nonNil(rl.Lanes), LeaseLeftSec: rl.LeaseLeft.Seconds(),
+		})
+	}
+	for _, l := range s.Lanes {
+		out.Lanes = append(out.Lanes, laneJSON{
+			Lane: l.Lane, Owner: l.Owner, Fence: l.Fence, LeaseUntil: l.LeaseUntil, LeaseLeftSec: l.LeaseLeft.Seconds(),
+			Covered: l.Owner != "" && !l.Expired(), OwnerLive: live[l.Owner],
+		})
+	}
+	// A relay runs in this process when its engine loop ran lately.
+	m := h.c.Metrics()
+	if last := m.LastLoop.Load(); last != 0 && time.Since(time.Unix(0, last)) < 30*time.Second {
+		out.InProcess = &inProcessJSON{
+			Delivered: m.Delivered.Load(), FailedAttempts: m.FailedAttempts.Load(), DeadLettered: m.DeadLettered.Load(),
+			InFlight: m.InFlight.Load(), LanesOwned: m.LanesOwned.Load(),
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+type blockedKeyJSON struct {
+	Topic          string     `json:"topic"`
+	Key            string     `json:"key"`
+	Lane           int        `json:"lane"`
+	Reason         string     `json:"reason"`
+	HeadID         string     `json:"head_id"`
+	CreatedAt      time.Time  `json:"created_at"`
+	DeliverAt      *time.Time `json:"deliver_at"`
+	Attempts       int        `json:"attempts"`
+	NextAttemptAt  *time.Time `json:"next_attempt_at"`
+	LastError      string     `json:"last_error"`
+	Waiting        int        `json:"waiting"`
+	WaitingAtLeast bool       `json:"waiting_at_least"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func (h *console) blocked(w http.ResponseWriter, r *http.Request) {
+	limit, ok := queryLimit(w, r, 100, 1000)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	b, err := h.c.BlockedKeys(ctx, limit)
+	if err != nil {
+		h.fail(w, "blocked keys", err)
+		return
+	}
+	keys := []blockedKeyJSON{}
+	for _, k := range b.Keys {
+		keys = append(keys, blockedKeyJSON{
+			Topic: k.Topic, Key: k.Key, Lane: k.Lane, Reason: string(k.Reason), HeadID: k.HeadID, CreatedAt: k.CreatedAt,
+			DeliverAt: timePtr(k.DeliverAt), Attempts: k.Attempts, NextAttemptAt: timePtr(k.NextAttemptAt),
+			LastError: k.LastError, Waiting: k.Waiting, WaitingAtLeast: k.WaitingAtLeast,
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"keys": keys, "more": b.More, "unscanned_lanes": nonNil(b.UnscannedLanes), "scan_bound": wharf.BlockedScanBound,
+	})
+}
+
+// queryLimit reads ?limit= (default def, at most hi).
+func queryLimit(w http.ResponseWriter, r *http.Request, def, hi int) (int, bool) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return def, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > hi {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want a whole number from 1 to %d", v, hi))
+		return 0, false
+	}
+	return n, true
+}
+
+// payloadJSON is a payload ready to show: indented JSON, text, or base64
+// for bytes that are neither.
+type payloadJSON struct {
+	Kind  string `json:"kind"` // json, text or base64
+	Body  string `json:"body"`
+	Bytes int    `json:"bytes"`
+}
+
+func showPayload(p []byte) payloadJSON {
+	out := payloadJSON{Bytes: len(p)}
+	var buf bytes.Buffer
+	switch {
+	case len(p) > 0 && json.Valid(p) && json.Indent(&buf, p, "", "  ") == nil:
+		out.Kind, out.Body = "json", buf.String()
+	case utf8.Valid(p) && printable(p):
+		out.Kind, out.Body = "text", string(p)
+	default:
+		out.Kind, out.Body = "base64", base64.StdEncoding.EncodeToString(p)
+	}
+	return out
+}
+
+func printable(p []byte) bool {
+	for _, r := range string(p) {
+		if r < 0x20 && r != '\n' && r != '\r' && r != '\t' || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+type messageJSON struct {
+	ID        string            `json:"id"`
+	Seq       int64             `json:"seq"`
+	Topic     string            `json:"topic"`
+	Key       string            `json:"key"`
+	Headers   map[string]string `json:"headers"`
+	Payload   payloadJSON       `json:"payload"`
+	DeliverAt *time.Time        `json:"deliver_at"`
+	DedupKey  string            `json:"dedup_key"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+func newMessageJSON(m *wharf.Message) messageJSON {
+	hd := m.Headers
+	if hd == nil {
+		hd = map[string]string{}
+	}
+	return messageJSON{ID: m.ID, Seq: m.Seq, Topic: m.Topic, Key: m.Key, Headers: hd, Payload: showPayload(m.Payload),
+		DeliverAt: timePtr(m.DeliverAt), DedupKey: m.DedupKey, CreatedAt: m.CreatedAt}
+}
+
+type pendingJSON struct {
+	messageJSON
+	Lane          int        `json:"lane"`
+	State         string     `json:"state"` // scheduled, retrying or due
+	Attempts      int        `json:"attempts"`
+	LastError     string     `json:"last_error"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+}
+
+// idList reads ?id= as message ids or outbox positions (seqs).
+func idList(v string) (ids []string, seqs []int64, err error) {
+	for _, f := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' }) {
+		if n, err := strconv.ParseInt(f, 10, 64); err == nil && n > 0 {
+			seqs = append(seqs, n)
+			continue
+		}
+		if _, _, err := wharf.ParseID(f); err != nil {
+			return nil, nil, fmt.Errorf("id %q: want a message id (a UUID such as 0000000a-8001-8123-8456-789abcdef012) or an outbox position (a number)", f)
+		}
+		ids = append(ids, f)
+	}
+	return ids, seqs, nil
+}
+
+func (h *console) pending(w http.ResponseWriter, r *http.Request) {
+	limit, ok := queryLimit(w, r, 100, 1000)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	ids, seqs, err := idList(q.Get("id"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	ps, err := h.c.PendingMessages(ctx, wharf.PendingFilter{IDs: ids, Seqs: seqs, Topic: q.Get("topic"), Key: q.Get("key"), Limit: limit})
+	if err != nil {
+		h.fail(w, "list pending messages", err)
+		return
+	}
+	out := []pendingJSON{}
+	for i := range ps {
+		p := &ps[i]
+		state := "due"
+		switch {
+		case p.Attempts > 0:
+			state = "retrying"
+		case p.Scheduled:
+			state = "scheduled"
+		}
+		out = append(out, pendingJSON{messageJSON: newMessageJSON(&p.Message), Lane: p.Lane, State: state,
+			Attempts: p.Attempts, LastError: p.LastError, NextAttemptAt: timePtr(p.NextAttemptAt)})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"messages": out, "limit": limit})
+}
+
+type deadJSON struct {
+	messageJSON
+	Attempts  int       `json:"attempts"`
+	LastError string    `json:"last_error"`
+	FailedAt  time.Time `json:"failed_at"`
+}
+
+func (h *console) dead(w http.ResponseWriter, r *http.Request) {
+	limit, ok := queryLimit(w, r, 100, 1000)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	ids, seqs, err := idList(q.Get("id"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	ds, err := h.c.DeadLetters(ctx, wharf.DeadLetterFilter{IDs: ids, Seqs: seqs, Topic: q.Get("topic"), Limit: limit})
+	if err != nil {
+		h.fail(w, "list dead letters", err)
+		return
+	}
+	out := []deadJSON{}
+	for i := range ds {
+		d := &ds[i]
+		out = append(out, deadJSON{messageJSON: newMessageJSON(&d.Message), Attempts: d.Attempts, LastError: d.LastError, FailedAt: d.FailedAt})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"messages": out, "limit": limit})
+}
+
+// changeRequest is the body of every POST: the messages to act on, by id.
+type changeRequest struct {
+	IDs []string `json:"ids"`
+	// At is the new delivery time of a reschedule (RFC 3339; "" means now).
+	At string `json:"at"`
+}
+
+// mutate checks a change may be made (not read-only; a JSON body naming at
+// least one message) before running it.
+func (h *console) mutate(f func(ctx context.Context, req changeRequest) (map[string]any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if h.o.readOnly {
+			writeError(w, http.StatusForbidden, "the console is read-only: start it without --console-read-only to make changes")
+			return
+		}
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+			writeError(w, http.StatusUnsupportedMediaType, "send the request as Content-Type: application/json")
+			return
+		}
+		var req changeRequest
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeError(w, http.StatusBadRequest, "request body: "+err.Error()+`: send {"ids": ["<message id>", ...]}`)
+			return
+		}
+		if len(req.IDs) == 0 {
+			writeError(w, http.StatusBadRequest, `no message selected: send {"ids": ["<message id>", ...]}`)
+			return
+		}
+		for _, id := range req.IDs {
+			if _, _, err := wharf.ParseID(id); err != nil {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("id %q is not a message id (a UUID as the lists show)", id))
+				return
+			}
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		defer cancel()
+		out, err := f(ctx, req)
+		if err != nil {
+			if errorStatus(err) == http.StatusBadRequest {
+				writeError(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			h.fail(w, r.URL.Path, err)
+			return
+		}
+		h.o.logger.Info("wharfconsole: "+strings.TrimPrefix(r.URL.Path, "/api/"), "ids", req.IDs, "result", out, "remote", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, out)
+	}
+}
+
+func (h *console) cancel(ctx context.Context, req changeRequest) (map[string]any, error) {
+	n, err := h.c.CancelMessages(ctx, wharf.PendingFilter{IDs: req.IDs})
+	return map[string]any{"cancelled": n}, err
+}
+
+func (h *console) reschedule(ctx context.Context, req changeRequest) (map[string]any, error) {
+	var at time.Time
+	if req.At != "" {
+		var err error
+		if at, err = time.Parse(time.RFC3339, req.At); err != nil {
+			return nil, badRequest(fmt.Sprintf("at %q: want an RFC 3339 time such as 2030-01-02T15:04:05Z, or \"\" for now", req.At))
+		}
+	}
+	n, err := h.c.RescheduleMessages(ctx, wharf.PendingFilter{IDs: req.IDs}, at)
+	return map[string]any{"rescheduled": n}, err
+}
+
+func (h *console) retry(ctx context.Context, req changeRequest) (map[string]any, error) {
+	n, err := h.c.RetryDeadLetters(ctx, wharf.DeadLetterFilter{IDs: req.IDs})
+	return map[string]any{"retried": n}, err
+}
+
+func (h *console) purge(ctx context.Context, req changeRequest) (map[string]any, error) {
+	n, err := h.c.PurgeDeadLetters(ctx, wharf.DeadLetterFilter{IDs: req.IDs})
+	return map[string]any{"purged": n}, err
+}
+
+func (h *console) fail(w http.ResponseWriter, what string, err error) {
+	h.o.logger.Warn("wharfconsole: "+what, "err", err)
+	writeError(w, errorStatus(err), strings.TrimPrefix(err.Error(), "wharf: "))
+}

@@ -1,0 +1,481 @@
+// wharf console. Every value from the server is put in the page as text
+// (text nodes and attributes set one by one): never as markup.
+"use strict";
+
+const cfg = { read_only: true, auth: false, schema: "", relay_id: "" };
+let timer = null;
+let renderSeq = 0;
+
+// el builds an element: attrs are set one by one, strings become text nodes.
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else if (k === "class") e.className = v;
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  append(e, kids);
+  return e;
+}
+
+function append(e, kids) {
+  for (const k of kids.flat(Infinity)) {
+    if (k === undefined || k === null || k === false) continue;
+    e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  }
+}
+
+// replace puts kids (flattened; null and false skipped) in place of e's children.
+function replace(e, ...kids) {
+  e.replaceChildren();
+  append(e, kids);
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  return e;
+}
+
+class HTTPError extends Error {
+  constructor(status, msg) { super(msg); this.status = status; }
+}
+
+async function call(method, path, body) {
+  const init = { method, headers: { Accept: "application/json" }, credentials: "same-origin", cache: "no-store" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const r = await fetch(path, init);
+  if (r.status === 401) {
+    location.href = "login";
+    throw new HTTPError(401, "log in first");
+  }
+  let data = null;
+  try { data = await r.json(); } catch (_) { data = null; }
+  if (!r.ok) throw new HTTPError(r.status, (data && data.error) || (r.status + " " + r.statusText));
+  return data;
+}
+const get = (p) => call("GET", p);
+const post = (p, b) => call("POST", p, b);
+
+function toast(msg, isError) {
+  const t = document.getElementById("toast");
+  t.textContent = msg;
+  t.className = isError ? "error" : "";
+  t.hidden = false;
+  clearTimeout(toast.t);
+  toast.t = setTimeout(() => { t.hidden = true; }, isError ? 8000 : 4000);
+}
+
+function fmtDur(s) {
+  if (s === null || s === undefined || isNaN(s)) return "–";
+  const neg = s < 0;
+  s = Math.abs(s);
+  let out;
+  if (s < 1) out = Math.round(s * 1000) + " ms";
+  else if (s < 60) out = s.toFixed(1) + " s";
+  else if (s < 3600) out = Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+  else if (s < 86400) out = Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+  else out = Math.floor(s / 86400) + " d " + Math.round((s % 86400) / 3600) + " h";
+  return neg ? "-" + out : out;
+}
+function fmtTime(t) {
+  if (!t) return "–";
+  const d = new Date(t);
+  return isNaN(d) ? String(t) : d.toLocaleString();
+}
+function fmtCount(c) { return (c.exact ? "" : "≈") + c.n.toLocaleString(); }
+function pill(text, kind) { return el("span", { class: "pill " + kind }, text); }
+function stateKind(s) { return { due: "ok", scheduled: "info", retrying: "warn" }[s] || "info"; }
+
+// ---- pages -------------------------------------------------------------
+
+const pages = { overview, relays, lanes, blocked, pending, dead };
+
+function route() {
+  const name = (location.hash.replace(/^#\/?/, "").split("?")[0]) || "overview";
+  const page = pages[name] ? name : "overview";
+  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === page);
+  clearInterval(timer);
+  timer = null;
+  const main = document.getElementById("main");
+  replace(main);
+  document.body.dataset.page = page;
+  document.body.dataset.loaded = "";
+  const seq = ++renderSeq;
+  pages[page](main, () => seq === renderSeq);
+}
+
+// poll runs f now and every ms while the page stays the same.
+function poll(current, f, ms) {
+  const run = async () => {
+    if (!current()) return;
+    try { await f(); } catch (e) { if (current()) showError(e); }
+    if (current()) document.body.dataset.loaded = "1";
+  };
+  run();
+  timer = setInterval(run, ms);
+}
+
+function showError(e) {
+  if (e instanceof HTTPError && e.status === 401) return;
+  toast(e.message || String(e), true);
+}
+
+function card(label, value, kind) {
+  return el("div", { class: "card " + (kind || "") }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
+}
+
+// The overview's hist survives page changes: 150 points, 5 minutes.
+const hist = [];
+const HISTORY = 150;
+
+function overview(main, current) {
+  const cards = el("div", { class: "cards" });
+  const charts = el("div", { class: "charts" });
+  const note = el("p", { class: "muted" });
+  append(main, [el("h1", {}, "Overview"), cards, charts, note]);
+  poll(current, async () => {
+    const s = await get("api/status");
+    if (!current()) return;
+    const prev = hist[hist.length - 1];
+    const t = Date.parse(s.time) / 1000;
+    const point = { t, due: s.due, scheduled: s.scheduled.n, retrying: s.retrying.n, messages: s.messages.n, rate: null, inProcess: !!s.in_process };
+    if (prev && t > prev.t) {
+      if (s.in_process && prev.delivered !== undefined) point.rate = Math.max(0, (s.in_process.delivered - prev.delivered) / (t - prev.t));
+      else if (!s.in_process) point.rate = -(s.messages.n - prev.messages) / (t - prev.t);
+    }
+    if (s.in_process) point.delivered = s.in_process.delivered;
+    if (!prev || t > prev.t) hist.push(point);
+    while (hist.length > HISTORY) hist.shift();
+
+    const live = s.relays.filter((r) => r.live).length;
+    replace(cards, 
+      card("Due", s.due.toLocaleString()),
+      card("Scheduled", fmtCount(s.scheduled)),
+      card("Retrying", fmtCount(s.retrying), s.retrying.n > 0 ? "warn" : ""),
+      card("Dead letters", fmtCount(s.dead_letters), s.dead_letters.n > 0 ? "bad" : ""),
+      card("Oldest due", s.oldest_due_age_s > 0 ? fmtDur(s.oldest_due_age_s) : "none", s.oldest_due_age_s > 60 ? "warn" : ""),
+      card("Messages", fmtCount(s.messages)),
+      card("Relays live", live + " / " + s.relays.length, live === 0 ? "bad" : ""),
+      card("Uncovered lanes", String(s.uncovered.length), s.uncovered.length > 0 ? "bad" : ""),
+      s.in_process ? card("Delivered (this process)", s.in_process.delivered.toLocaleString()) : null,
+    );
+    const rateName = s.in_process ? "delivered/s (relay in this process)" : "net drain/s (no relay in this process: backlog change between polls)";
+    replace(charts, 
+      chart("Throughput: " + rateName, [{ name: s.in_process ? "delivered/s" : "net drain/s", color: "#1f6feb", key: "rate" }]),
+      chart("Backlog", [
+        { name: "due", color: "#2e7d32", key: "due" },
+        { name: "scheduled", color: "#1f6feb", key: "scheduled" },
+        { name: "retrying", color: "#b26a00", key: "retrying" },
+      ]),
+    );
+    const notes = ["Refreshed every 2 s from " + cfg.schema + "."];
+    if (!s.messages.exact) notes.push("Counts marked ≈ are estimated from a sample of a large table.");
+    if (s.oldest_due_unknown.length) notes.push("Lanes " + s.oldest_due_unknown.join(", ") + " start with many scheduled messages: their oldest due message was not looked for.");
+    if (s.dead_tuples > 100000) notes.push(s.dead_tuples.toLocaleString() + " dead rows in the outbox: vacuum is falling behind (a long transaction?).");
+    note.textContent = notes.join(" ");
+  }, 2000);
+}
+
+function chart(title, series) {
+  const W = 600, H = 180, L = 48, B = 18, T = 8, R = 8;
+  const box = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
+  const pts = hist;
+  let maxV = 0, minV = 0;
+  for (const s of series) for (const p of pts) {
+    const v = p[s.key];
+    if (v === null || v === undefined) continue;
+    maxV = Math.max(maxV, v);
+    minV = Math.min(minV, v);
+  }
+  if (maxV === minV) maxV = minV + 1;
+  const t0 = pts.length ? pts[0].t : 0, t1 = pts.length ? pts[pts.length - 1].t : 1;
+  const x = (t) => L + (W - L - R) * (t1 > t0 ? (t - t0) / (t1 - t0) : 1);
+  const y = (v) => T + (H - T - B) * (1 - (v - minV) / (maxV - minV));
+  for (let i = 0; i <= 4; i++) {
+    const v = minV + (maxV - minV) * i / 4;
+    box.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#e1e5eb" }));
+    const lab = svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 10, fill: "#6b7585" });
+    lab.textContent = Math.abs(maxV - minV) < 10 ? v.toFixed(1) : Math.round(v).toLocaleString();
+    box.append(lab);
+  }
+  const span = svg("text", { x: W - R, y: H - 4, "text-anchor": "end", "font-size": 10, fill: "#6b7585" });
+  span.textContent = pts.length > 1 ? "last " + fmtDur(t1 - t0) : "collecting…";
+  box.append(span);
+  for (const s of series) {
+    const coords = pts.filter((p) => p[s.key] !== null && p[s.key] !== undefined).map((p) => x(p.t).toFixed(1) + "," + y(p[s.key]).toFixed(1));
+    if (coords.length) box.append(svg("polyline", { points: coords.join(" "), fill: "none", stroke: s.color, "stroke-width": 2 }));
+  }
+  const legend = el("div", { class: "legend" }, series.map((s) => {
+    const last = [...pts].reverse().find((p) => p[s.key] !== null && p[s.key] !== undefined);
+    const i = el("i");
+    i.style.background = s.color;
+    return el("span", {}, i, s.name + (last ? ": " + (Math.round(last[s.key] * 10) / 10).toLocaleString() : ""));
+  }));
+  return el("div", { class: "card chart" }, el("div", { class: "label" }, title), box, legend);
+}
+
+function relays(main, current) {
+  const body = el("tbody");
+  const note = el("p", { class: "muted" });
+  append(main, [el("h1", {}, "Relays"), el("table", { id: "relays" },
+    el("thead", {}, el("tr", {}, ["Relay", "Host", "PID", "Started", "Last heartbeat", "State", "Lanes held", "Lease left"].map((h) => el("th", {}, h)))),
+    body), note]);
+  poll(current, async () => {
+    const s = await get("api/status");
+    if (!current()) return;
+    replace(body, ...s.relays.map((r) => el("tr", { "data-relay": r.id },
+      el("td", { class: "mono" }, r.id, r.id === cfg.relay_id ? " (this process)" : ""),
+      el("td", {}, r.host), el("td", {}, String(r.pid)), el("td", {}, fmtTime(r.started_at)),
+      el("td", {}, fmtDur(r.heartbeat_age_s) + " ago"),
+      el("td", {}, r.live ? pill("live", "ok") : pill("not live", "bad")),
+      el("td", {}, r.lanes.length + (r.lanes.length ? " (" + r.lanes.join(", ") + ")" : "")),
+      el("td", {}, r.lanes.length ? fmtDur(r.lease_left_s) : "–"))));
+    if (!s.relays.length) body.append(el("tr", {}, el("td", { colspan: 8, class: "muted" }, "No relay is registered.")));
+    note.textContent = "A relay is live while its heartbeat is younger than the lease TTL (" + fmtDur(s.lease_ttl_s) + "). A stopped or crashed relay stays listed, not live, until a live relay removes it.";
+  }, 2000);
+}
+
+function lanes(main, current) {
+  const summary = el("p");
+  const grid = el("div", { class: "lanes", id: "lanes" });
+  append(main, [el("h1", {}, "Lanes"), summary, grid]);
+  poll(current, async () => {
+    const s = await get("api/status");
+    if (!current()) return;
+    replace(summary, s.uncovered.length
+      ? el("span", { class: "error" }, s.uncovered.length + " of 64 lanes have no live lease (highlighted): their messages wait until a live relay claims them.")
+      : el("span", {}, "All 64 lanes are leased by a relay."));
+    replace(grid, ...s.lanes.map((l) => el("div", { class: "lane" + (l.covered ? "" : " uncovered"), "data-lane": l.lane, title: "lane " + l.lane },
+      el("div", { class: "n" }, "Lane " + l.lane),
+      el("div", { class: "o" }, l.owner || "free"),
+      el("div", { class: "muted" }, "fence " + l.fence),
+      el("div", { class: "muted" }, l.owner ? (l.lease_left_s > 0 ? "lease " + fmtDur(l.lease_left_s) : "expired " + fmtDur(-l.lease_left_s) + " ago") : "–"))));
+  }, 2000);
+}
+
+function blocked(main, current) {
+  const body = el("tbody");
+  const note = el("div");
+  append(main, [el("h1", {}, "Blocked keys"),
+    el("p", { class: "muted" }, "Keys whose first pending message is scheduled for later or waits for a retry: every later message of the key waits behind it."),
+    note,
+    el("table", { id: "blocked" },
+      el("thead", {}, el("tr", {}, ["Topic", "Key", "Why", "First message", "Deliver at / next attempt", "Attempts", "Last error", "Waiting behind", "Lane"].map((h) => el("th", {}, h)))),
+      body)]);
+  poll(current, async () => {
+    const b = await get("api/blocked");
+    if (!current()) return;
+    replace(body, ...b.keys.map((k) => el("tr", { "data-key": k.key },
+      el("td", {}, k.topic), el("td", { class: "mono" }, k.key),
+      el("td", {}, pill(k.reason, k.reason === "retrying" ? "warn" : "info")),
+      el("td", { class: "mono" }, el("a", { href: "#/pending", onclick: () => { pendingFilter = { id: k.head_id, key: "", topic: "" }; } }, k.head_id)),
+      el("td", {}, fmtTime(k.reason === "retrying" ? k.next_attempt_at : k.deliver_at)),
+      el("td", {}, String(k.attempts)),
+      el("td", { class: "mono" }, k.last_error || "–"),
+      el("td", {}, (k.waiting_at_least ? "≥ " : "") + k.waiting.toLocaleString()),
+      el("td", {}, String(k.lane)))));
+    if (!b.keys.length) body.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No key is blocked.")));
+    const notes = [];
+    if (b.more) notes.push("More keys are blocked than shown (the oldest " + b.keys.length + " are listed).");
+    if (b.unscanned_lanes.length) notes.push("Lanes " + b.unscanned_lanes.join(", ") + " hold more than " + b.scan_bound + " messages: keys first scheduled past that point are not listed (retrying ones are).");
+    replace(note, ...notes.map((n) => el("p", { class: "note" }, n)));
+  }, 5000);
+}
+
+// ---- messages (pending and dead) -------------------------------------
+
+let pendingFilter = { id: "", key: "", topic: "" };
+let deadFilter = { id: "", topic: "" };
+
+function filterForm(fields, state, onSubmit) {
+  const inputs = {};
+  const form = el("form", { class: "filters", onsubmit: (e) => { e.preventDefault(); for (const f of fields) state[f.name] = inputs[f.name].value.trim(); onSubmit(); } },
+    fields.map((f) => {
+      inputs[f.name] = el("input", { name: f.name, id: "filter-" + f.name, placeholder: f.placeholder, value: state[f.name] || "", size: f.size || 24 });
+      return el("label", {}, f.label, inputs[f.name]);
+    }),
+    el("button", { type: "submit", class: "primary", id: "search" }, "Search"));
+  return form;
+}
+
+function query(state) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(state)) if (v) q.set(k, v);
+  return q.toString();
+}
+
+function payloadView(m) {
+  return [
+    el("h2", {}, "Payload ", el("span", { class: "muted" }, "(" + m.payload.kind + ", " + m.payload.bytes + " bytes)")),
+    el("pre", { id: "payload", class: "mono" }, m.payload.body),
+    el("h2", {}, "Headers"),
+    Object.keys(m.headers).length
+      ? el("table", { id: "headers" }, el("tbody", {}, Object.entries(m.headers).sort().map(([k, v]) => el("tr", {}, el("td", { class: "mono" }, k), el("td", { class: "mono" }, v)))))
+      : el("p", { class: "muted" }, "none"),
+  ];
+}
+
+function dl(pairs) {
+  return el("dl", {}, pairs.filter((p) => p).map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+}
+
+// confirmBox shows a question with a confirming and a cancelling button.
+function confirmBox(host, question, yesLabel, yesID, onYes) {
+  const box = el("div", { class: "confirm", id: yesID + "-box" }, el("p", {}, question),
+    el("div", { class: "actions" },
+      el("button", { type: "button", class: "danger", id: yesID, onclick: async () => { box.remove(); await onYes(); } }, yesLabel),
+      el("button", { type: "button", id: yesID + "-no", onclick: () => box.remove() }, "Keep")));
+  host.querySelector(".confirm")?.remove();
+  host.append(box);
+}
+
+function pending(main, current) {
+  const list = el("div");
+  const detail = el("div", { class: "detail card", id: "detail", hidden: true });
+  let selected = null;
+  const load = async () => {
+    const r = await get("api/pending?" + query(pendingFilter));
+    if (!current()) return;
+    const rows = r.messages.map((m) => el("tr", { class: "clickable" + (selected === m.id ? " selected" : ""), "data-id": m.id, onclick: () => { selected = m.id; show(m); for (const tr of list.querySelectorAll("tr")) tr.classList.toggle("selected", tr.dataset.id === m.id); } },
+      el("td", { class: "mono" }, m.id), el("td", {}, m.topic), el("td", { class: "mono" }, m.key || "–"),
+      el("td", {}, pill(m.state, stateKind(m.state))),
+      el("td", {}, m.state === "retrying" ? fmtTime(m.next_attempt_at) : fmtTime(m.deliver_at)),
+      el("td", {}, String(m.attempts)), el("td", {}, fmtTime(m.created_at))));
+    replace(list, el("table", { id: "pending" },
+      el("thead", {}, el("tr", {}, ["Id", "Topic", "Key", "State", "Deliver at / next attempt", "Attempts", "Enqueued"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 7, class: "muted" }, "No pending message matches.")))),
+    r.messages.length >= r.limit ? el("p", { class: "muted" }, "Showing the first " + r.limit + " (oldest first); narrow the search to see others.") : null);
+    const again = r.messages.find((m) => m.id === selected);
+    if (again) show(again); else { selected = null; detail.hidden = true; }
+    document.body.dataset.loaded = "1";
+  };
+  const show = (m) => {
+    detail.hidden = false;
+    const actions = el("div", { class: "actions" });
+    replace(detail, el("h2", {}, "Message"),
+      dl([["Id", el("span", { class: "mono" }, m.id)], ["Position", String(m.seq)], ["Topic", m.topic], ["Key", el("span", { class: "mono", id: "detail-key" }, m.key || "–")],
+        ["Lane", String(m.lane)], ["State", pill(m.state, stateKind(m.state))], ["Enqueued", fmtTime(m.created_at)],
+        ["Deliver at", fmtTime(m.deliver_at)], m.dedup_key ? ["Dedup key", m.dedup_key] : null,
+        m.attempts ? ["Attempts", String(m.attempts)] : null, m.attempts ? ["Next attempt", fmtTime(m.next_attempt_at)] : null,
+        m.last_error ? ["Last error", el("span", { class: "mono error" }, m.last_error)] : null]),
+      cfg.read_only ? el("p", { class: "muted", id: "read-only-note" }, "Read-only console: no changes.") : actions,
+      payloadView(m));
+    if (cfg.read_only) return;
+    const at = el("input", { type: "datetime-local", id: "reschedule-at", step: 1 });
+    append(actions, [
+      el("button", { type: "button", class: "danger", id: "cancel", onclick: () => confirmBox(detail, "Cancel message " + m.id + "? It is deleted from the outbox and never delivered. This cannot be undone.", "Yes, cancel it", "cancel-confirm", async () => {
+        try {
+          const r = await post("api/pending/cancel", { ids: [m.id] });
+          toast(r.cancelled ? "Cancelled " + m.id : "Nothing cancelled: the message was already delivered or removed.");
+          await load();
+        } catch (e) { showError(e); }
+      }) }, "Cancel…"),
+      at,
+      el("button", { type: "button", id: "reschedule", onclick: async () => {
+        if (!at.value) { toast("Pick a date and time to reschedule to (or use Deliver now).", true); return; }
+        const when = new Date(at.value);
+        if (isNaN(when)) { toast("That date and time cannot be read.", true); return; }
+        try {
+          const r = await post("api/pending/reschedule", { ids: [m.id], at: when.toISOString() });
+          toast("Rescheduled " + r.rescheduled + " message(s) to " + when.toLocaleString());
+          await load();
+        } catch (e) { showError(e); }
+      } }, "Reschedule"),
+      el("button", { type: "button", id: "deliver-now", onclick: async () => {
+        try {
+          const r = await post("api/pending/reschedule", { ids: [m.id], at: "" });
+          toast("Made " + r.rescheduled + " message(s) due now");
+          await load();
+        } catch (e) { showError(e); }
+      } }, "Deliver now"),
+    ]);
+  };
+  append(main, [el("h1", {}, "Pending messages"),
+    filterForm([{ name: "id", label: "Id or position", placeholder: "message id or seq, comma-separated", size: 40 },
+      { name: "key", label: "Key", placeholder: "exact key" }, { name: "topic", label: "Topic", placeholder: "exact topic" }],
+    pendingFilter, () => load().catch(showError)),
+    el("div", { class: "split" }, list, detail)]);
+  load().catch(showError);
+}
+
+function dead(main, current) {
+  const list = el("div");
+  const bulk = el("div", { class: "actions" });
+  const detail = el("div", { class: "detail card", id: "detail", hidden: true });
+  let selected = null;
+  const act = async (what, ids) => {
+    try {
+      const r = await post("api/dead/" + what, { ids });
+      toast(what === "retry" ? "Moved " + r.retried + " dead letter(s) back to the outbox" : "Purged " + r.purged + " dead letter(s)");
+      await load();
+    } catch (e) { showError(e); }
+  };
+  const load = async () => {
+    const r = await get("api/dead?" + query(deadFilter));
+    if (!current()) return;
+    const rows = r.messages.map((m) => el("tr", { class: "clickable" + (selected === m.id ? " selected" : ""), "data-id": m.id, onclick: () => { selected = m.id; show(m); for (const tr of list.querySelectorAll("tr")) tr.classList.toggle("selected", tr.dataset.id === m.id); } },
+      el("td", { class: "mono" }, m.id), el("td", {}, m.topic), el("td", { class: "mono" }, m.key || "–"),
+      el("td", {}, String(m.attempts)), el("td", { class: "mono" }, m.last_error), el("td", {}, fmtTime(m.failed_at))));
+    replace(list, el("table", { id: "dead" },
+      el("thead", {}, el("tr", {}, ["Id", "Topic", "Key", "Attempts", "Last error", "Failed"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 6, class: "muted" }, "No dead letter matches.")))),
+    r.messages.length >= r.limit ? el("p", { class: "muted" }, "Showing the first " + r.limit + "; narrow the search to see others.") : null);
+    replace(bulk);
+    if (!cfg.read_only && r.messages.length) {
+      const ids = r.messages.map((m) => m.id);
+      append(bulk, [
+        el("button", { type: "button", id: "retry-all", onclick: () => act("retry", ids) }, "Retry all " + ids.length + " listed"),
+        el("button", { type: "button", class: "danger", id: "purge-all", onclick: () => confirmBox(bulk, "Purge the " + ids.length + " listed dead letters for good? This cannot be undone.", "Yes, purge " + ids.length, "purge-all-confirm", () => act("purge", ids)) }, "Purge all listed…"),
+      ]);
+    }
+    const again = r.messages.find((m) => m.id === selected);
+    if (again) show(again); else { selected = null; detail.hidden = true; }
+    document.body.dataset.loaded = "1";
+  };
+  const show = (m) => {
+    detail.hidden = false;
+    const actions = el("div", { class: "actions" });
+    replace(detail, el("h2", {}, "Dead letter"),
+      dl([["Id", el("span", { class: "mono" }, m.id)], ["Position", String(m.seq)], ["Topic", m.topic], ["Key", el("span", { class: "mono", id: "detail-key" }, m.key || "–")],
+        ["Attempts", String(m.attempts)], ["Failed", fmtTime(m.failed_at)], ["Enqueued", fmtTime(m.created_at)],
+        ["Last error", el("span", { class: "mono error" }, m.last_error)], m.dedup_key ? ["Dedup key", m.dedup_key] : null]),
+      cfg.read_only ? el("p", { class: "muted", id: "read-only-note" }, "Read-only console: no changes.") : actions,
+      payloadView(m));
+    if (cfg.read_only) return;
+    append(actions, [
+      el("button", { type: "button", class: "primary", id: "retry", onclick: () => act("retry", [m.id]) }, "Retry"),
+      el("button", { type: "button", class: "danger", id: "purge", onclick: () => confirmBox(detail, "Purge dead letter " + m.id + " for good? This cannot be undone.", "Yes, purge it", "purge-confirm", () => act("purge", [m.id])) }, "Purge…"),
+    ]);
+  };
+  append(main, [el("h1", {}, "Dead letters"),
+    el("p", { class: "muted" }, "Retrying moves a dead letter back into the outbox with its id: the relay delivers a key's retried messages in order."),
+    filterForm([{ name: "id", label: "Id or position", placeholder: "message id or seq, comma-separated", size: 40 }, { name: "topic", label: "Topic", placeholder: "exact topic" }],
+      deadFilter, () => load().catch(showError)),
+    bulk,
+    el("div", { class: "split" }, list, detail)]);
+  load().catch(showError);
+}
+
+// ---- start -------------------------------------------------------------
+
+async function start() {
+  try {
+    Object.assign(cfg, await get("api/config"));
+  } catch (e) {
+    showError(e);
+    return;
+  }
+  document.getElementById("meta").textContent = "schema " + cfg.schema + (cfg.read_only ? " · read-only" : "");
+  document.body.dataset.readOnly = cfg.read_only ? "1" : "";
+  document.getElementById("logout").hidden = !cfg.auth;
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+start();
