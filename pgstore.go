@@ -34,6 +34,8 @@ type pgStore struct {
 	schema      string
 	owner       string
 	incarnation string
+	host        string // this process, for its registration
+	pid         int
 	log         *slog.Logger
 }
 
@@ -45,6 +47,7 @@ type pgPos struct {
 
 func (s *pgStore) register(ctx context.Context, ttl time.Duration) error {
 	host, _ := os.Hostname()
+	s.host, s.pid = host, os.Getpid()
 	var (
 		ok      bool
 		ohost   string
@@ -70,7 +73,7 @@ func (s *pgStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound
 	iv := interval(ttl)
 	var ours int
 	b := &pgx.Batch{}
-	b.Queue(s.q.heartbeat, s.owner, s.incarnation, iv).QueryRow(func(row pgx.Row) error { return row.Scan(&ours, &lr.live) })
+	b.Queue(s.q.heartbeat, s.owner, s.incarnation, iv, s.host, s.pid).QueryRow(func(row pgx.Row) error { return row.Scan(&ours, &lr.live) })
 	b.Queue(s.q.renew, s.owner, iv).Query(func(rows pgx.Rows) error {
 		var lane int16
 		var fence int64
@@ -424,6 +427,18 @@ func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) e
 	var retryAtt, deadAtt []int32
 	var retryAt []time.Time
 	var retryErr, deadErr []string
+	// One record per message and statement: an upsert cannot affect a row
+	// twice (SQLSTATE 21000), and a write that failed is queued again ahead
+	// of newer results, so a message that failed again meanwhile has two
+	// retry records here; the later one wins. A message acknowledged in the
+	// same write keeps no retry record.
+	acked := map[int64]bool{}
+	for _, o := range ops {
+		if o.kind == opAck {
+			acked[o.seq] = true
+		}
+	}
+	retryAtIdx, deadAtIdx := map[int64]int{}, map[int64]int{}
 	for _, o := range ops {
 		fences[o.lane] = o.fence
 		switch o.kind {
@@ -434,12 +449,25 @@ func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) e
 				clearRetry = append(clearRetry, o.seq)
 			}
 		case opRetry:
+			if acked[o.seq] {
+				continue
+			}
+			if i, ok := retryAtIdx[o.seq]; ok {
+				retryLane[i], retryAtt[i], retryAt[i], retryErr[i] = o.lane, int32(o.attempts), o.nextAt, o.err
+				continue
+			}
+			retryAtIdx[o.seq] = len(retryID)
 			retryLane = append(retryLane, o.lane)
 			retryID = append(retryID, o.seq)
 			retryAtt = append(retryAtt, int32(o.attempts))
 			retryAt = append(retryAt, o.nextAt)
 			retryErr = append(retryErr, o.err)
 		case opDead:
+			if i, ok := deadAtIdx[o.seq]; ok {
+				deadLane[i], deadAtt[i], deadErr[i] = o.lane, int32(o.attempts), o.err
+				continue
+			}
+			deadAtIdx[o.seq] = len(deadID)
 			deadLane = append(deadLane, o.lane)
 			deadID = append(deadID, o.seq)
 			deadAtt = append(deadAtt, int32(o.attempts))

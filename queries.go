@@ -168,8 +168,16 @@ SELECT lane FROM f`),
 SELECT EXISTS (SELECT 1 FROM up), coalesce(r.host, ''), coalesce(r.pid, 0),
     coalesce(extract(epoch FROM now() - r.heartbeat_at)::float8, 0)
 FROM (SELECT 1) AS one LEFT JOIN S.relays r ON r.relay_id = $1`),
+		// heartbeat renews this incarnation's registration, or registers it
+		// again when its row is gone (other relays delete a row three lease
+		// TTLs after its last heartbeat: a relay cut off from the database
+		// that long comes back to no row, and is not refused for it). Only a
+		// row of another incarnation, a relay started with the same id
+		// meanwhile, makes it return 0.
 		heartbeat: q(`WITH hb AS (
-    UPDATE S.relays SET heartbeat_at = now() WHERE relay_id = $1 AND incarnation = $2 RETURNING 1
+    INSERT INTO S.relays AS r (relay_id, host, pid, incarnation) VALUES ($1, $4, $5, $2)
+    ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now() WHERE r.incarnation = excluded.incarnation
+    RETURNING 1
 ), gone AS (
     DELETE FROM S.relays WHERE heartbeat_at < now() - 3 * $3::interval AND relay_id <> $1
 )
