@@ -38,6 +38,11 @@ func redactURL(raw string) string {
 	if err != nil {
 		return "(unparsable URL)"
 	}
+	if u.Opaque != "" && strings.Contains(u.Opaque, "@") {
+		// user:password@host with the scheme forgotten: url.Parse sees a
+		// scheme "user" and no user info to redact.
+		return u.Scheme + ":xxxxx" + u.Opaque[strings.LastIndexByte(u.Opaque, '@'):]
+	}
 	if u.Scheme == "http" || u.Scheme == "https" {
 		return wharfwebhook.RedactURL(raw)
 	}

@@ -134,7 +134,15 @@ func (r *registry) open(ctx context.Context, raw string) (wharf.Sink, error) {
 		return nil, fmt.Errorf("sink URL %q is malformed: %s; expected e.g. stdout: or file:///var/log/wharf.jsonl", redact(raw), parseProblem(raw))
 	}
 	if u.Scheme == "" {
-		return nil, fmt.Errorf("sink URL %q has no scheme: for a file write %s, or use one of %s", redact(raw), fileURLFor(raw), strings.Join(r.list(), ", "))
+		// The suggestion is built from the redacted text, and quoted when
+		// it holds a control character, so the error stays one line and
+		// shows no password.
+		shown := redact(raw)
+		hint := fileURLFor(shown)
+		if strings.IndexFunc(hint, func(c rune) bool { return c < 0x20 || c == 0x7f }) >= 0 {
+			hint = fmt.Sprintf("%q", hint)
+		}
+		return nil, fmt.Errorf("sink URL %q has no scheme: for a file write %s, or use one of %s", shown, hint, strings.Join(r.list(), ", "))
 	}
 	open := r.lookup(u.Scheme) // url.Parse lowercased the scheme
 	if open == nil {
@@ -155,7 +163,7 @@ func redact(raw string) string {
 	}
 	i := strings.Index(raw, "://")
 	if i < 0 {
-		return raw
+		return redactOpaque(raw)
 	}
 	rest := raw[i+3:]
 	if strings.HasPrefix(rest, "/") {
@@ -170,6 +178,20 @@ func redact(raw string) string {
 		return raw
 	}
 	return raw[:i+3] + rest[:colon+1] + "xxxxx" + rest[at:]
+}
+
+// redactOpaque hides the password of a URL typed without "//", such as
+// user:password@host:port with the scheme forgotten (url.Parse then takes the
+// user for a scheme and the rest for opaque data, with no user info to
+// redact): everything from the first ':' to the last '@', unless a path
+// follows the ':' or the URL is a file: one (whose ':' and '@' are a path's).
+func redactOpaque(raw string) string {
+	colon := strings.IndexByte(raw, ':')
+	at := strings.LastIndexByte(raw, '@')
+	if colon < 0 || at < colon || strings.EqualFold(raw[:colon], "file") || strings.HasPrefix(raw[colon+1:], "/") || raw[colon+1:at] == "xxxxx" {
+		return raw
+	}
+	return raw[:colon+1] + "xxxxx" + raw[at:]
 }
 
 // parseProblem explains why raw does not parse without quoting the password:
