@@ -50,7 +50,7 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	})
-	cmd.AddCommand(newMigrateDownCmd(g))
+	cmd.AddCommand(newMigrateDownCmd(g), newMigrateRolesCmd(g))
 	cmd.AddCommand(&cobra.Command{
 		Use:   "status",
 		Short: "List migrations and whether each is applied",

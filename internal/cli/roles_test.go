@@ -1,0 +1,169 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf"
+)
+
+// rolePair returns fresh role names, dropped when the test ends (roles
+// belong to the cluster, not to the test's schema).
+func rolePair(t *testing.T, admin *pgxpool.Pool) (producer, relay string) {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	s := hex.EncodeToString(b[:])
+	producer, relay = "cp_"+s, "cr_"+s
+	t.Cleanup(func() {
+		for _, r := range []string{producer, relay} {
+			_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+r)
+			_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+r)
+		}
+	})
+	return producer, relay
+}
+
+// urlAs is the test database's URL with another user and password.
+func urlAs(t *testing.T, user, password string) string {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	cc := cfg.ConnConfig
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(user, password), Host: cc.Host + ":" + strconv.Itoa(int(cc.Port)), Path: "/" + cc.Database}
+	if cc.TLSConfig == nil {
+		u.RawQuery = "sslmode=disable"
+	}
+	return u.String()
+}
+
+// `wharf migrate roles --create` makes roles under which a producer enqueues
+// and `wharf relay --drain` delivers the batch to a file, and neither can do
+// the other's work; the password is never printed.
+func TestMigrateRolesCreate(t *testing.T) {
+	t.Parallel()
+	b := newSchema(t)
+	ctx := context.Background()
+	producer, relay := rolePair(t, b.pool)
+	const pw = "Rel4yPassw0rdXyz"
+	code, out, errOut := run(b.cmd("migrate", "roles", "--create", "--producer", producer, "--relay", relay, "--relay-password", pw, "--producer-password", pw+"p")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "producer role "+producer+": grants on schema "+b.schema+" set (LOGIN")
+	require.Contains(t, out, "relay role "+relay+": grants on schema "+b.schema+" set (LOGIN")
+	require.NotContains(t, out+errOut, pw)
+
+	// The producer enqueues through its own connection.
+	pp, err := pgxpool.New(ctx, urlAs(t, producer, pw+"p"))
+	require.NoError(t, err)
+	defer pp.Close()
+	pc, err := wharf.NewClient(pp, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+	var msgs []wharf.Message
+	for i := range 50 {
+		msgs = append(msgs, wharf.Message{Topic: "orders", Key: strconv.Itoa(i % 5), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+	}
+	ids, err := pc.Enqueue(ctx, msgs...)
+	require.NoError(t, err)
+	_, err = pp.Exec(ctx, "SELECT payload FROM "+b.schema+".outbox")
+	require.ErrorContains(t, err, "permission denied")
+
+	// The relay delivers them under the relay role.
+	file := filepath.Join(t.TempDir(), "out.jsonl")
+	relayURL := urlAs(t, relay, pw)
+	code, _, errOut = run("relay", "--drain", "--sink", "file://"+file, "--schema", b.schema, "--database-url", relayURL, "--log-level", "debug")
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, errOut, pw)
+	f, err := os.Open(file)
+	require.NoError(t, err)
+	defer f.Close()
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m struct{ ID string }
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &m))
+		seen[m.ID] = true
+	}
+	for _, id := range ids {
+		require.True(t, seen[id], "message %s delivered", id)
+	}
+	require.Equal(t, 0, b.count(t, "outbox"))
+
+	// The relay role cannot enqueue or change the schema; errors stay one
+	// line and hide the password.
+	rp, err := pgxpool.New(ctx, relayURL)
+	require.NoError(t, err)
+	defer rp.Close()
+	rc, err := wharf.NewClient(rp, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+	_, err = rc.Enqueue(ctx, wharf.Message{Topic: "x", Payload: []byte(`1`)})
+	require.ErrorContains(t, err, "permission denied")
+	code, _, errOut = run("notify", "on", "--schema", b.schema, "--database-url", relayURL)
+	require.NotEqual(t, 0, code)
+	requireOneLineError(t, errOut, "")
+	require.NotContains(t, errOut, pw)
+
+	// A second run keeps the roles and their rights.
+	code, _, errOut = run(b.cmd("migrate", "roles", "--create", "--producer", producer, "--relay", relay)...)
+	require.Equal(t, 0, code, errOut)
+	_, err = pc.Enqueue(ctx, wharf.Message{Topic: "orders", Payload: []byte(`1`)})
+	require.NoError(t, err)
+}
+
+// The printed script hides the password behind a psql variable and, run
+// with psql, creates working roles.
+func TestMigrateRolesPrint(t *testing.T) {
+	t.Parallel()
+	b := newSchema(t)
+	producer, relay := rolePair(t, b.pool)
+	const pw = "Pr0ducerSecretQq"
+	code, script, errOut := run("migrate", "roles", "--schema", b.schema, "--producer", producer, "--relay", relay, "--producer-password", pw)
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, script, pw)
+	require.Contains(t, script, "GRANT INSERT (topic, key, payload, headers, deliver_at, dedup_key) ON "+b.schema+".outbox TO "+producer)
+	require.Contains(t, script, "CREATE ROLE "+relay+" NOLOGIN")
+
+	psql, err := exec.LookPath("psql")
+	require.NoError(t, err, "psql is needed to run the printed script")
+	cmd := exec.Command(psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", producer+"_password="+pw, "-d", databaseURL, "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	outB, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(outB))
+
+	pp, err := pgxpool.New(context.Background(), urlAs(t, producer, pw))
+	require.NoError(t, err)
+	defer pp.Close()
+	c, err := wharf.NewClient(pp, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+	_, err = c.Enqueue(context.Background(), wharf.Message{Topic: "t", Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, 1, b.count(t, "outbox"))
+}
+
+func TestMigrateRolesRefusals(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--producer", "same", "--relay", "same"},
+		{"--relay", "Bad-Name"},
+		{"--producer", "pg_read_all_data"},
+		{"--create", "--producer", "x;y"},
+	} {
+		code, out, errOut := run(append([]string{"migrate", "roles"}, args...)...)
+		require.Equal(t, 2, code, "%v: %s%s", args, out, errOut)
+		requireOneLineError(t, errOut, "role")
+		require.Empty(t, out)
+	}
+}

@@ -1,0 +1,198 @@
+package wharfmigrate
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Default role names of [Migrator.RolesSQL] and [Migrator.CreateRoles].
+const (
+	DefaultProducerRole = "wharf_producer"
+	DefaultRelayRole    = "wharf_relay"
+)
+
+// RoleOptions names the two least-privilege roles and, optionally, their
+// passwords. A role without a password is created NOLOGIN: a group role
+// that login roles are granted (GRANT wharf_producer TO app_user).
+type RoleOptions struct {
+	// Producer may enqueue and nothing else: insert into the outbox (the
+	// enqueue functions run with the caller's rights) and read back only
+	// the id, nonce and dedup key columns, which enqueue returns and its
+	// dedup lookup reads. "" means DefaultProducerRole.
+	Producer string
+	// Relay may do what a running relay does: read and delete outbox rows,
+	// lease lanes, register in relays, record retries and dead letters,
+	// read the schema version. "" means DefaultRelayRole.
+	Relay string
+	// ProducerPassword and RelayPassword, when set, make the role LOGIN
+	// with that password.
+	ProducerPassword string
+	RelayPassword    string
+}
+
+var roleRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// validate fills in the defaults and checks the names.
+func (o RoleOptions) validate() (RoleOptions, error) {
+	if o.Producer == "" {
+		o.Producer = DefaultProducerRole
+	}
+	if o.Relay == "" {
+		o.Relay = DefaultRelayRole
+	}
+	for _, r := range []struct{ flag, name string }{{"producer", o.Producer}, {"relay", o.Relay}} {
+		if !roleRE.MatchString(r.name) || strings.HasPrefix(r.name, "pg_") || r.name == "public" {
+			return o, fmt.Errorf("invalid %s role name %q: use 1-63 lowercase letters, digits and underscores, starting with a letter or underscore, not starting with pg_ and not public", r.flag, r.name)
+		}
+	}
+	if o.Producer == o.Relay {
+		return o, fmt.Errorf("the producer and relay roles are both %q: give them different names, so each has only its own rights", o.Producer)
+	}
+	return o, nil
+}
+
+// roleGrants are the privileges of each role on the objects of the latest
+// schema version, found from the migrations and the queries the client runs
+// (queries.go, pgstore.go, lease.go): {S} stands for the schema, {R} for
+// the role.
+var (
+	producerGrants = []string{
+		`GRANT USAGE ON SCHEMA {S} TO {R}`,
+		// Enqueue inserts these columns; the others take their defaults.
+		`GRANT INSERT (topic, key, payload, headers, deliver_at, dedup_key) ON {S}.outbox TO {R}`,
+		// RETURNING id, nonce[, dedup_key], the ON CONFLICT (dedup_key)
+		// arbiter and the dedup lookup read these columns, and no others:
+		// the producer cannot read topics, keys, payloads or headers.
+		`GRANT SELECT (id, nonce, dedup_key) ON {S}.outbox TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.enqueue(text, text, jsonb, jsonb, timestamptz, text) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.enqueue_bytes(text, text, bytea, jsonb, timestamptz, text) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.message_id(bigint, bigint) TO {R}`,
+	}
+	relayGrants = []string{
+		`GRANT USAGE ON SCHEMA {S} TO {R}`,
+		// The relay checks the schema version before it starts.
+		`GRANT SELECT ON {S}.schema_migrations TO {R}`,
+		// Reads batches; deletes delivered and dead-lettered rows.
+		`GRANT SELECT, DELETE ON {S}.outbox TO {R}`,
+		// Claims, renews and releases leases (UPDATE; also what FOR SHARE
+		// and FOR UPDATE SKIP LOCKED need).
+		`GRANT SELECT, UPDATE ON {S}.lanes TO {R}`,
+		// Registers, heartbeats, and removes itself and dead relays.
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.relays TO {R}`,
+		// Records attempts (upsert) and forgets them on success.
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.retries TO {R}`,
+		// Moves failed messages here (upsert); never deletes them.
+		`GRANT SELECT, INSERT, UPDATE ON {S}.dead_letters TO {R}`,
+	}
+)
+
+// tables are every table of the schema, for the REVOKE that makes a second
+// run leave exactly the grants above.
+var tables = []string{"outbox", "lanes", "relays", "retries", "dead_letters", "schema_migrations"}
+
+// roleStatements returns the statements that create (if missing) and grant
+// one role; password writes the SQL value of its password.
+func roleStatements(schema, role, password string, passwordSQL func(string) string, grants []string) []string {
+	out := []string{
+		// Idempotent: a role that exists keeps its attributes.
+		fmt.Sprintf("DO $wharf$ BEGIN CREATE ROLE %s NOLOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $wharf$", role),
+	}
+	// Revoking from a superuser or the tables' owner would take the
+	// owner's rights away and grant nothing: refuse.
+	out = append(out, fmt.Sprintf(`DO $wharf$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles r WHERE r.rolname = '%[1]s' AND (r.rolsuper OR pg_has_role(r.oid, (SELECT relowner FROM pg_class WHERE oid = '%[2]s.outbox'::regclass), 'MEMBER'))) THEN RAISE EXCEPTION 'role %[1]s is a superuser or owns the outbox tables: give the producer and relay roles names of their own' USING ERRCODE = '42501'; END IF; END $wharf$`, role, schema))
+	if password != "" {
+		out = append(out, fmt.Sprintf("ALTER ROLE %s LOGIN PASSWORD %s", role, passwordSQL(password)))
+	}
+	for _, t := range tables {
+		out = append(out, fmt.Sprintf("REVOKE ALL ON %s.%s FROM %s", schema, t, role))
+	}
+	out = append(out, fmt.Sprintf("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA %s FROM %s", schema, role))
+	r := strings.NewReplacer("{S}", schema, "{R}", role)
+	for _, g := range grants {
+		out = append(out, r.Replace(g))
+	}
+	return out
+}
+
+// RolesSQL returns a psql script that creates the producer and relay roles
+// and grants them exactly what they need on this migrator's schema (at the
+// latest version). Passwords are never written into it: a role given a
+// password is made LOGIN with the psql variable <role>_password, so run it
+// with psql -v wharf_producer_password=... .
+func (m *Migrator) RolesSQL(o RoleOptions) (string, error) {
+	o, err := o.validate()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- Least-privilege roles for the Wharf outbox in schema %s (version %d).\n", m.schema, m.Latest())
+	fmt.Fprintf(&b, "-- %s may enqueue only; %s may run the relay only. Run as the schema owner.\n", o.Producer, o.Relay)
+	for _, r := range []struct{ role, pw string }{{o.Producer, o.ProducerPassword}, {o.Relay, o.RelayPassword}} {
+		if r.pw != "" {
+			fmt.Fprintf(&b, "-- %s logs in: run with psql -v %s_password=... (the password is not in this script).\n", r.role, r.role)
+		}
+	}
+	b.WriteString("BEGIN;\n")
+	psqlVar := func(role string) func(string) string {
+		return func(string) string { return ":'" + role + "_password'" }
+	}
+	for _, st := range roleStatements(m.schema, o.Producer, o.ProducerPassword, psqlVar(o.Producer), producerGrants) {
+		b.WriteString(st + ";\n")
+	}
+	for _, st := range roleStatements(m.schema, o.Relay, o.RelayPassword, psqlVar(o.Relay), relayGrants) {
+		b.WriteString(st + ";\n")
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String(), nil
+}
+
+// CreateRoles creates the producer and relay roles (keeping any that
+// exist, with their attributes) and sets their grants on this migrator's
+// schema to exactly what each needs, in one transaction. The schema must be
+// at the latest version: the grants name its tables and functions. The
+// connection needs the right to create roles and to grant on the schema
+// (its owner, or a superuser).
+func (m *Migrator) CreateRoles(ctx context.Context, conn Conn, o RoleOptions) error {
+	o, err := o.validate()
+	if err != nil {
+		return err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("wharfmigrate: roles: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := m.Check(ctx, tx); err != nil {
+		return err
+	}
+	// The server quotes the password (format %L), so no character of it
+	// can end the literal; only the statement's own text is ours.
+	quoted := func(pw string) (string, error) {
+		var lit string
+		err := tx.QueryRow(ctx, `SELECT format('%L', $1::text)`, pw).Scan(&lit)
+		return lit, err
+	}
+	for _, r := range []struct {
+		role, pw string
+		grants   []string
+	}{{o.Producer, o.ProducerPassword, producerGrants}, {o.Relay, o.RelayPassword, relayGrants}} {
+		lit := ""
+		if r.pw != "" {
+			if lit, err = quoted(r.pw); err != nil {
+				return fmt.Errorf("wharfmigrate: roles: %w", err)
+			}
+		}
+		for _, st := range roleStatements(m.schema, r.role, r.pw, func(string) string { return lit }, r.grants) {
+			if _, err := tx.Exec(ctx, st); err != nil {
+				// Never echo the statement: it may hold the password.
+				return fmt.Errorf("wharfmigrate: roles: role %s: %w", r.role, err)
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("wharfmigrate: roles: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,263 @@
+package wharfmigrate_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// roleNames returns fresh role names and drops the roles when the test ends
+// (roles belong to the cluster, not to the test's schema).
+func roleNames(t *testing.T, admin *pgxpool.Pool) (producer, relay string) {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	suffix := hex.EncodeToString(b[:])
+	producer, relay = "wp_"+suffix, "wr_"+suffix
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, r := range []string{producer, relay} {
+			_, _ = admin.Exec(ctx, "DROP OWNED BY "+r)
+			_, _ = admin.Exec(ctx, "DROP ROLE IF EXISTS "+r)
+		}
+	})
+	return producer, relay
+}
+
+// poolAs connects to the test database as role.
+func poolAs(t *testing.T, role, password string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	cfg.ConnConfig.Password = password
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// requireDenied checks that sql fails for lack of privilege (42501).
+func requireDenied(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql)
+	var pe *pgconn.PgError
+	require.Truef(t, errors.As(err, &pe) && pe.Code == "42501", "%s: %v, want permission denied (42501)", sql, err)
+}
+
+func migrated(t *testing.T) (*pgxpool.Pool, string, *wharfmigrate.Migrator) {
+	t.Helper()
+	admin, schema := setup(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(context.Background(), admin)
+	require.NoError(t, err)
+	return admin, schema, m
+}
+
+// With the roles created, a producer connection can enqueue (Go client with
+// and without dedup keys, and the SQL functions) but read no message and
+// change nothing else; a relay connection delivers a batch end to end,
+// dead-letters a failing message, and can neither enqueue nor change the
+// schema.
+func TestRolesEndToEnd(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, schema, m := migrated(t)
+	producer, relay := roleNames(t, admin)
+	opts := wharfmigrate.RoleOptions{Producer: producer, Relay: relay, ProducerPassword: "pw-" + producer, RelayPassword: "pw-" + relay}
+	require.NoError(t, m.CreateRoles(ctx, admin, opts))
+
+	// Producer.
+	pp := poolAs(t, producer, opts.ProducerPassword)
+	pc, err := wharf.NewClient(pp, &wharf.Config{Schema: schema})
+	require.NoError(t, err)
+	var msgs []wharf.Message
+	for i := range 20 {
+		msgs = append(msgs, wharf.Message{Topic: "orders", Key: fmt.Sprint(i % 3), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)), Headers: map[string]string{"h": "v"}})
+	}
+	msgs = append(msgs, wharf.Message{Topic: "poison", Payload: []byte(`{}`)})
+	ids, err := pc.Enqueue(ctx, msgs...)
+	require.NoError(t, err, "the producer enqueues")
+	require.Len(t, ids, len(msgs))
+	first, err := pc.Enqueue(ctx, wharf.Message{Topic: "orders", Key: "d", Payload: []byte(`1`), DedupKey: "once"})
+	require.NoError(t, err, "the producer enqueues with a dedup key")
+	again, err := pc.Enqueue(ctx, wharf.Message{Topic: "orders", Key: "d", Payload: []byte(`2`), DedupKey: "once"})
+	require.NoError(t, err, "the producer's dedup lookup works")
+	require.Equal(t, first, again)
+	var sqlID string
+	require.NoError(t, pp.QueryRow(ctx, `SELECT `+schema+`.enqueue('orders', 'sql', '{"via":"sql"}'::jsonb)::text`).Scan(&sqlID))
+	require.NoError(t, pp.QueryRow(ctx, `SELECT `+schema+`.enqueue_bytes('orders', 'sql', '\x00ff'::bytea, '{}', NULL, 'dk')::text`).Scan(&sqlID))
+	for _, sql := range []string{
+		`SELECT payload FROM S.outbox`, `SELECT * FROM S.outbox`, `SELECT topic, key, headers FROM S.outbox`,
+		`DELETE FROM S.outbox`, `UPDATE S.outbox SET topic = 'x'`, `TRUNCATE S.outbox`,
+		`SELECT * FROM S.dead_letters`, `SELECT * FROM S.retries`, `UPDATE S.lanes SET owner = 'me'`,
+		`INSERT INTO S.relays (relay_id) VALUES ('p')`, `DELETE FROM S.schema_migrations`,
+		`CREATE TABLE S.x (i int)`, `DROP TABLE S.lanes`, `ALTER TABLE S.outbox DISABLE TRIGGER outbox_notify`,
+	} {
+		requireDenied(t, pp, strings.ReplaceAll(sql, "S.", schema+"."))
+	}
+
+	// Relay.
+	rp := poolAs(t, relay, opts.RelayPassword)
+	var mu sync.Mutex
+	got := map[string]int{}
+	rc, err := wharf.NewClient(rp, &wharf.Config{
+		Schema:       schema,
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MaxAttempts:  2,
+		RetryBackoff: 10 * time.Millisecond,
+		PollInterval: 20 * time.Millisecond,
+		Handler: func(_ context.Context, msg *wharf.Message) error {
+			if msg.Topic == "poison" {
+				return errors.New("cannot handle poison")
+			}
+			mu.Lock()
+			got[msg.ID]++
+			mu.Unlock()
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, rc.Drain(dctx), "the relay role runs a relay to the end")
+	mu.Lock()
+	for _, id := range ids[:20] {
+		require.Equal(t, 1, got[id], "message %s delivered once", id)
+	}
+	require.Equal(t, 1, got[first[0]])
+	require.Len(t, got, 23) // 20 + the deduplicated one + the two SQL ones
+	mu.Unlock()
+	var left, dead int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+schema+`.outbox), (SELECT count(*) FROM `+schema+`.dead_letters)`).Scan(&left, &dead))
+	require.Equal(t, 0, left, "delivered rows are deleted")
+	require.Equal(t, 1, dead, "the failing message is dead-lettered")
+	for _, sql := range []string{
+		`INSERT INTO S.outbox (topic, payload) VALUES ('x', '')`, `SELECT S.enqueue('x', NULL, '{}'::jsonb)`,
+		`UPDATE S.outbox SET topic = 'x'`, `TRUNCATE S.outbox`, `DELETE FROM S.dead_letters`,
+		`INSERT INTO S.schema_migrations SELECT * FROM S.schema_migrations`, `DELETE FROM S.lanes`, `INSERT INTO S.lanes (lane) VALUES (99)`,
+		`CREATE TABLE S.x (i int)`, `DROP TABLE S.retries`, `ALTER TABLE S.outbox ENABLE TRIGGER outbox_notify`,
+	} {
+		requireDenied(t, rp, strings.ReplaceAll(sql, "S.", schema+"."))
+	}
+}
+
+// privileges lists what role may do on every table, column group and
+// function of the schema, to compare two ways of granting.
+func privileges(t *testing.T, pool *pgxpool.Pool, schema, role string) string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+SELECT c.relname || ':' || p.priv || '=' || has_table_privilege($2, c.oid, p.priv)::text
+FROM pg_class c CROSS JOIN unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE','REFERENCES','TRIGGER']) AS p(priv)
+WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'r'
+UNION ALL
+SELECT 'outbox.' || a.attname || ':' || p.priv || '=' || has_column_privilege($2, ($1 || '.outbox')::regclass, a.attname, p.priv)::text
+FROM pg_attribute a CROSS JOIN unnest(ARRAY['SELECT','INSERT','UPDATE']) AS p(priv)
+WHERE a.attrelid = ($1 || '.outbox')::regclass AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'schema:' || p.priv || '=' || has_schema_privilege($2, $1, p.priv)::text FROM unnest(ARRAY['USAGE','CREATE']) AS p(priv)
+ORDER BY 1`, schema, role)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return strings.Join(out, "\n")
+}
+
+// The printed script grants exactly what CreateRoles grants, holds no
+// password, and a second CreateRoles takes back grants added by hand.
+func TestRolesSQLMatchesCreateRoles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, schema, m := migrated(t)
+	p1, r1 := roleNames(t, admin)
+	p2, r2 := roleNames(t, admin)
+	require.NoError(t, m.CreateRoles(ctx, admin, wharfmigrate.RoleOptions{Producer: p1, Relay: r1}))
+
+	script, err := m.RolesSQL(wharfmigrate.RoleOptions{Producer: p2, Relay: r2, RelayPassword: "S3cretRelayPw"})
+	require.NoError(t, err)
+	require.NotContains(t, script, "S3cretRelayPw")
+	require.Contains(t, script, "PASSWORD :'"+r2+"_password'")
+	// Run it as psql would, with the variable set.
+	_, err = admin.Exec(ctx, strings.ReplaceAll(script, ":'"+r2+"_password'", "'S3cretRelayPw'"))
+	require.NoError(t, err)
+
+	require.Equal(t, privileges(t, admin, schema, p1), privileges(t, admin, schema, p2))
+	require.Equal(t, privileges(t, admin, schema, r1), privileges(t, admin, schema, r2))
+	var login1, login2 bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT (SELECT rolcanlogin FROM pg_roles WHERE rolname = $1), (SELECT rolcanlogin FROM pg_roles WHERE rolname = $2)`, r1, r2).Scan(&login1, &login2))
+	require.False(t, login1, "no password: NOLOGIN")
+	require.True(t, login2, "a password: LOGIN")
+
+	// The producer sees id, nonce and dedup_key, nothing else of the outbox.
+	priv := privileges(t, admin, schema, p1)
+	for _, want := range []string{"outbox.id:SELECT=true", "outbox.nonce:SELECT=true", "outbox.dedup_key:SELECT=true", "outbox.payload:SELECT=false",
+		"outbox.topic:SELECT=false", "outbox.payload:INSERT=true", "outbox.id:INSERT=false", "outbox:DELETE=false", "schema:CREATE=false"} {
+		require.Contains(t, priv, want)
+	}
+
+	// Broader grants added by hand are taken back by a second run.
+	_, err = admin.Exec(ctx, fmt.Sprintf("GRANT ALL ON %[1]s.outbox, %[1]s.dead_letters TO %[2]s", schema, p1))
+	require.NoError(t, err)
+	require.NoError(t, m.CreateRoles(ctx, admin, wharfmigrate.RoleOptions{Producer: p1, Relay: r1}))
+	require.Equal(t, privileges(t, admin, schema, p2), privileges(t, admin, schema, p1))
+}
+
+func TestRolesRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	m, err := wharfmigrate.New("wharf")
+	require.NoError(t, err)
+	for _, o := range []wharfmigrate.RoleOptions{
+		{Producer: "same", Relay: "same"}, {Producer: "Bad-Name"}, {Relay: "pg_monitor"}, {Producer: "public"},
+		{Relay: strings.Repeat("x", 64)}, {Producer: "a;DROP TABLE x"},
+	} {
+		_, err := m.RolesSQL(o)
+		require.Error(t, err, "%+v", o)
+		require.NotContains(t, err.Error(), "\n")
+		require.Regexp(t, regexp.MustCompile(`give them different names|invalid (producer|relay) role name`), err.Error())
+	}
+	def, err := m.RolesSQL(wharfmigrate.RoleOptions{})
+	require.NoError(t, err)
+	require.Contains(t, def, "CREATE ROLE wharf_producer NOLOGIN")
+	require.Contains(t, def, "CREATE ROLE wharf_relay NOLOGIN")
+	require.NotContains(t, def, "PASSWORD")
+
+	// A superuser or the owner is refused, and keeps its rights.
+	admin, schema, m2 := migrated(t)
+	var me string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT current_user").Scan(&me))
+	_, relay := roleNames(t, admin)
+	err = m2.CreateRoles(ctx, admin, wharfmigrate.RoleOptions{Producer: me, Relay: relay})
+	require.ErrorContains(t, err, "is a superuser or owns the outbox tables")
+	var n int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
+
+	// An unmigrated schema is refused with the usual advice.
+	_, fresh := setup(t)
+	m3, err := wharfmigrate.New(fresh)
+	require.NoError(t, err)
+	require.ErrorIs(t, m3.CreateRoles(ctx, admin, wharfmigrate.RoleOptions{Relay: relay}), wharfmigrate.ErrNotMigrated)
+}
