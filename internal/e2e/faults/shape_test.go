@@ -1,0 +1,163 @@
+//go:build faults
+
+package faults
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// fill commits n messages of the given shape and waits for the producers.
+func fill(t *testing.T, o *outbox, shape loadShape, n int) *load {
+	t.Helper()
+	shape.limit = n
+	shape.pause = time.Microsecond
+	l := startLoad(t, o, nil, shape)
+	l.wg.Wait()
+	if e := l.errors.Load(); e > 0 {
+		t.Fatalf("%d producer errors while filling the outbox: %v", e, l.lastErr.Load())
+	}
+	return l
+}
+
+// 1 % of the messages are poison: the webhook answers 500 to them every
+// time, so after 3 attempts they are dead-lettered, and until then they hold
+// their key. The same backlog without poison gives the baseline: the cost
+// is the drop in delivered messages per second.
+func TestPoisonMessagesCost(t *testing.T) {
+	n := pick(4000, 40000)
+	shape := loadShape{keys: 200, producers: 4, txMax: 10}
+	drain := func(t *testing.T, poison float64) (result, float64, float64) {
+		w := newWebhook(t)
+		o := newOutbox(t, databaseURL)
+		sh := shape
+		sh.poison = poison
+		l := fill(t, o, sh, n)
+		start := time.Now()
+		r := startRelay(t, o, "", "p", "", "--sink", w.sinkURL(), "--max-attempts", "3", "--retry-backoff", "50ms", "--max-retry-backoff", "200ms")
+		res := verify(t, fmt.Sprintf("%.0f%% poison (webhook 500 -> dead letter after 3 attempts), %d-message backlog", poison*100, n), o, l, w, start, 3*time.Minute)
+		r.stop(t, 30*time.Second)
+		rate := float64(res.messages) / res.recovery.Seconds()
+		t90 := w.firstCopiesBy(res.messages, 0.9).Sub(start)
+		return res, rate, 0.9 * float64(res.messages) / t90.Seconds()
+	}
+	var base, base90, withPoison, withPoison90 float64
+	t.Run("baseline", func(t *testing.T) { _, base, base90 = drain(t, 0) })
+	t.Run("poison", func(t *testing.T) {
+		res, rate, rate90 := drain(t, 0.01)
+		withPoison, withPoison90 = rate, rate90
+		if res.dead == 0 {
+			t.Error("no poison message was dead-lettered")
+		}
+	})
+	// Two rates: the whole drain (which ends with the last poison
+	// message's retries, a fixed tail of about three backoffs) and the
+	// first 90 % of the good messages (the steady-state cost of retries
+	// and held keys). The target is reported, not asserted: on a shared
+	// 2-core machine the numbers move by more than the target.
+	row := fmt.Sprintf("POISONCOST | backlog %d | whole drain: baseline %.0f msg/s, 1%% poison %.0f msg/s, cost %.1f%% | first 90%%: baseline %.0f msg/s, 1%% poison %.0f msg/s, cost %.1f%% | target <= 10%%",
+		n, base, withPoison, 100*(1-withPoison/base), base90, withPoison90, 100*(1-withPoison90/base90))
+	t.Log(row)
+	fmt.Println(row)
+}
+
+// Every message on one key, shared by all producers (advisory lock per
+// transaction, so seq order is commit order), while one of two relays is
+// SIGKILLed and replaced.
+func TestHotKeyWithKill(t *testing.T) {
+	o := newOutbox(t, databaseURL)
+	path := filepath.Join(t.TempDir(), "hot.jsonl")
+	col := &fileCollector{paths: []string{path}}
+	a := startRelay(t, o, "", "a", "", "--sink", sinkFile(path))
+	b := startRelay(t, o, "", "b", "", "--sink", sinkFile(path))
+	l := startLoad(t, o, nil, loadShape{hotKey: true, topics: []string{"hot"}, producers: 4, pause: time.Millisecond})
+	waitDelivered(t, col, 300, 30*time.Second)
+	// Kill whichever relay owns the hot key's lane.
+	lane := o.laneOf(t, "hot")
+	var victim, other *relay
+	if !within(10*time.Second, func() bool {
+		ls, err := o.lanesOf(t.Context(), a.id)
+		if err != nil {
+			return false
+		}
+		victim, other = b, a
+		if ls[lane] {
+			victim, other = a, b
+		}
+		return true
+	}) {
+		t.Fatal("lanes table unreadable")
+	}
+	time.Sleep(time.Second)
+	victim.kill9(t)
+	col.maxTorn = 1
+	killed := time.Now()
+	before := 0
+	if s, err := col.streams(); err == nil {
+		before = len(s[0])
+	}
+	// The hot key lives on one lane: deliveries stop until the other relay
+	// takes the lane over.
+	resumed := time.Duration(-1)
+	if within(30*time.Second, func() bool {
+		s, err := col.streams()
+		return err == nil && len(s[0]) > before+10
+	}) {
+		resumed = time.Since(killed)
+	}
+	addNote(t, "hot key delivery resumed %s after the kill (lease 3 s)", resumed.Round(10*time.Millisecond))
+	time.Sleep(pick(5*time.Second, 30*time.Second) - time.Since(killed))
+	rs := []*relay{other}
+	revive(t, rs)
+	verify(t, "single hot key, owner SIGKILLed", o, l, col, killed, 90*time.Second)
+	rs[0].stop(t, 30*time.Second)
+}
+
+// 1 MiB payloads through two relays, one SIGKILLed mid-stream.
+func TestLargePayloadsWithKill(t *testing.T) {
+	o := newOutbox(t, databaseURL)
+	path := filepath.Join(t.TempDir(), "big.jsonl")
+	col := &fileCollector{paths: []string{path}}
+	a := startRelay(t, o, "", "a", "", "--sink", sinkFile(path))
+	b := startRelay(t, o, "", "b", "", "--sink", sinkFile(path))
+	l := startLoad(t, o, nil, loadShape{payload: 1 << 20, producers: 2, txMax: 2, rollback: 5, limit: pick(60, 300), pause: time.Millisecond})
+	waitDelivered(t, col, 10, 60*time.Second)
+	a.kill9(t)
+	col.maxTorn = 1
+	killed := time.Now()
+	l.wg.Wait()
+	rs := []*relay{b}
+	revive(t, rs)
+	verify(t, "1 MiB payloads, one of two relays SIGKILLed", o, l, col, killed, 2*time.Minute)
+	rs[0].stop(t, 30*time.Second)
+}
+
+// The file sink writes to /dev/full (every write fails with ENOSPC): nothing
+// may be acknowledged, removed or dead-lettered. Then the relay is stopped
+// and one with a writable file drains everything. The retry backoff stays at
+// 500 ms or more: with a shorter one the relay hits the bug that
+// TestBugDuplicateRetryRecordsStallResults reproduces.
+func TestDiskFullThenWritable(t *testing.T) {
+	o := newOutbox(t, databaseURL)
+	full := startRelay(t, o, "", "full", "", "--sink", "file:///dev/full", "--max-attempts", "1000", "--retry-backoff", "500ms", "--max-retry-backoff", "2s")
+	l := startLoad(t, o, nil, loadShape{})
+	time.Sleep(pick(5*time.Second, 60*time.Second))
+	requireAlive(t, full)
+	l.stop()
+	full.stop(t, 45*time.Second)
+	led := o.ledger(t)
+	if got := o.count(t, "outbox"); got != len(led) {
+		t.Errorf("disk full: %d messages committed but %d left in the outbox: some were acknowledged without being written", len(led), got)
+	}
+	if dead := o.count(t, "dead_letters"); dead != 0 {
+		t.Errorf("disk full: %d messages dead-lettered", dead)
+	}
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	col := &fileCollector{paths: []string{path}}
+	start := time.Now()
+	r := startRelay(t, o, "", "ok", "", "--sink", sinkFile(path))
+	verify(t, "file sink on /dev/full (ENOSPC), then a writable file", o, l, col, start, 90*time.Second)
+	r.stop(t, 30*time.Second)
+}
