@@ -69,12 +69,7 @@ func soakTolerance(name string, median, rate float64) float64 {
 // resources, then tests each one's trend.
 func (e *env) soak(ctx context.Context, schema string) (*Result, error) {
 	o := e.o
-	sp := steadySpec{schema: schema, rate: float64(o.Rate), label: fmt.Sprintf("soak %d/s", o.Rate),
-		p99Basis: "no lower rate to compare with (--max-p99 sets a bound)"}
-	if o.MaxP99 > 0 {
-		sp.p99Bound, sp.p99Basis = float64(o.MaxP99)/float64(time.Millisecond), "--max-p99"
-	}
-	res, err := e.steady(ctx, sp)
+	res, err := e.steady(ctx, e.rateSpec(schema, "soak"))
 	if err != nil {
 		return nil, err
 	}

@@ -38,12 +38,7 @@ func (e *env) steadyMode(ctx context.Context, schema string) (*Result, error) {
 		}
 		lim = &Limits{InsertRate: rate}
 	}
-	sp := steadySpec{schema: schema, rate: float64(o.Rate), label: fmt.Sprintf("steady %d/s", o.Rate),
-		p99Basis: "no lower rate to compare with (--max-p99 sets a bound)"}
-	if o.MaxP99 > 0 {
-		sp.p99Bound, sp.p99Basis = float64(o.MaxP99)/float64(time.Millisecond), "--max-p99"
-	}
-	res, err := e.steady(ctx, sp)
+	res, err := e.steady(ctx, e.rateSpec(schema, "steady"))
 	if err != nil {
 		return nil, err
 	}
@@ -53,6 +48,18 @@ func (e *env) steadyMode(ctx context.Context, schema string) (*Result, error) {
 		limitNotes(res, o)
 	}
 	return res, nil
+}
+
+// rateSpec is the steady run of --rate, judged against --max-p99 when given;
+// label names the mode in the progress line.
+func (e *env) rateSpec(schema, label string) steadySpec {
+	o := e.o
+	sp := steadySpec{schema: schema, rate: float64(o.Rate), label: fmt.Sprintf("%s %d/s", label, o.Rate),
+		p99Basis: "no lower rate to compare with (--max-p99 sets a bound)"}
+	if o.MaxP99 > 0 {
+		sp.p99Bound, sp.p99Basis = float64(o.MaxP99)/float64(time.Millisecond), "--max-p99"
+	}
+	return sp
 }
 
 // steady runs the producers at sp.rate for Warmup+Duration with the relays
