@@ -432,13 +432,21 @@ func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) e
 	// of newer results, so a message that failed again meanwhile has two
 	// retry records here; the later one wins. A message acknowledged in the
 	// same write keeps no retry record.
-	acked := map[int64]bool{}
+	// The maps cost only writes that hold failures: a write of
+	// acknowledgements alone (the hot path) builds none.
+	var acked map[int64]bool
+	var retryAtIdx, deadAtIdx map[int64]int
 	for _, o := range ops {
-		if o.kind == opAck {
-			acked[o.seq] = true
+		if o.kind != opAck {
+			acked, retryAtIdx, deadAtIdx = map[int64]bool{}, map[int64]int{}, map[int64]int{}
+			for _, a := range ops {
+				if a.kind == opAck {
+					acked[a.seq] = true
+				}
+			}
+			break
 		}
 	}
-	retryAtIdx, deadAtIdx := map[int64]int{}, map[int64]int{}
 	for _, o := range ops {
 		fences[o.lane] = o.fence
 		switch o.kind {
