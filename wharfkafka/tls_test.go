@@ -90,3 +90,31 @@ func TestTLSWithPrivateCAAndClientCertificate(t *testing.T) {
 		}
 	}
 }
+
+// With no broker listening, franz-go retries the dial until delivery_timeout;
+// the publish error still names why it never reached a broker.
+func TestUnreachableBrokerErrorNamesTheDialFailure(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := c.ListenAddrs()[0]
+	c.Close() // nothing listens there now
+	u, err := url.Parse(fmt.Sprintf("kafka://%s?topic_template=t&delivery_timeout=2s", addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	errs := s.Publish(context.Background(), []*wharf.Message{msg(1, "orders", "k", "one")})
+	if errs == nil || errs[0] == nil {
+		t.Fatal("publish to a closed port succeeded")
+	}
+	if got := errs[0].Error(); !strings.Contains(got, "failed: ") || !strings.Contains(got, "refused") {
+		t.Fatalf("want the dial failure named, got %v", got)
+	}
+}

@@ -133,6 +133,7 @@ type Sink struct {
 	// timedOut is the cause its context ends with then.
 	timeout   time.Duration
 	timedOut  error
+	conns     *connWatch
 	closeOnce sync.Once
 }
 
@@ -167,6 +168,8 @@ func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 		// The relay batches already; lingering would only add latency.
 		kgo.ProducerLinger(0),
 	}
+	conns := &connWatch{}
+	kopts = append(kopts, kgo.WithHooks(conns))
 	kopts = append(kopts, extra...)
 	cl, err := kgo.NewClient(kopts...)
 	if err != nil {
@@ -175,7 +178,7 @@ func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 		}
 		return nil, fmt.Errorf("wharfkafka: %w", err)
 	}
-	s := &Sink{cl: cl, timeout: opts.DeliveryTimeout}
+	s := &Sink{cl: cl, timeout: opts.DeliveryTimeout, conns: conns}
 	s.topics, _ = wharf.ParseTopicTemplate(opts.TopicTemplate) // checked by validate
 	s.maxBytes = func(string) int32 { return opts.MaxMessageBytes }
 	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
@@ -344,7 +347,7 @@ func (s *Sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		switch {
 		case res.Done(i):
 		case handed[i]:
-			res.Fail(i, fmt.Errorf("wharfkafka: message %s: gave up waiting for Kafka's acknowledgement: %w", msgs[i].ID, ctxErr(pctx)))
+			res.Fail(i, fmt.Errorf("wharfkafka: message %s: gave up waiting for Kafka's acknowledgement: %w%s", msgs[i].ID, ctxErr(pctx), s.conns.hint()))
 		default:
 			res.Fail(i, notSent(pctx))
 		}
@@ -418,13 +421,13 @@ func (s *Sink) result(pctx context.Context, topic string, err error) error {
 		return nil
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		if pctx.Err() != nil {
-			return fmt.Errorf("wharfkafka: produce to %q: not acknowledged: %w", topic, ctxErr(pctx))
+			return fmt.Errorf("wharfkafka: produce to %q: not acknowledged: %w%s", topic, ctxErr(pctx), s.conns.hint())
 		}
 		// franz-go fails a partition's buffered records together, by the
 		// first one's context, which another Publish may have given.
 		return fmt.Errorf("wharfkafka: produce to %q: failed with the records ahead of it in its partition, whose publish was cut short: %w", topic, err)
 	case errors.Is(err, kgo.ErrRecordTimeout):
-		return fmt.Errorf("wharfkafka: produce to %q: %w: %w", topic, s.timedOut, err)
+		return fmt.Errorf("wharfkafka: produce to %q: %w: %w%s", topic, s.timedOut, err, s.conns.hint())
 	case errors.Is(err, kerr.InvalidTopicException):
 		return wharf.Permanent(fmt.Errorf("wharfkafka: produce to %q: %w", topic, err))
 	case errors.Is(err, kerr.InvalidRecord):
