@@ -87,6 +87,11 @@ type Config struct {
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps the retry delay. Defaults to 10m.
 	MaxRetryBackoff time.Duration
+
+	// clock is the relay's clock; nil is time.Now. Tests skew it to show
+	// that no decision depends on this machine's clock agreeing with the
+	// database's.
+	clock func() time.Time
 }
 
 // withDefaults returns a copy of c with defaults filled in and checks every
@@ -95,6 +100,9 @@ func (c *Config) withDefaults() (Config, error) {
 	out := Config{}
 	if c != nil {
 		out = *c
+	}
+	if out.clock == nil {
+		out.clock = time.Now
 	}
 	if out.Schema == "" {
 		out.Schema = wharfmigrate.DefaultSchema

@@ -1,4 +1,9 @@
 package wharf
 
+import "time"
+
 // The engine checks its bookkeeping after every event in this package's tests.
 func init() { checkInvariants = true }
+
+// SetClock gives the relays of cfg a clock other than time.Now.
+func SetClock(cfg *Config, now func() time.Time) { cfg.clock = now }

@@ -195,3 +195,39 @@ func sep(url string) string {
 	}
 	return "?"
 }
+
+// A publish that lasts several lease TTLs while the leases are renewed is not
+// cut short: the sink call's context follows the renewals.
+func TestLongPublishOutlivesRenewedLeases(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	cfg := testConfig(b.schema)
+	cfg.LeaseTTL = time.Second
+	delivered := make(chan error, 4)
+	cfg.Handler = func(ctx context.Context, m *wharf.Message) error {
+		end := time.Now().Add(2500 * time.Millisecond)
+		for time.Now().Before(end) {
+			if err := ctx.Err(); err != nil {
+				delivered <- err
+				return err
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		delivered <- nil
+		return nil
+	}
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	_, err = client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "slow", Payload: []byte(`1`)})
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	select {
+	case err := <-delivered:
+		require.NoError(t, err, "the publish was cut short although the lease was renewed")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler never finished")
+	}
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.NoError(t, client.Stop(ctx))
+}

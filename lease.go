@@ -103,7 +103,7 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 	// The lease ends at least LeaseTTL after this moment, measured before
 	// the round trip on the monotonic clock: the local view never outlives
 	// the database's.
-	start := time.Now()
+	start := r.now()
 	ev := leaseEvent{until: start.Add(r.cfg.LeaseTTL)}
 	lr, err := r.st.leaseRound(ctx, r.cfg.LeaseTTL)
 	if err != nil {

@@ -37,6 +37,7 @@ type pgStore struct {
 	host        string // this process, for its registration
 	pid         int
 	log         *slog.Logger
+	now         func() time.Time // the relay's clock: fetch times measure its offset from the database's
 }
 
 // pgPos is the table outbox's read position: the previous fetch's snapshot.
@@ -151,8 +152,8 @@ func (s *pgStore) loadRetries(ctx context.Context, lanes []int16) (map[int16]map
 // and refills the engine asked for, in one read-only transaction and one
 // round trip.
 func (s *pgStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult) {
-	res = fetchResult{req: req, started: time.Now()}
-	defer func() { res.finished = time.Now() }()
+	res = fetchResult{req: req, started: s.now()}
+	defer func() { res.finished = s.now() }()
 	prev, _ := req.pos.(pgPos)
 	if prev.xmax == "" {
 		prev.xmax = "0"

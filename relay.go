@@ -41,7 +41,9 @@ type relay struct {
 
 	stopReq chan struct{} // graceful stop requested (closed once); never reassigned
 	stopMu  sync.Once
-	hardCtx context.Context // cancelled on hard stop: aborts sinks and queries
+	hardCtx context.Context  // cancelled on hard stop: aborts sinks and queries
+	epoch   time.Time        // monotonic reference of the sink calls' lease checks
+	now     func() time.Time // the clock (Config.clock)
 	hardStp context.CancelFunc
 	done    chan struct{}
 	err     error
@@ -124,8 +126,9 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 	total := 0
 	r := &relay{
 		cfg: c.cfg, log: c.cfg.Logger, stats: c.stats, drain: drain, route: route,
+		now: c.cfg.clock,
 		st: &pgStore{pool: c.pool, q: c.q, schema: c.cfg.Schema, owner: c.cfg.RelayID,
-			incarnation: hex.EncodeToString(inc[:]), log: c.cfg.Logger},
+			incarnation: hex.EncodeToString(inc[:]), log: c.cfg.Logger, now: c.cfg.clock},
 		fetchReq:   make(chan fetchRequest),
 		fetchRes:   make(chan fetchResult),
 		opsReq:     make(chan []op),
@@ -135,6 +138,7 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 		wake:       make(chan struct{}, 1),
 		stopReq:    make(chan struct{}),
 		hardCtx:    hardCtx,
+		epoch:      c.cfg.clock(),
 		hardStp:    cancel,
 		done:       make(chan struct{}),
 		lanes:      map[int16]*laneState{},
@@ -223,7 +227,7 @@ func (r *relay) run() error {
 	defer timer.Stop()
 	stopReq := r.stopReq
 	for {
-		now := time.Now()
+		now := r.now()
 		r.stats.LastLoop.Store(now.UnixNano())
 		r.checkLeases(now)
 		r.fireTimers(now)
@@ -237,7 +241,7 @@ func (r *relay) run() error {
 		if r.finished() {
 			return nil
 		}
-		timer.Reset(r.nextWake(time.Now()))
+		timer.Reset(r.nextWake(r.now()))
 		if checkInvariants {
 			r.checkInvariants()
 		}
@@ -302,7 +306,7 @@ func (r *relay) finished() bool {
 	if len(r.ready) > 0 || r.loading > 0 || len(r.loads) > 0 || len(r.refills) > 0 {
 		return false
 	}
-	now := time.Now()
+	now := r.now()
 	// A message waiting out a retry backoff, or deferred until its lane's
 	// lease is renewed, is delivery still in progress; only messages
 	// scheduled for later (deliver_at) may be left behind.
@@ -318,7 +322,7 @@ func (r *relay) finished() bool {
 	}
 	attrs := []any{"delivered", r.delivered}
 	if !r.firstRows.IsZero() && r.delivered > 0 {
-		d := time.Since(r.firstRows)
+		d := r.now().Sub(r.firstRows)
 		attrs = append(attrs, "seconds", d.Seconds(), "msgs_per_sec", int64(float64(r.delivered)/d.Seconds()))
 	}
 	r.log.Info("wharf: drained: nothing deliverable is left", attrs...)

@@ -26,7 +26,7 @@ func (r *relay) maybeFlushOps(now time.Time) {
 
 func (r *relay) onOps(res opsResult) {
 	r.ops.busy = false
-	now := time.Now()
+	now := r.now()
 	if res.err != nil {
 		d := r.ops.retry.fail(now)
 		r.stats.DBErrors.Add(1)

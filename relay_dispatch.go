@@ -2,7 +2,6 @@ package wharf
 
 import (
 	"container/heap"
-	"context"
 	"errors"
 	"math/rand/v2"
 	"time"
@@ -20,15 +19,14 @@ type sinkSlot struct {
 }
 
 type sinkBatch struct {
-	slot   *sinkSlot
-	msgs   []*msg
-	pub    []*Message
-	errs   []error
-	lanes  []*laneState
-	ctx    context.Context
-	cancel context.CancelFunc
-	sent   time.Time
-	took   time.Duration
+	slot  *sinkSlot
+	msgs  []*msg
+	pub   []*Message
+	errs  []error
+	lanes []*laneState
+	ctx   *batchCtx
+	sent  time.Time
+	took  time.Duration
 	// fenced is set (by the engine only) when the batch's context was
 	// cancelled because one of its lanes' lease ended: what the sink did not
 	// deliver is not held against the messages.
@@ -38,7 +36,19 @@ type sinkBatch struct {
 // fence cancels the batch's publish context because a lease ended.
 func (b *sinkBatch) fence() {
 	b.fenced = true
-	b.cancel()
+	b.ctx.cancel(errLeaseEnded)
+}
+
+// leaseEnd is when the batch must stop publishing: the earliest lease of its
+// lanes, less the margin.
+func (r *relay) leaseEnd(b *sinkBatch) time.Time {
+	var end time.Time
+	for _, l := range b.lanes {
+		if end.IsZero() || l.leaseUntil.Before(end) {
+			end = l.leaseUntil
+		}
+	}
+	return end.Add(-r.leaseMargin())
 }
 
 func (r *relay) sinkOf(topic string) int {
@@ -162,7 +172,6 @@ func (r *relay) add(b *sinkBatch, m *msg) {
 }
 
 func (r *relay) send(b *sinkBatch, now time.Time) {
-	b.ctx, b.cancel = context.WithCancel(r.hardCtx)
 	for _, m := range b.msgs {
 		l := m.lane
 		if _, ok := l.batches[b]; !ok {
@@ -170,6 +179,7 @@ func (r *relay) send(b *sinkBatch, now time.Time) {
 			b.lanes = append(b.lanes, l)
 		}
 	}
+	b.ctx = newBatchCtx(r.hardCtx, r.now, r.epoch, r.leaseEnd(b))
 	b.sent = now
 	b.slot.inflight++
 	r.stats.InFlight.Add(int64(len(b.msgs)))
@@ -178,7 +188,10 @@ func (r *relay) send(b *sinkBatch, now time.Time) {
 
 func (r *relay) onSink(b *sinkBatch) {
 	b.slot.inflight--
-	b.cancel()
+	if b.ctx.leaseEnded() {
+		b.fenced = true // the sink saw the lease end before the engine did
+	}
+	b.ctx.cancel(nil)
 	for _, l := range b.lanes {
 		delete(l.batches, b)
 	}
@@ -186,7 +199,7 @@ func (r *relay) onSink(b *sinkBatch) {
 	r.stats.observePublish(b.took)
 	b.slot.stats.Publishes.Add(1)
 	b.slot.stats.PublishSeconds.observe(b.took.Seconds())
-	now := time.Now()
+	now := r.now()
 	failed := map[*keyQ]bool{}
 	touched := map[*keyQ]bool{}
 	for i, m := range b.msgs {

@@ -91,7 +91,7 @@ func (r *relay) dropLoad(lane int16, key string) {
 
 func (r *relay) onFetch(res fetchResult) {
 	r.fetch.busy = false
-	now := time.Now()
+	now := r.now()
 	if res.err != nil {
 		d := r.fetch.retry.fail(now)
 		r.stats.DBErrors.Add(1)
@@ -103,7 +103,7 @@ func (r *relay) onFetch(res fetchResult) {
 		return
 	}
 	r.fetch.retry.ok()
-	r.stats.LastDBOK.Store(now.UnixNano())
+	r.stats.LastDBOK.Store(time.Now().UnixNano()) // for probes: this machine's clock
 	r.stats.observeFetch(res.finished.Sub(res.started), len(res.rows))
 	if !res.dbNow.IsZero() {
 		r.skew = res.dbNow.Sub(res.started.Add(res.finished.Sub(res.started) / 2))

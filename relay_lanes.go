@@ -48,6 +48,9 @@ func (r *relay) onLease(ev leaseEvent) {
 	for _, lane := range ev.renewed {
 		if l := r.lanes[lane]; l != nil {
 			l.leaseUntil = ev.until
+			for b := range l.batches {
+				b.ctx.setUntil(r.leaseEnd(b))
+			}
 		}
 	}
 	r.stats.LeaseRenewals.Add(int64(len(ev.renewed)))
@@ -90,7 +93,7 @@ func (r *relay) refreshOldestDue() {
 			oldest = t
 		}
 	}
-	now := time.Now()
+	now := r.now()
 	for _, l := range r.lanes {
 		for _, kq := range l.keys {
 			if len(kq.msgs) > 0 && (!kq.msgs[0].due.After(now) || kq.msgs[0].attempts > 0) {
@@ -244,7 +247,7 @@ func (r *relay) releaseAfterHardStop() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var lanes []int16
-	now := time.Now()
+	now := r.now()
 	for id, l := range r.lanes {
 		if now.Add(r.leaseMargin()).Before(l.leaseUntil) {
 			lanes = append(lanes, id)

@@ -22,6 +22,12 @@ type Sink interface {
 	// with [Permanent] and [RetryAfter]; [ErrDuplicate] reports a message the
 	// destination already held; any other error is retried with
 	// exponential backoff. Publish must return once ctx is done.
+	//
+	// ctx ends when a lease of the messages' lanes ends (another relay may
+	// then deliver them); its Err reports that at the moment of the call,
+	// even in a process that was paused and has just resumed. Check
+	// ctx.Err() right before each write to the destination, not only on
+	// entry, and send nothing once it is non-nil.
 	Publish(ctx context.Context, msgs []*Message) []error
 	// Close releases the sink's resources.
 	Close() error

@@ -305,7 +305,9 @@ func (s *Sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 	c := &call{res: res, pending: 1, done: make(chan struct{})} // held until every record was handed over
 	handed := make([]bool, len(msgs))
 	for i, m := range msgs {
-		if pctx.Err() != nil {
+		// ctx's own Err: the relay's context reports a lease that ended
+		// while this process was paused at this very call (and ends pctx).
+		if ctx.Err() != nil || pctx.Err() != nil {
 			break
 		}
 		c.mu.Lock()

@@ -275,6 +275,11 @@ func (s *Sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 	if sendable == 0 {
 		return res.Errors()
 	}
+	// Building the commands took time: nothing is sent once ctx is done.
+	if ctx.Err() != nil {
+		res.FailRest(fmt.Errorf("wharfredis: not sent: %w", ctxErr(ctx)))
+		return res.Errors()
+	}
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()

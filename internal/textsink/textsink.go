@@ -144,6 +144,12 @@ func (s *sink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		buf = s.enc.AppendMessage(buf, m, envelope.Extra{})
 		buf = append(buf, '\n')
 	}
+	// Encoding took time, and the process may have been paused during it:
+	// the relay's context says at this call whether the lease still holds.
+	if err := ctx.Err(); err != nil {
+		s.buf = buf[:0]
+		return wharf.FailAll(len(msgs), err)
+	}
 	n, err := s.w.Write(buf)
 	if err == nil && n != len(buf) {
 		err = io.ErrShortWrite // a broken io.Writer; never ack a partial batch

@@ -449,3 +449,44 @@ func TestMultilinePayloadStaysOnOneLine(t *testing.T) {
 	require.True(t, json.Valid(sc.Bytes()))
 	require.False(t, sc.Scan())
 }
+
+// lateCancel is a context that ends at its n-th Err call, as the relay's does
+// when its lease ends while the sink encodes a batch.
+type lateCancel struct {
+	context.Context
+	calls, n int
+}
+
+func (c *lateCancel) Err() error {
+	c.calls++
+	if c.calls >= c.n {
+		return context.Canceled
+	}
+	return nil
+}
+
+// The sink asks the context once more right before the write: a lease that
+// ended during the encoding writes nothing.
+func TestNoWriteWhenContextEndsDuringEncoding(t *testing.T) {
+	var out bytes.Buffer
+	s := NewWriter(&out, nil)
+	msgs := []*wharf.Message{{ID: "a", Topic: "t", Payload: []byte(`1`)}}
+	for n := 1; ; n++ {
+		ctx := &lateCancel{Context: context.Background(), n: n}
+		errs := s.Publish(ctx, msgs)
+		if errs == nil {
+			if out.Len() == 0 {
+				t.Fatal("acknowledged without writing")
+			}
+			// Checks on entry and after the lock come before the
+			// encoding; a third must come after it.
+			if n-1 < 3 {
+				t.Fatalf("wrote after only %d context checks: want one after the encoding", n-1)
+			}
+			return
+		}
+		if out.Len() != 0 {
+			t.Fatalf("context ended at check %d, but the sink wrote %q", n, out.String())
+		}
+	}
+}

@@ -5,6 +5,7 @@ package faults
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -12,15 +13,8 @@ import (
 	"time"
 )
 
-// Bugs the fault suite found. The first three are fixed and their tests run
-// with the suite (each failed before its fix); the last is a known issue
-// whose test runs only with WHARF_FAULTS_BUGS=1.
-func needBugs(t *testing.T) {
-	t.Helper()
-	if os.Getenv("WHARF_FAULTS_BUGS") != "1" {
-		t.Skip("known-bug reproduction: run with WHARF_FAULTS_BUGS=1")
-	}
-}
+// Bugs the fault suite found. All four are fixed and their tests run with the
+// suite (each failed before its fix).
 
 // A relay cut off from the database (or paused) for more than three lease
 // TTLs has its relays row deleted by another relay's heartbeat (the `gone`
@@ -130,23 +124,21 @@ func TestRepeatedFailuresDoNotStallResults(t *testing.T) {
 	r.stop(t, 45*time.Second)
 }
 
-// A relay paused (SIGSTOP, a frozen VM, a long stop-the-world) while one of
-// its sink calls is past its last context check finishes that call as soon
-// as it runs again: the batch context is cancelled by the engine loop's lease
-// check (relay_dispatch.go: context.WithCancel; relay_lanes.go:
-// checkLeases), which runs only after the resumed sink goroutine may already
-// have written. The file sink checks its context once, after taking its
-// lock, then encodes the whole batch and writes it (internal/textsink
-// Publish), so a pause during the encoding writes messages that another
-// relay owns, and has delivered, by then. In the long run of the SIGSTOP scenario
-// (ordinary payloads) it happened in 1 of 5 rounds: 1,910 bytes written 7 ms
-// after SIGCONT while the lanes table showed the paused relay owning no lane,
-// 9 messages the new owner had already delivered. This runs 20 rounds under
-// a heavier load of 1 KiB messages, but the pause has to land inside a sink
-// call past its context check, so a run can miss it: it passes when the race
-// was not hit (0 of 30 dedicated rounds so far; 1 of 5 in that long run).
-func TestBugPausedRelayWritesAfterLeaseLoss(t *testing.T) {
-	needBugs(t)
-	violations, stale := sigstopRounds(t, "paused relay, 20 rounds", loadShape{producers: 6, payload: 1 << 10, pause: time.Millisecond}, 20, true)
-	t.Logf("%d writes without a lease, %d stale redeliveries in 20 rounds", violations, stale)
+// Bug 3 (fixed). A relay paused (SIGSTOP, a frozen VM, a long stop-the-world)
+// while one of its sink calls was past its last context check finished that
+// call as soon as it ran again: the batch context was cancelled only by the
+// engine loop's lease check, which runs after the resumed sink goroutine may
+// already have written, and the file sink checked its context once, before
+// encoding the whole batch. In the long run of the SIGSTOP scenario it
+// happened in 1 of 5 rounds: 1,910 bytes written 7 ms after SIGCONT while the
+// lanes table showed the paused relay owning no lane. Fixed: a sink call's
+// context reports the lease's end at the first Err after it (on the
+// monotonic clock, without the engine), and the file sink checks it again
+// right before the write. This runs 20 rounds (3 in the short form) under a
+// heavier load of 1 KiB messages; the race needs the pause to land inside a
+// sink call, so a run before the fix could miss it too.
+func TestPausedRelayDoesNotWriteAfterLeaseLoss(t *testing.T) {
+	rounds := pick(3, 20)
+	violations, stale := sigstopRounds(t, fmt.Sprintf("paused relay, %d rounds", rounds), loadShape{producers: 6, payload: 1 << 10, pause: time.Millisecond}, rounds, true)
+	t.Logf("%d writes without a lease, %d stale redeliveries in %d rounds", violations, stale, rounds)
 }

@@ -63,12 +63,10 @@ func TestRelayKill9UnderLoad(t *testing.T) {
 //     what it delivered before it releases a lane, so such a line can only
 //     come from the paused relay's stale memory).
 //
-// A pause that lands inside a sink call lets that call's write happen after
-// SIGCONT, before the relay cancels it (see TestBugPausedRelayWritesAfterLeaseLoss).
-// That known bug is counted in the row; it fails this test only with
-// WHARF_FAULTS_BUGS=1, so CI stays green until it is fixed.
+// A pause that lands inside a sink call used to let that call's write happen
+// after SIGCONT (bug 3, see TestPausedRelayDoesNotWriteAfterLeaseLoss).
 func TestRelaySIGSTOPPastLease(t *testing.T) {
-	sigstopRounds(t, "relay SIGSTOP past lease", loadShape{producers: 4, pause: 2 * time.Millisecond}, pick(1, 5), os.Getenv("WHARF_FAULTS_BUGS") == "1")
+	sigstopRounds(t, "relay SIGSTOP past lease", loadShape{producers: 4, pause: 2 * time.Millisecond}, pick(1, 5), true)
 }
 
 // sigstopRounds runs the SIGSTOP scenario; strict makes a write after the
