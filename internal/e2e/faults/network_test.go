@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/wharfhq/wharf/internal/faultproxy"
 )
 
@@ -183,4 +185,50 @@ func TestNetworkToDatabase(t *testing.T) {
 		verify(t, fmt.Sprintf("DB link +20ms per chunk for %s", outage), o, l, col, cleared, 90*time.Second)
 		rs[0].stop(t, 30*time.Second)
 	})
+}
+
+// The producers' connections to PostgreSQL go through a fault proxy; the
+// relay connects directly. Connections are reset every 300 ms, then stalled
+// for a few seconds: transactions whose COMMIT was cut off have an unknown
+// outcome to the producer, and the ledger, written in the same
+// transaction, says which committed. Every committed message must be
+// delivered in order, and none of a transaction that did not commit.
+func TestNetworkProducersToDatabase(t *testing.T) {
+	window := pick(4*time.Second, 60*time.Second)
+	stall := pick(3*time.Second, 20*time.Second)
+	o := newOutbox(t, databaseURL)
+	proxy, purl := proxied(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, purl)
+	must(t, err, "connect the producers through the proxy")
+	t.Cleanup(pool.Close)
+	path := filepath.Join(t.TempDir(), "out.jsonl")
+	col := &fileCollector{paths: []string{path}}
+	r := startRelay(t, o, "", "direct", "", "--sink", sinkFile(path))
+	l := startLoad(t, o, pool, loadShape{})
+	waitDelivered(t, col, 300, 30*time.Second)
+	end := time.Now().Add(window)
+	resets := 0
+	for time.Now().Before(end) {
+		proxy.Reset()
+		resets++
+		time.Sleep(300 * time.Millisecond)
+	}
+	proxy.Stall()
+	time.Sleep(stall)
+	proxy.Resume()
+	proxy.Reset() // connections stalled mid-statement are dropped, as a dead peer's would be after a timeout
+	cleared := time.Now()
+	before := l.committed.Load()
+	if !within(10*time.Second, func() bool { return l.committed.Load() > before+100 }) {
+		t.Errorf("producers committed nothing within 10s after the link healed")
+	}
+	rs := []*relay{r}
+	requireAlive(t, rs...)
+	res := verify(t, fmt.Sprintf("producers' DB link reset every 300ms for %s (%d resets), then stalled %s", window, resets, stall), o, l, col, cleared, 90*time.Second)
+	if l.errors.Load() == 0 {
+		t.Errorf("no producer transaction failed: the fault did not reach the producers")
+	}
+	t.Logf("producer errors %d; messages %d", l.errors.Load(), res.messages)
+	r.stop(t, 30*time.Second)
 }
