@@ -51,4 +51,4 @@ func (c *batchCtx) Err() error {
 }
 
 // leaseEnded reports whether the call was cut short because a lease ended.
-func (c *batchCtx) leaseEnded() bool { return context.Cause(c.Context) == errLeaseEnded }
+func (c *batchCtx) leaseEnded() bool { return errors.Is(context.Cause(c.Context), errLeaseEnded) }
