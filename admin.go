@@ -261,7 +261,9 @@ type Status struct {
 	// high values mean vacuum cannot keep up (often a long transaction).
 	DeadTuples int64
 	// LeaseTTL is the relays' lease TTL as their leases show it (10s when no
-	// lane is leased): a relay whose heartbeat is older is not live.
+	// lane is leased): a relay whose heartbeat is older is not live. Relays
+	// extend a lease only once about a third of it has passed, so this
+	// estimate lies between two thirds of the TTL and the TTL.
 	LeaseTTL time.Duration
 	// Relays are the registered relays, live or not, by id.
 	Relays []RelayStatus
@@ -443,8 +445,9 @@ FROM `+sc+`.lanes l ORDER BY lane`)
 		err := row.Scan(&l.Lane, &l.Owner, &l.Fence, &until, &left, &leaseTTL)
 		l.LeaseUntil = until.Time
 		l.LeaseLeft = seconds(left)
-		// A lease is renewed in the round trip that heartbeats its relay:
-		// lease_until - heartbeat_at is the relay's lease TTL.
+		// A lease is extended in a round trip that heartbeats its relay, so
+		// the largest lease_until - heartbeat_at (the lanes extended in
+		// the latest round) is the relay's lease TTL.
 		ttl = max(ttl, leaseTTL)
 		return l, err
 	})

@@ -81,7 +81,7 @@ func TestFencedWritesAndRenewalsDoNotDeadlock(t *testing.T) {
 		go func() { // the lease loop
 			defer wg.Done()
 			for time.Now().Before(deadline) {
-				_, err := pool.Exec(ctx, q.renew, "r1", "1 hour")
+				_, err := pool.Exec(ctx, q.renew, "r1", "1 hour", "1 hour")
 				count(err)
 			}
 		}()

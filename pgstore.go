@@ -68,18 +68,23 @@ func (s *pgStore) register(ctx context.Context, ttl time.Duration) error {
 
 func interval(d time.Duration) string { return fmt.Sprintf("%d milliseconds", d.Milliseconds()) }
 
-func (s *pgStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
+func (s *pgStore) leaseRound(ctx context.Context, ttl, keep time.Duration) (leaseRound, error) {
 	var lr leaseRound
-	lr.renewed = map[int16]int64{}
+	lr.renewed, lr.kept = map[int16]int64{}, map[int16]int64{}
 	iv := interval(ttl)
 	var ours int
 	b := &pgx.Batch{}
 	b.Queue(s.q.heartbeat, s.owner, s.incarnation, iv, s.host, s.pid).QueryRow(func(row pgx.Row) error { return row.Scan(&ours, &lr.live) })
-	b.Queue(s.q.renew, s.owner, iv).Query(func(rows pgx.Rows) error {
+	b.Queue(s.q.renew, s.owner, iv, interval(keep)).Query(func(rows pgx.Rows) error {
 		var lane int16
 		var fence int64
-		_, err := pgx.ForEachRow(rows, []any{&lane, &fence}, func() error {
-			lr.renewed[lane] = fence
+		var due bool
+		_, err := pgx.ForEachRow(rows, []any{&lane, &fence, &due}, func() error {
+			if due {
+				lr.renewed[lane] = fence
+			} else {
+				lr.kept[lane] = fence
+			}
 			return nil
 		})
 		return err

@@ -182,9 +182,18 @@ FROM (SELECT 1) AS one LEFT JOIN S.relays r ON r.relay_id = $1`),
     DELETE FROM S.relays WHERE heartbeat_at < now() - 3 * $3::interval AND relay_id <> $1
 )
 SELECT (SELECT count(*) FROM hb), count(*) + 1 FROM S.relays WHERE heartbeat_at > now() - $3::interval AND relay_id <> $1`),
-		renew: q(`UPDATE S.lanes l SET lease_until = now() + $2::interval
-FROM (SELECT lane FROM S.lanes WHERE owner = $1 ORDER BY lane FOR UPDATE) mine
-WHERE l.lane = mine.lane RETURNING l.lane, l.fence`),
+		// renew reads the caller's lanes and extends only the leases with
+		// less than $3 left: every extension leaves a dead row version, and
+		// while a long transaction holds the xmin horizon nothing removes
+		// them, so renewing every round bloats the lanes table until the
+		// renewal itself is too slow (see RELIABILITY.md, bug 4).
+		renew: q(`WITH mine AS (
+    SELECT lane, fence, lease_until < now() + $3::interval AS due FROM S.lanes
+    WHERE owner = $1 ORDER BY lane FOR UPDATE
+), up AS (
+    UPDATE S.lanes l SET lease_until = now() + $2::interval FROM mine WHERE l.lane = mine.lane AND mine.due
+)
+SELECT lane, fence, due FROM mine`),
 		claim: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1, lease_until = now() + $2::interval
 WHERE l.lane IN (
     SELECT lane FROM S.lanes WHERE owner IS NULL OR lease_until < now()
