@@ -149,18 +149,8 @@ func (c *natsCollector) streams() ([][]delivery, error) {
 // nats-server with JetStream, own process and store, stopped and started
 // again. strict_order=true: first copies must be in per-key order.
 func TestNATSOutage(t *testing.T) {
-	bin := needBinary(t, "nats-server")
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	srv := startServer(t, "nats-server", bin, addr, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-sd", t.TempDir())
-	nc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(-1), nats.ReconnectWait(200*time.Millisecond))
-	must(t, err, "connect to nats-server")
-	t.Cleanup(nc.Close)
-	js, err := nc.JetStream()
-	must(t, err, "JetStream")
-	_, err = js.AddStream(&nats.StreamConfig{Name: "WF", Subjects: []string{"wf.>"}, Storage: nats.FileStorage})
-	must(t, err, "create stream")
-	col := &natsCollector{nc: nc, js: js, stream: "WF", next: 1}
+	srv, col := startNATS(t)
+	addr := srv.addr
 	sink := "nats://" + addr + "?stream=WF&subject_template=wf.{{topic}}&strict_order=true&ack_timeout=2s"
 	brokerOutage(t, "nats-server", sink, srv, col, pick(5*time.Second, 60*time.Second))
 }
@@ -202,9 +192,11 @@ func (c *redisCollector) streams() ([][]delivery, error) {
 	return out, nil
 }
 
-// redis-server, own process, append-only file fsynced on every write,
-// stopped and started again.
-func TestRedisOutage(t *testing.T) {
+// startRedis starts the test's own redis-server (append-only file fsynced
+// on every write) and returns it and a collector reading its streams
+// directly.
+func startRedis(t *testing.T) (*server, *redisCollector) {
+	t.Helper()
 	bin := needBinary(t, "redis-server")
 	port := freePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -212,9 +204,18 @@ func TestRedisOutage(t *testing.T) {
 		"--dir", t.TempDir(), "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no")
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	col := &redisCollector{rdb: rdb, topics: []string{"orders", "users", "audit"}, last: map[string]string{}, got: map[string][]delivery{}}
-	sink := "redis://" + addr + "/0?stream_template=wf:{{topic}}&timeout=2s"
-	brokerOutage(t, "redis-server", sink, srv, col, pick(5*time.Second, 60*time.Second))
+	return srv, &redisCollector{rdb: rdb, topics: []string{"orders", "users", "audit"}, last: map[string]string{}, got: map[string][]delivery{}}
+}
+
+// redisSink is the sink URL of a redis-server at addr.
+func redisSink(addr string) string {
+	return "redis://" + addr + "/0?stream_template=wf:{{topic}}&timeout=2s"
+}
+
+// redis-server, own process, stopped and started again.
+func TestRedisOutage(t *testing.T) {
+	srv, col := startRedis(t)
+	brokerOutage(t, "redis-server", redisSink(srv.addr), srv, col, pick(5*time.Second, 60*time.Second))
 }
 
 // webhook is an HTTP receiver that records what it accepted. While failing

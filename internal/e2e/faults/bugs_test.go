@@ -72,7 +72,7 @@ func TestRelaySurvivesALongPartition(t *testing.T) {
 // 10 s lease, any outage over 30 s (a failover, a restart with a long crash
 // recovery) leaves one relay of N running.
 func TestRelaysSurviveALongDatabaseOutage(t *testing.T) {
-	c := startCluster(t)
+	c := startCluster(t, nil)
 	o := newOutbox(t, c.URL())
 	dir := t.TempDir()
 	a := startRelay(t, o, "", "a", "", "--sink", sinkFile(filepath.Join(dir, "a.jsonl")))

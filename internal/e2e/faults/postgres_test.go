@@ -14,7 +14,9 @@ import (
 
 // startCluster starts a throwaway PostgreSQL that the test may stop and
 // crash. Without server binaries it fails under CI=true.
-func startCluster(t *testing.T) *pgembed.Cluster {
+// startCluster starts a throwaway cluster; settings add to or override the
+// defaults below.
+func startCluster(t *testing.T, settings map[string]string) *pgembed.Cluster {
 	t.Helper()
 	if _, err := pgembed.FindBinaries(); err != nil {
 		needBinary(t, "pg_ctl")
@@ -26,7 +28,11 @@ func startCluster(t *testing.T) *pgembed.Cluster {
 	// stays off for speed) loses no acknowledged commit. pgembed's test
 	// default (off) would lose the last ones, and the relay may already have
 	// delivered them.
-	c, err := pgembed.Start(ctx, pgembed.Options{Settings: map[string]string{"max_connections": "100", "synchronous_commit": "on"}})
+	s := map[string]string{"max_connections": "100", "synchronous_commit": "on"}
+	for k, v := range settings {
+		s[k] = v
+	}
+	c, err := pgembed.Start(ctx, pgembed.Options{Settings: s})
 	must(t, err, "start a throwaway PostgreSQL")
 	t.Cleanup(func() { _ = c.Stop() })
 	return c
@@ -38,7 +44,7 @@ func startCluster(t *testing.T) *pgembed.Cluster {
 // port. Producers and relays reconnect by themselves; every message whose
 // transaction committed arrives, none whose transaction did not.
 func TestPostgresRestartUnderLoad(t *testing.T) {
-	c := startCluster(t)
+	c := startCluster(t, nil)
 	outage := pick(3*time.Second, 30*time.Second)
 	restarts := pick(1, 3)
 	for _, mode := range []string{"fast", "immediate"} {
