@@ -263,8 +263,8 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 		},
 		{
 			title: "renew", sql: q.renew, outbox: false, bound: 64,
-			args:   []any{explainOwner, explainLeaseTTL, explainLeaseTTL},
-			params: fmt.Sprintf("owner `%s` extends its 64 leases by `%s` (all have less than that left). Rolled back.", explainOwner, explainLeaseTTL),
+			args:   []any{explainOwner, explainLeaseTTL, "2 hours"},
+			params: fmt.Sprintf("owner `%s` extends its 64 leases by `%s`: all have less than the threshold (`2 hours`) left, the worst case of a round. Rolled back.", explainOwner, explainLeaseTTL),
 		},
 		{
 			title: "status head probe (Client.Status)", sql: strings.ReplaceAll(explainStatusSQL, "{S}", explainSchema), outbox: true, bound: 64,
