@@ -205,9 +205,13 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	// The rates are over the planned window: producers start no batch after
 	// stopAt, so what they fell behind is missing from the count, while a
 	// last commit that returned a little late does not stretch the window.
-	window := stopAt.Sub(start).Seconds() - warmAt
-	if window > 0 {
+	// The producers count from measureFrom on their own clock; the relay's
+	// progress from the warm-up reading, which a busy database can delay:
+	// each rate over its own window.
+	if window := stopAt.Sub(p.measureFrom).Seconds(); window > 0 {
 		res.ProducerRate = float64(p.inWindow.Load()) / window
+	}
+	if window := stopAt.Sub(start).Seconds() - warmAt; window > 0 {
 		res.ProcessingRate = float64(stop.Processed-warmProcessed) / window
 	}
 	res.Messages = stop.Produced
