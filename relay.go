@@ -64,8 +64,9 @@ type relay struct {
 	uncovered int // lanes nobody live owns, from the lease manager
 	stopping  bool
 	delivered int64
-	firstRows time.Time // when a fetch first returned rows (for drain stats)
-	skew      time.Duration
+	firstRows time.Time     // when a fetch first returned rows (for drain stats)
+	skew      time.Duration // database clock - this process's, at the round trip's midpoint
+	skewLow   time.Duration // the least it can be: the database read its clock before the reply
 	zombies   map[int16]int // messages still at a sink of lanes this relay lost
 	failLog   failLog
 
@@ -358,8 +359,11 @@ func (r *relay) nextWake(now time.Time) time.Duration {
 	return max(d, time.Millisecond)
 }
 
-// toLocal converts a time of the database clock to this process's clock.
-func (r *relay) toLocal(t time.Time) time.Time { return t.Add(-r.skew) }
+// toLocal converts a time of the database clock to the moment of this
+// process's clock by which the database's has certainly reached it (with the
+// least offset the last read allows): a message is never due early, by up to
+// half a round trip as the midpoint would allow.
+func (r *relay) toLocal(t time.Time) time.Time { return t.Add(-r.skewLow) }
 
 // toDB converts a time of this process's clock to the database clock.
 func (r *relay) toDB(t time.Time) time.Time { return t.Add(r.skew) }

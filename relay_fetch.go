@@ -107,6 +107,7 @@ func (r *relay) onFetch(res fetchResult) {
 	r.stats.observeFetch(res.finished.Sub(res.started), len(res.rows))
 	if !res.dbNow.IsZero() {
 		r.skew = res.dbNow.Sub(res.started.Add(res.finished.Sub(res.started) / 2))
+		r.skewLow = res.dbNow.Sub(res.finished)
 	}
 	if res.rewound {
 		r.rewind(res, now)
