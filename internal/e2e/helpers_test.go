@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -79,20 +78,6 @@ func buildBinary(dir string) error {
 		return fmt.Errorf("go build ./cmd/wharf: %w\n%s", err, out)
 	}
 	return nil
-}
-
-// baseEnv is the test's environment without anything that could point the
-// binary at a database or schema other than the one a test passes explicitly.
-func baseEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if name == "DATABASE_URL" || strings.HasPrefix(name, "WHARF_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
 }
 
 func randHex(n int) string {
@@ -163,11 +148,11 @@ type cliResult struct {
 }
 
 // runCLI runs the binary with args and waits at most timeout. env nil means
-// baseEnv().
+// testdb.CleanEnv().
 func runCLI(t *testing.T, env []string, timeout time.Duration, args ...string) cliResult {
 	t.Helper()
 	if env == nil {
-		env = baseEnv()
+		env = testdb.CleanEnv()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -225,7 +210,7 @@ func startRelayAt(t *testing.T, b *bundle, dbURL, name, stdoutPath string, extra
 	args = append(args, relayArgs...)
 	args = append(args, extra...)
 	cmd := exec.Command(wharfBin, args...)
-	cmd.Env = baseEnv()
+	cmd.Env = testdb.CleanEnv()
 	stderrPath := filepath.Join(dir, name+".stderr")
 	errf, err := os.Create(stderrPath)
 	require.NoError(t, err)

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 // payload100 is a 100-byte compact JSON object unique to i.
@@ -355,10 +357,10 @@ func TestBadInputFailsWithOneLineError(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfgPath, []byte("sinkk: \"stdout:\"\n"), 0o644))
 
 	db := []string{"--database-url", databaseURL}
-	withEnv := func(kv ...string) []string { return append(baseEnv(), kv...) }
+	withEnv := func(kv ...string) []string { return append(testdb.CleanEnv(), kv...) }
 	type tc struct {
 		name        string
-		env         []string // nil: baseEnv()
+		env         []string // nil: testdb.CleanEnv()
 		args        []string
 		want        []string
 		notWant     []string
@@ -504,7 +506,7 @@ func TestDefaultTakeoverWithin15s(t *testing.T) {
 	common := []string{"relay", "--schema", b.schema, "--database-url", databaseURL, "--log-level", "warn"}
 	start := func(id, out string) *exec.Cmd {
 		cmd := exec.Command(wharfBin, append(common, "--relay-id", id, "--sink", "file://"+out)...)
-		cmd.Env = baseEnv()
+		cmd.Env = testdb.CleanEnv()
 		require.NoError(t, cmd.Start())
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		return cmd

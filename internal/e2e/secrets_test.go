@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 // secret makes a distinctive password: alphanumeric, so it reads the same
@@ -97,10 +99,10 @@ func TestNoPasswordInOutput(t *testing.T) {
 		}
 		add(nil, append([]string{"relay", "--drain", "--sink", "stdout:", "--route", "x.*=amqp://guest:" + routePw + "@127.0.0.1:1/", "--route", "bad..pattern=redis://:" + routePw + "@h"}, dbArgs...)...)
 		// From the environment and from a config file.
-		env := append(baseEnv(), "WHARF_DATABASE_URL=postgres://postgres:"+envPw+"@127.0.0.1:1/test?connect_timeout=2", "WHARF_SINK=nats://u:"+envPw+"@127.0.0.1:1")
+		env := append(testdb.CleanEnv(), "WHARF_DATABASE_URL=postgres://postgres:"+envPw+"@127.0.0.1:1/test?connect_timeout=2", "WHARF_SINK=nats://u:"+envPw+"@127.0.0.1:1")
 		add(env, append([]string{"relay", "--drain", "--schema", b.schema}, logs...)...)
 		add(env, append([]string{"status", "--schema", b.schema}, logs...)...)
-		add(append(baseEnv(), "DATABASE_URL="+withPassword(t, envPw)), append([]string{"relay", "--drain", "--sink", "stdout:", "--schema", b.schema}, logs...)...)
+		add(append(testdb.CleanEnv(), "DATABASE_URL="+withPassword(t, envPw)), append([]string{"relay", "--drain", "--sink", "stdout:", "--schema", b.schema}, logs...)...)
 		cfg := filepath.Join(t.TempDir(), "wharf.yaml")
 		require.NoError(t, os.WriteFile(cfg, []byte("database_url: "+withPassword(t, filePw)+"\nsink: redis://:"+filePw+"@127.0.0.1:6379\nroutes:\n  - {topic: \"a.*\", sink: \"amqp://guest:"+filePw+"@127.0.0.1:1/\"}\n"), 0o600))
 		add(nil, append([]string{"config", "validate", "--config", cfg, "--schema", b.schema}, logs...)...)

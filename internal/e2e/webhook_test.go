@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 // hookServer is a webhook receiver in the test process: it checks each
@@ -166,7 +168,7 @@ func (h *hookServer) serve(w http.ResponseWriter, r *http.Request) {
 // environment, as an operator would.
 func relayToHook(t *testing.T, b *bundle, h *hookServer, mode string) {
 	t.Helper()
-	env := append(baseEnv(), "E2E_HOOK_SECRET="+h.secret)
+	env := append(testdb.CleanEnv(), "E2E_HOOK_SECRET="+h.secret)
 	sink := h.URL + "/hook/{{topic}}?wharf_allow_private=true&wharf_secret_env=E2E_HOOK_SECRET&wharf_mode=" + mode
 	res := runCLI(t, env, 2*time.Minute, "relay", "--drain", "--schema", b.schema, "--database-url", databaseURL, "--log-level", "warn",
 		"--retry-backoff", "10ms", "--max-retry-backoff", "50ms", "--sink", sink)

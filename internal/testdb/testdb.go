@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,4 +48,19 @@ func Run(m *testing.M, url *string) int {
 		}
 	}
 	return code
+}
+
+// CleanEnv is the test's environment without anything that could point a
+// wharf binary at a database or schema other than the one a test passes on
+// its command line (DATABASE_URL, WHARF_*).
+func CleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if name == "DATABASE_URL" || strings.HasPrefix(name, "WHARF_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }

@@ -26,6 +26,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/wharfhq/wharf"
+
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 // Load on the database that is not the relay's: a long transaction holding
@@ -710,7 +712,7 @@ func TestConnectionsExhausted(t *testing.T) {
 	o := newOutbox(t, c.URL())
 	ctx := context.Background()
 	cmd := exec.Command(wharfBin, "migrate", "roles", "--create", "--schema", o.schema, "--database-url", c.URL(), "--relay-password", "relay")
-	cmd.Env = cleanEnv()
+	cmd.Env = testdb.CleanEnv()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("wharf migrate roles --create: %v\n%s", err, out)
 	}

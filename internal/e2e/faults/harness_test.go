@@ -20,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wharfhq/wharf"
+
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 func randName(prefix string) string {
@@ -47,7 +49,7 @@ func newOutbox(t *testing.T, url string) *outbox {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, wharfBin, "migrate", "up", "--schema", schema, "--database-url", url)
-	cmd.Env = cleanEnv()
+	cmd.Env = testdb.CleanEnv()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("wharf migrate up: %v\n%s", err, out)
 	}
@@ -137,7 +139,7 @@ func startRelay(t *testing.T, o *outbox, dbURL, name, stdoutPath string, extra .
 	args := append([]string{"relay", "--schema", o.schema, "--database-url", dbURL, "--relay-id", id}, fastArgs...)
 	args = append(args, extra...)
 	cmd := exec.Command(wharfBin, args...)
-	cmd.Env = cleanEnv()
+	cmd.Env = testdb.CleanEnv()
 	errPath := filepath.Join(t.TempDir(), name+".stderr")
 	ef, err := os.Create(errPath)
 	if err != nil {

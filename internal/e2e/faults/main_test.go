@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -115,18 +114,4 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// cleanEnv is the environment without anything that would point the binary
-// at another database or schema than the flags say.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if name == "DATABASE_URL" || strings.HasPrefix(name, "WHARF_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
 }
