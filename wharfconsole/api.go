@@ -286,17 +286,26 @@ func idList(v string) (ids []string, seqs []int64, err error) {
 	return ids, seqs, nil
 }
 
+// listRequest reads what both message lists take: a limit and an id filter.
+// ok is false once it answered a bad request.
+func listRequest(w http.ResponseWriter, r *http.Request) (limit int, ids []string, seqs []int64, ok bool) {
+	if limit, ok = queryLimit(w, r, 100, 1000); !ok {
+		return 0, nil, nil, false
+	}
+	ids, seqs, err := idList(r.URL.Query().Get("id"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return 0, nil, nil, false
+	}
+	return limit, ids, seqs, true
+}
+
 func (h *console) pending(w http.ResponseWriter, r *http.Request) {
-	limit, ok := queryLimit(w, r, 100, 1000)
+	limit, ids, seqs, ok := listRequest(w, r)
 	if !ok {
 		return
 	}
 	q := r.URL.Query()
-	ids, seqs, err := idList(q.Get("id"))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
 	defer cancel()
 	ps, err := h.c.PendingMessages(ctx, wharf.PendingFilter{IDs: ids, Seqs: seqs, Topic: q.Get("topic"), Key: q.Get("key"), Limit: limit})
@@ -328,16 +337,11 @@ type deadJSON struct {
 }
 
 func (h *console) dead(w http.ResponseWriter, r *http.Request) {
-	limit, ok := queryLimit(w, r, 100, 1000)
+	limit, ids, seqs, ok := listRequest(w, r)
 	if !ok {
 		return
 	}
 	q := r.URL.Query()
-	ids, seqs, err := idList(q.Get("id"))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
 	defer cancel()
 	ds, err := h.c.DeadLetters(ctx, wharf.DeadLetterFilter{IDs: ids, Seqs: seqs, Topic: q.Get("topic"), Limit: limit})
