@@ -48,7 +48,9 @@ type Config struct {
 	// payloads, not yet removed): about 1 KB each with 200-byte payloads.
 	// Messages that wait (a retry backoff, a deliver_at in the future, or
 	// behind such a message of their key) are kept as positions only, about
-	// 8 bytes each, and do not count. Defaults to 20000.
+	// 8 bytes each, and do not count; a key that waits less than a second
+	// keeps its messages loaded while less than half the budget is used.
+	// Defaults to 20000.
 	MaxBuffered int
 	// MaxBufferedBytes bounds the payload bytes loaded in memory: a fetch
 	// brings at most a quarter of it (at least one message per lane), and no

@@ -245,3 +245,52 @@ func TestLargePayloadsStayWithinTheByteBudget(t *testing.T) {
 	require.LessOrEqual(t, peak.Load(), cfg.MaxBufferedBytes+2*size, "loaded payload bytes exceeded the budget")
 	require.Positive(t, peak.Load())
 }
+
+// A key whose head waits for a short retry backoff keeps its loaded messages
+// instead of dropping them to positions: they would all be read again when
+// the backoff ends, once per retry.
+func TestShortRetryKeepsKeyLoaded(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	var failures atomic.Int32
+	rec := &recorder{fail: func(m *wharf.Message) error {
+		if string(m.Payload) == "0" && failures.Add(1) <= 2 {
+			return errors.New("refused")
+		}
+		return nil
+	}}
+	cfg := testConfig(b.schema)
+	cfg.RetryBackoff = 200 * time.Millisecond
+	cfg.MaxRetryBackoff = 400 * time.Millisecond
+	cfg.Handler = rec.handle
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	ids := enqueueN(t, client, 50, func(i int) wharf.Message {
+		return wharf.Message{Topic: "t", Key: "k", Payload: []byte(fmt.Sprint(i))}
+	})
+	var peakHeld atomic.Int64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+				if n := client.Metrics().Held.Load(); n > peakHeld.Load() {
+					peakHeld.Store(n)
+				}
+			}
+		}
+	}()
+	require.NoError(t, client.Start(ctx))
+	defer func() { require.NoError(t, client.Stop(ctx)) }()
+	waitDelivered(t, rec, ids...)
+	close(stop)
+	<-sampled
+	require.EqualValues(t, 3, failures.Load(), "the head failed twice, then went through")
+	requireKeyOrder(t, rec.snapshot())
+	require.Zero(t, peakHeld.Load(), "the key's messages stayed loaded through both backoffs")
+}

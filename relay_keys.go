@@ -19,9 +19,10 @@ type msg struct {
 
 // keyQ is one ordering key of a lane. Its messages, in seq order, are the
 // loaded ones (msgs) merged with positions only (stubs): a key whose head must
-// wait (a retry backoff, a deliver_at in the future) keeps only the positions
-// of its messages, so a held key costs 8 bytes per message however many queue
-// behind it and never fills the memory budget other keys need. Rows at or
+// wait longer than keepLoadedFor (a retry backoff, a deliver_at in the
+// future) keeps only the positions of its messages, so a held key costs 8
+// bytes per message however many queue behind it and never fills the memory
+// budget other keys need. Rows at or
 // past truncFrom are not even recorded (a key with more held messages than
 // maxStubs allows); they are read again with a range refill.
 type keyQ struct {
@@ -39,7 +40,7 @@ type keyQ struct {
 	scheduled   bool // an entry for gen is in the ready queue or the timer heap
 	gen         uint64
 	loading     bool      // a load or refill of this key is in flight
-	holdUntil   time.Time // positions only until then (local clock)
+	holdUntil   time.Time // held until then (local clock); positions only if msgs is empty
 	holdRetry   bool      // the held head is waiting for a retry
 	heldCreated time.Time // the held head's CreatedAt
 }
@@ -272,7 +273,13 @@ func (r *relay) kick(kq *keyQ, now time.Time) {
 	}
 	head := kq.msgs[0]
 	if head.due.After(now) {
-		r.hold(kq, head.due)
+		if r.keepLoaded(head.due.Sub(now)) {
+			kq.holdUntil = head.due
+			kq.holdRetry = head.attempts > 0
+			kq.heldCreated = head.CreatedAt
+		} else {
+			r.hold(kq, head.due)
+		}
 		kq.scheduled = true
 		r.schedule(readyItem{kq: kq, gen: kq.gen}, kq.holdUntil, now)
 		return
@@ -282,6 +289,18 @@ func (r *relay) kick(kq *keyQ, now time.Time) {
 	if len(kq.msgs) < r.perKeyCap/2 && kq.hasMore() {
 		r.requestLoad(kq) // the next messages arrive while this run is out
 	}
+}
+
+// keepLoadedFor is the longest wait for which a held key keeps its loaded
+// messages: dropping them to positions costs a read of every one of them
+// when the wait ends, which a short retry backoff would pay again and again.
+const keepLoadedFor = time.Second
+
+// keepLoaded reports whether a key whose head waits d keeps its loaded
+// messages: a short wait, while at least half of the memory budget is free,
+// so keys waiting briefly never keep the fetch from reading other keys.
+func (r *relay) keepLoaded(d time.Duration) bool {
+	return d <= keepLoadedFor && r.mem.msgs <= r.cfg.MaxBuffered/2 && r.mem.bytes <= r.cfg.MaxBufferedBytes/2
 }
 
 // hold turns the key's loaded messages into positions until its head is due.
