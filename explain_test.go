@@ -761,3 +761,44 @@ func maxOf(xs []int64) int64 {
 	}
 	return m
 }
+
+// On an outbox no ANALYZE has seen yet (a new schema filling up before
+// autovacuum's first ANALYZE), the planner guesses that xid >= prev_xmax
+// matches a third of the table. The fetch's late-commit parts must stay
+// per-lane index probes anyway: flattened, the first one became a sequential
+// scan of the whole outbox on every fetch.
+func TestFetchPlanWithoutStatistics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := os.Getenv("TEST_DATABASE_URL") // set by TestMain (internal/testdb)
+	require.NotEmpty(t, url, "TEST_DATABASE_URL is not set (TestMain sets it)")
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	schema := fmt.Sprintf("wp_%d", time.Now().UnixNano())
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
+	_, err = pool.Exec(ctx, "ALTER TABLE "+schema+".outbox SET (autovacuum_enabled = off)")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.outbox (topic, key, payload)
+SELECT 'orders', 'k' || (i % 800), convert_to(rpad('order ' || i, 200, '.'), 'UTF8') FROM generate_series(1, 40000) AS i`)
+	require.NoError(t, err)
+	var xmax string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&xmax))
+	lanes := make([]int16, wharfmigrate.Lanes)
+	cursors := make([]int64, wharfmigrate.Lanes)
+	limits := make([]int32, wharfmigrate.Lanes)
+	for i := range lanes {
+		lanes[i], cursors[i], limits[i] = int16(i), 20000, explainPerLane
+	}
+	q := newQueries(schema)
+	rows, err := pool.Query(ctx, "EXPLAIN "+q.fetch, lanes, cursors, limits, xmax, []string{})
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.NotContains(t, plan, "Seq Scan on outbox", "the fetch reads the whole outbox:\n%s", plan)
+}

@@ -72,7 +72,11 @@ FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
 		// progress then and has finished now), plus the snapshot itself and
 		// the database clock for the next read. Every part is an index range
 		// scan bounded by the batch or by the rows written since the last
-		// read, never by the backlog.
+		// read, never by the backlog. OFFSET 0 keeps the late-commit parts
+		// per lane: without it, on a table not yet analyzed (the default
+		// estimate for xid >= $4 is a third of the table), the planner
+		// flattened the second part into a sequential scan of the whole
+		// outbox hashed against the lanes, on every fetch.
 		fetch: q(`WITH l AS (
     SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::int[]) AS l(lane, cur, lim)
 ), s AS MATERIALIZED (
@@ -89,7 +93,7 @@ FROM l CROSS JOIN LATERAL (
 UNION ALL
 SELECT ` + cols + `, NULL, NULL
 FROM l CROSS JOIN LATERAL (
-    SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid >= $4::text::xid8 AND o.id <= l.cur) o
+    SELECT * FROM S.outbox o WHERE o.lane = l.lane AND o.xid >= $4::text::xid8 AND o.id <= l.cur OFFSET 0) o
 UNION ALL
 SELECT ` + cols + `, NULL, NULL
 FROM l CROSS JOIN fin CROSS JOIN LATERAL (
