@@ -358,6 +358,7 @@ func (h hist) quantile(q float64) float64 {
 // tables.
 type tableStats struct {
 	dead, live, autovacuums, vacuums, bytes int64
+	read                                    int64 // rows read by index and sequential scans
 }
 
 func (o *outbox) tableStats(t *testing.T, table string) tableStats {
@@ -365,9 +366,10 @@ func (o *outbox) tableStats(t *testing.T, table string) tableStats {
 	var s tableStats
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	must(t, o.pool.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, autovacuum_count, vacuum_count, pg_total_relation_size(relid)
+	must(t, o.pool.QueryRow(ctx, `SELECT n_dead_tup, n_live_tup, autovacuum_count, vacuum_count, pg_total_relation_size(relid),
+	coalesce(idx_tup_fetch, 0) + seq_tup_read
 FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`, o.schema, table).
-		Scan(&s.dead, &s.live, &s.autovacuums, &s.vacuums, &s.bytes), "statistics of %s", table)
+		Scan(&s.dead, &s.live, &s.autovacuums, &s.vacuums, &s.bytes, &s.read), "statistics of %s", table)
 	return s
 }
 
