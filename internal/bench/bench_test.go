@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -202,18 +203,26 @@ func TestSteady(t *testing.T) {
 
 func TestSweep(t *testing.T) {
 	o := smokeOptions(ModeSweep)
-	o.MinRate, o.MaxRate = 1000, 5000
+	// Rates any machine sustains even while other tests load it: this test
+	// checks the search, not the machine (a 1000 msg/s reference step once
+	// failed its p99 bound on a loaded CI machine with 2 s windows).
+	o.MinRate, o.MaxRate = 500, 2000
 	o.SweepSteps = 2
-	o.Duration = 2 * time.Second
+	o.Duration = 3 * time.Second
 	o.Limits = true
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
 	m := decode(t, r)
+	steps := ""
+	for _, s := range r.Steps {
+		steps += fmt.Sprintf("\n  %s %d msg/s: sustainable=%v %s", s.Role, s.Rate, s.Sustainable, s.VerdictReason)
+	}
 	require.Equal(t, "sweep", m["mode"])
-	require.Equal(t, 1000, r.Steps[0].Rate)
+	require.Equal(t, 500, r.Steps[0].Rate)
 	require.Equal(t, RoleReference, r.Steps[0].Role)
-	require.Equal(t, 2200, r.Steps[1].Rate, "the geometric mean of 1000 and 5000")
-	require.True(t, r.Sustainable, r.VerdictReason)
+	require.True(t, r.Steps[0].Sustainable, "the reference step must pass:%s", steps)
+	require.Equal(t, 1000, r.Steps[1].Rate, "the geometric mean of 500 and 2000:%s", steps)
+	require.True(t, r.Sustainable, "%s:%s", r.VerdictReason, steps)
 	require.GreaterOrEqual(t, r.ConfirmedRuns, 3)
 	confirms := 0
 	for _, s := range r.Steps {
