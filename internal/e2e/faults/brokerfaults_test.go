@@ -662,12 +662,11 @@ func sinkPartition(t *testing.T, name, sinkURL string, col collector, stall time
 				return
 			case <-time.After(250 * time.Millisecond):
 			}
-			a, err1 := o.lanesOf(ctx, r1.id)
-			b, err2 := o.lanesOf(ctx, r2.id)
-			if err1 != nil || err2 != nil {
+			n, err := o.ownedLanes(ctx, r1.id, r2.id)
+			if err != nil {
 				continue
 			}
-			if n := len(a) + len(b); n < minOwned {
+			if n < minOwned {
 				minOwned = n
 			}
 		}

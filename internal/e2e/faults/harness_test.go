@@ -111,6 +111,15 @@ func (o *outbox) lanesOf(ctx context.Context, owner string) (map[int]bool, error
 	return out, rows.Err()
 }
 
+// ownedLanes counts the lanes whose lease names one of owners, in one
+// statement: two reads, one per owner, could miss a lane that moved from one
+// owner to the other between them.
+func (o *outbox) ownedLanes(ctx context.Context, owners ...string) (int, error) {
+	var n int
+	err := o.pool.QueryRow(ctx, "SELECT count(*) FROM "+o.schema+".lanes WHERE owner = ANY($1) AND lease_until > now()", owners).Scan(&n)
+	return n, err
+}
+
 // relay is one `wharf relay` child process.
 type relay struct {
 	o        *outbox
