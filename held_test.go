@@ -14,6 +14,34 @@ import (
 	"github.com/wharfhq/wharf"
 )
 
+// watchPeak samples g every millisecond until the returned function is
+// called (or the test ends); the function returns the highest value seen.
+func watchPeak(t *testing.T, g *atomic.Int64) func() int64 {
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if n := g.Load(); n > peak.Load() {
+				peak.Store(n)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	var once sync.Once
+	finish := func() int64 {
+		once.Do(func() { close(stop); <-done })
+		return peak.Load()
+	}
+	t.Cleanup(func() { finish() })
+	return finish
+}
+
 // smallBuffer is a relay configuration whose memory budget a few hundred
 // held messages would fill if they counted against it.
 func smallBuffer(schema string) *wharf.Config {
@@ -58,21 +86,7 @@ func TestHeldKeyWithDeepBacklogDoesNotStallOthers(t *testing.T) {
 				return wharf.Message{Topic: "t", Key: "held", Payload: []byte("0"), DeliverAt: time.Now().Add(time.Hour)}
 			})
 			enqueueN(t, client, 3000, func(int) wharf.Message { return wharf.Message{Topic: "t", Key: "held", Payload: []byte("1")} })
-			var peak atomic.Int64
-			stop := make(chan struct{})
-			defer close(stop)
-			go func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(time.Millisecond):
-						if n := client.Metrics().Buffered.Load(); n > peak.Load() {
-							peak.Store(n)
-						}
-					}
-				}
-			}()
+			peak := watchPeak(t, &client.Metrics().Buffered)
 			if drain {
 				others := enqueueN(t, client, 100, func(i int) wharf.Message {
 					return wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%7), Payload: []byte("2")}
@@ -97,7 +111,7 @@ func TestHeldKeyWithDeepBacklogDoesNotStallOthers(t *testing.T) {
 				require.Eventually(t, func() bool { return client.Metrics().Held.Load() == 3001 }, 10*time.Second, 10*time.Millisecond,
 					"the held key is kept as positions: %d", client.Metrics().Held.Load())
 			}
-			require.LessOrEqual(t, peak.Load(), int64(cfg.MaxBuffered), "loaded messages stay within MaxBuffered")
+			require.LessOrEqual(t, peak(), int64(cfg.MaxBuffered), "loaded messages stay within MaxBuffered")
 		})
 	}
 }
@@ -269,28 +283,11 @@ func TestShortRetryKeepsKeyLoaded(t *testing.T) {
 	ids := enqueueN(t, client, 50, func(i int) wharf.Message {
 		return wharf.Message{Topic: "t", Key: "k", Payload: []byte(fmt.Sprint(i))}
 	})
-	var peakHeld atomic.Int64
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-				if n := client.Metrics().Held.Load(); n > peakHeld.Load() {
-					peakHeld.Store(n)
-				}
-			}
-		}
-	}()
+	peakHeld := watchPeak(t, &client.Metrics().Held)
 	require.NoError(t, client.Start(ctx))
 	defer func() { require.NoError(t, client.Stop(ctx)) }()
 	waitDelivered(t, rec, ids...)
-	close(stop)
-	<-sampled
 	require.EqualValues(t, 3, failures.Load(), "the head failed twice, then went through")
 	requireKeyOrder(t, rec.snapshot())
-	require.Zero(t, peakHeld.Load(), "the key's messages stayed loaded through both backoffs")
+	require.Zero(t, peakHeld(), "the key's messages stayed loaded through both backoffs")
 }
