@@ -24,7 +24,7 @@ func records() []Record {
 	return []Record{
 		{Seq: 1, Nonce: 42, Topic: "orders", Key: "k1", Payload: []byte(`{"id":1}`)},
 		{Seq: 1<<62 + 5, Nonce: -1, Topic: "t", Payload: nil},
-		{Seq: 7, Nonce: 1<<61 | 3, Topic: "commandes", Key: "clé-é", Payload: bytes.Repeat([]byte{0, 1, 2}, 1000),
+		{Seq: 7, Nonce: 1<<61 | 3, Topic: "ordres", Key: "clé-é", Payload: bytes.Repeat([]byte{0, 1, 2}, 1000),
 			DeliverAt: time.Date(2031, 5, 6, 7, 8, 9, 123456000, time.UTC)},
 		{Seq: 9, Nonce: 9, Topic: "h", Key: "k", Payload: []byte("x"),
 			Headers: map[string]string{"b": "2", "a": "", "traceparent": "00-abc-def-01", "ü": strings.Repeat("v", 70000)}},
