@@ -6,11 +6,13 @@ package testdb
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf/internal/pgembed"
@@ -19,9 +21,19 @@ import (
 // Main is Run followed by os.Exit. Call it from TestMain.
 func Main(m *testing.M, url *string) { os.Exit(Run(m, url)) }
 
+// MainOwnDatabase is Main with the tests in a database of their own, name,
+// created empty on the same server and dropped afterwards. Tests that read
+// database-wide statistics (commits in pg_stat_database) use it so that
+// other test binaries running at the same time are not counted.
+func MainOwnDatabase(m *testing.M, url *string, name string) {
+	os.Exit(run(m, url, name))
+}
+
 // Run resolves the database URL into *url, runs the tests, stops the cluster
 // it started, checks for leaked goroutines and returns the exit status.
-func Run(m *testing.M, url *string) int {
+func Run(m *testing.M, url *string) int { return run(m, url, "") }
+
+func run(m *testing.M, url *string, own string) int {
 	*url = os.Getenv("TEST_DATABASE_URL")
 	var cluster *pgembed.Cluster
 	if *url == "" {
@@ -35,6 +47,19 @@ func Run(m *testing.M, url *string) int {
 		}
 		*url = cluster.URL()
 		// Tests in the package itself (not _test) read it from here.
+		_ = os.Setenv("TEST_DATABASE_URL", *url)
+	}
+	if own != "" {
+		u, drop, err := ownDatabase(*url, own)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "creating the test database:", err)
+			if cluster != nil {
+				_ = cluster.Stop()
+			}
+			return 1
+		}
+		defer drop()
+		*url = u
 		_ = os.Setenv("TEST_DATABASE_URL", *url)
 	}
 	code := m.Run()
@@ -63,4 +88,37 @@ func CleanEnv() []string {
 		env = append(env, kv)
 	}
 	return env
+}
+
+// ownDatabase creates database name afresh on the server of base and returns
+// its URL and a function that drops it.
+func ownDatabase(base, name string) (string, func(), error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return "", nil, fmt.Errorf("TEST_DATABASE_URL must be a postgres:// URL to create database %s on its server", name)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return "", nil, err
+	}
+	defer conn.Close(ctx)
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		return "", nil, err
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, err
+	}
+	u.Path = "/" + name
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if conn, err := pgx.Connect(ctx, base); err == nil {
+			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+			_ = conn.Close(ctx)
+		}
+	}
+	return u.String(), drop, nil
 }
