@@ -86,6 +86,10 @@ type Options struct {
 	// MaxP99 is the p99 commit → ack bound of a steady run; 0 leaves the
 	// latency unjudged (a sweep judges each run against the runs below it).
 	MaxP99 time.Duration
+	// P99Floor is the floor of a sweep run's p99 bound: a run above the
+	// reference fails when its p99 exceeds max(P99Floor, 3 × the p99 of the
+	// highest passing run below it). Defaults to 50 ms.
+	P99Floor time.Duration
 	// Limits also measures the physical limits in drain (the removal limit),
 	// steady and sweep runs (the insert limit). Baseline always does.
 	Limits bool
@@ -167,6 +171,9 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.MaxRate, 400000)
 	def(&o.SweepSteps, 8)
 	def(&o.Confirm, 2)
+	if o.P99Floor == 0 {
+		o.P99Floor = time.Duration(P99FloorMS * float64(time.Millisecond))
+	}
 	def(&o.Producers, 4)
 	def(&o.ProducerBatch, 100)
 	def(&o.RecordsPerKey, 10)
@@ -242,7 +249,7 @@ func (o Options) withDefaults() (Options, error) {
 	for _, c := range []struct {
 		name string
 		v    time.Duration
-	}{{"--duration", o.Duration}, {"--sample-interval", o.SampleInterval}, {"--timeout", o.Timeout}, {"--max-p99", o.MaxP99}} {
+	}{{"--duration", o.Duration}, {"--sample-interval", o.SampleInterval}, {"--timeout", o.Timeout}, {"--max-p99", o.MaxP99}, {"--p99-floor", o.P99Floor}} {
 		if c.v < 0 {
 			return o, fmt.Errorf("%s must not be negative, got %s", c.name, c.v)
 		}
@@ -270,6 +277,7 @@ type Settings struct {
 	SweepSteps     int      `json:"sweep_steps"`
 	Confirm        int      `json:"confirm"`
 	MaxP99         string   `json:"max_p99"`
+	P99Floor       string   `json:"p99_floor"`
 	Limits         bool     `json:"limits"`
 	Producers      int      `json:"producers"`
 	ProducerBatch  int      `json:"producer_batch"`
@@ -293,7 +301,7 @@ func (o Options) settings() Settings {
 	return Settings{
 		Mode: o.Mode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
 		Rate: o.Rate, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
-		MaxP99: o.MaxP99.String(), Limits: o.Limits || o.Mode == ModeBaseline,
+		MaxP99: o.MaxP99.String(), P99Floor: o.P99Floor.String(), Limits: o.Limits || o.Mode == ModeBaseline,
 		Producers: o.Producers, ProducerBatch: o.ProducerBatch, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
 		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink,
 		RelayArgs: append([]string{}, o.RelayArgs...), SampleInterval: si, TailWait: o.TailWait.String(),
@@ -327,6 +335,7 @@ func (s Settings) Applicable() []Setting {
 	add(sweep, "max-rate", s.MaxRate)
 	add(sweep, "sweep-steps", s.SweepSteps)
 	add(sweep, "confirm", s.Confirm)
+	add(sweep, "p99-floor", s.P99Floor)
 	add(steady, "rate", s.Rate)
 	add(loaded, "duration", s.Duration)
 	add(steady || sweep, "warmup", s.Warmup)

@@ -266,7 +266,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	res.Sustainable, res.VerdictReason, res.Criteria = j.Sustainable, j.Reason, j.Criteria
 	res.note("every steady run starts from an empty outbox: the relays of the previous run emptied it, then VACUUM (ANALYZE) of the outbox and the relays' tables, REINDEX TABLE of the outbox (VACUUM leaves indexes at their high-water size, which slows the runs that follow a large backlog), CHECKPOINT and a %s pause", settle)
 	res.note("verdict: sustainable when the producers reached %.0f %% of the target, the backlog did not grow faster than max(%.0f msg/s, %.1f %% of the target) with %.0f %% confidence over the window (least-squares slope of block means, autocorrelation-corrected standard error, one-sided Student t test), the backlog at the producers' stop was at most %.0f s of load, and p99 commit → ack was at most max(%.0f ms, %.0f × the p99 of the highest passing lower rate) where there is one",
-		100*MinProducerFraction, MinGrowthTolerance, 100*GrowthToleranceFraction, 100*GrowthConfidence, MaxBacklogSeconds, P99FloorMS, P99Factor)
+		100*MinProducerFraction, MinGrowthTolerance, 100*GrowthToleranceFraction, 100*GrowthConfidence, MaxBacklogSeconds, ms(e.o.P99Floor), P99Factor)
 	res.note("backlog is produced minus acknowledged (in-process relay, read every 20 ms) or the outbox's row count (relay processes, read at each sample)")
 	res.note("producer_rate is the messages committed after the warm-up over the planned window (batch i is due at start + i*batch/rate; no batch starts after the planned stop, so a producer that fell behind comes short)")
 	res.note("drain_seconds is the time from the producers' stop until the relays caught up (-1: not within --tail-wait)")

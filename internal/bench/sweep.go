@@ -49,7 +49,7 @@ func (e *env) sweep(ctx context.Context, schema string) (*Result, error) {
 	run := func(rate int, role string) (*Result, error) {
 		sp := steadySpec{schema: schema, rate: float64(rate), drainAll: true,
 			label: fmt.Sprintf("sweep %d: %d/s, %s", len(steps)+1, rate, role)}
-		sp.p99Bound, sp.p99Basis = p99BoundFor(steps, rate)
+		sp.p99Bound, sp.p99Basis = p99BoundFor(steps, rate, ms(o.P99Floor))
 		r, err := e.runSteady(ctx, sp)
 		if err != nil {
 			return nil, fmt.Errorf("sweep run %d (%d msg/s): %w", len(steps)+1, rate, err)
@@ -169,7 +169,7 @@ func (e *env) sweepResult(best *Result, rate int, steps []Step, lim *Limits, rea
 
 // p99BoundFor is the latency bound of a run at rate: from the highest
 // passing run below it.
-func p99BoundFor(steps []Step, rate int) (float64, string) {
+func p99BoundFor(steps []Step, rate int, floorMS float64) (float64, string) {
 	var ref *Step
 	for i := range steps {
 		s := &steps[i]
@@ -180,7 +180,7 @@ func p99BoundFor(steps []Step, rate int) (float64, string) {
 	if ref == nil {
 		return 0, "no lower rate to compare with"
 	}
-	return P99Bound(ref.LatencyMS.P99), fmt.Sprintf("max(%.0f ms, %.0f × %.1f ms, the p99 at %d msg/s)", P99FloorMS, P99Factor, ref.LatencyMS.P99, ref.Rate)
+	return P99Bound(ref.LatencyMS.P99, floorMS), fmt.Sprintf("max(%.0f ms, %.0f × %.1f ms, the p99 at %d msg/s)", floorMS, P99Factor, ref.LatencyMS.P99, ref.Rate)
 }
 
 // highestPassBelow is the highest rate below rate that passed every run at

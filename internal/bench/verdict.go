@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"time"
 )
 
 // The thresholds of the steady-state verdict.
@@ -25,8 +26,9 @@ const (
 	// readings; below it, it is immaterial.
 	GrowthToleranceFraction = 0.001
 	MinGrowthTolerance      = 10.0
-	// P99FloorMS and P99Factor bound a step's p99 commit → ack latency by
-	// the highest passing step below it: max(P99FloorMS, P99Factor × its p99).
+	// P99FloorMS (the default of --p99-floor) and P99Factor bound a step's
+	// p99 commit → ack latency by the highest passing step below it:
+	// max(floor, P99Factor × its p99).
 	P99FloorMS = 50.0
 	P99Factor  = 3.0
 )
@@ -38,8 +40,8 @@ func GrowthTolerance(target float64) float64 {
 }
 
 // P99Bound is the p99 latency bound, in ms, of a step whose highest passing
-// lower step had a p99 of lowerP99 ms.
-func P99Bound(lowerP99 float64) float64 { return math.Max(P99FloorMS, P99Factor*lowerP99) }
+// lower step had a p99 of lowerP99 ms, with a floor of floorMS.
+func P99Bound(lowerP99, floorMS float64) float64 { return math.Max(floorMS, P99Factor*lowerP99) }
 
 // Growth is the backlog's growth over a measurement window, with the
 // uncertainty that the backlog's noise and autocorrelation leave.
@@ -300,3 +302,6 @@ func Judge(e Evidence) Judgement {
 	j.Reason = strings.Join(parts, "; ")
 	return j
 }
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

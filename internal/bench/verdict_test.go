@@ -181,7 +181,7 @@ func TestJudge(t *testing.T) {
 	require.Contains(t, j.Reason, "backlog at stop 20001")
 
 	// p99: judged against its bound when there is one, listed otherwise.
-	j = Judge(Evidence{Target: 10000, ProducerRate: 10000, Growth: flat, P99: 61, P99Bound: P99Bound(20), P99Basis: "3 × 20.0 ms"})
+	j = Judge(Evidence{Target: 10000, ProducerRate: 10000, Growth: flat, P99: 61, P99Bound: P99Bound(20, P99FloorMS), P99Basis: "3 × 20.0 ms"})
 	require.False(t, j.Sustainable)
 	require.Contains(t, j.Reason, "failed: p99 61.0 ms (need ≤ 60.0 ms")
 	j = Judge(Evidence{Target: 10000, ProducerRate: 10000, Growth: flat, P99: 61, P99Basis: "no lower step to compare with"})
@@ -190,8 +190,8 @@ func TestJudge(t *testing.T) {
 
 	require.False(t, Judge(Evidence{Target: 10000, ProducerRate: 10000, Growth: Growth{Readings: 2}}).Sustainable)
 	require.False(t, Judge(Evidence{}).Sustainable)
-	require.Equal(t, 50.0, P99Bound(10))
-	require.Equal(t, 90.0, P99Bound(30))
+	require.Equal(t, 50.0, P99Bound(10, P99FloorMS))
+	require.Equal(t, 90.0, P99Bound(30, P99FloorMS))
 	require.Equal(t, 10.0, GrowthTolerance(1000))
 	require.Equal(t, 80.0, GrowthTolerance(80000))
 }
