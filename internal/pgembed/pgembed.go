@@ -233,7 +233,9 @@ func freePort() (int, error) {
 // startServer runs pg_ctl start and reports whether a failure was a port
 // clash, the one failure worth retrying with another port.
 func (c *Cluster) startServer(ctx context.Context, opts Options, socketDir string) (clash bool, err error) {
-	settings := map[string]string{"max_connections": "200"}
+	// wal_level=logical: an outbox in WAL mode streams from a logical
+	// replication slot.
+	settings := map[string]string{"max_connections": "200", "wal_level": "logical"}
 	if !opts.Fsync {
 		settings["fsync"], settings["synchronous_commit"], settings["full_page_writes"] = "off", "off", "off"
 	}

@@ -60,11 +60,13 @@ func TestStartConnectStop(t *testing.T) {
 	require.NoError(t, err)
 
 	// Settings reach the server (and survive shell quoting); defaults apply.
-	var maxConns, fsync string
+	var maxConns, fsync, walLevel string
 	require.NoError(t, conn.QueryRow(ctx, "SHOW max_connections").Scan(&maxConns))
 	require.NoError(t, conn.QueryRow(ctx, "SHOW fsync").Scan(&fsync))
+	require.NoError(t, conn.QueryRow(ctx, "SHOW wal_level").Scan(&walLevel))
 	require.Equal(t, "200", maxConns)
 	require.Equal(t, "off", fsync)
+	require.Equal(t, "logical", walLevel, "an outbox in WAL mode streams from a logical slot")
 	require.NoError(t, conn.Close(ctx))
 
 	require.NoError(t, c.Stop())
