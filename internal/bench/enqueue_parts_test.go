@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/walmsg"
 )
 
 // BenchmarkEnqueueParts measures where the enqueue path's cost goes: Wharf's
@@ -24,7 +27,8 @@ import (
 // 100-message transactions, 200-byte payloads, 10 messages per key), each
 // variant flat out for WHARF_PARTS_DURATION (default 8s), in
 // WHARF_PARTS_ROUNDS rounds (default 3) whose order rotates, so that every
-// variant sees the machine's drift alike. Run it alone:
+// variant sees the machine's drift alike; WHARF_PARTS_ONLY (variant names,
+// comma-separated) runs some of them. Run it alone:
 //
 //	go test -run '^$' -bench EnqueueParts -benchtime 1x -timeout 30m ./internal/bench
 //
@@ -71,6 +75,15 @@ func BenchmarkEnqueueParts(b *testing.B) {
 	defer pool.Close()
 
 	variants := enqueueVariants()
+	if only := os.Getenv("WHARF_PARTS_ONLY"); only != "" {
+		// A comma-separated list of variant names to run, e.g. to set a
+		// new variant beside the reference ones in one sitting.
+		keep := strings.Split(only, ",")
+		variants = slices.DeleteFunc(variants, func(v enqueueVariant) bool { return !slices.Contains(keep, v.name) })
+		if len(variants) == 0 {
+			b.Fatalf("WHARF_PARTS_ONLY=%q names no variant", only)
+		}
+	}
 	rates := map[string][]float64{}
 	for round := range rounds {
 		order := slices.Clone(variants)
@@ -87,6 +100,9 @@ func BenchmarkEnqueueParts(b *testing.B) {
 	}
 	med := func(name string) float64 {
 		r := slices.Clone(rates[name])
+		if len(r) == 0 {
+			return math.NaN() // not run (WHARF_PARTS_ONLY)
+		}
 		slices.Sort(r)
 		return r[len(r)/2]
 	}
@@ -204,6 +220,11 @@ func enqueueVariants() []enqueueVariant {
 			writer: func(o Options, pool *pgxpool.Pool, schema, table string) func() batchWriter {
 				return copyWriter(o, pool, pgx.Identifier{schema, strings.TrimPrefix(table, schema+".")})
 			}},
+		// WAL mode's producer side: the call's messages as one transactional
+		// logical decoding message (internal/walmsg), seqs from the outbox's
+		// id sequence or none at all (the id from the LSN the emit returns).
+		{name: "WAL nextval + emit", setup: noTable, writer: walWriter(true)},
+		{name: "WAL emit (id from LSN)", setup: noTable, writer: walWriter(false)},
 		{name: "bare unnest",
 			setup: bareSetup("v_bare_unnest"),
 			writer: func(o Options, pool *pgxpool.Pool, _, table string) func() batchWriter {
@@ -286,6 +307,61 @@ func unnestWriter(o Options, pool *pgxpool.Pool, sql string, lane, returning boo
 	}
 }
 
+func noTable(context.Context, *env, string) (string, error) { return "", nil }
+
+// walWriter writes each batch as one pg_logical_emit_message in its
+// transaction, with the seqs drawn from the outbox's id sequence first when
+// sequence is set.
+func walWriter(sequence bool) func(Options, *pgxpool.Pool, string, string) func() batchWriter {
+	return func(o Options, pool *pgxpool.Pool, schema, _ string) func() batchWriter {
+		payload := makePayload(o.PayloadBytes)
+		return func() batchWriter {
+			kr := &keyer{o: o}
+			records := make([]walmsg.Record, o.ProducerBatch)
+			var content []byte
+			seqs := make([]int64, o.ProducerBatch)
+			return func(ctx context.Context, first int64) (int, error) {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					return 0, err
+				}
+				fail := func(err error) (int, error) {
+					_ = tx.Rollback(ctx)
+					return 0, err
+				}
+				if sequence {
+					rows, err := tx.Query(ctx, "SELECT nextval(pg_get_serial_sequence($1, 'id')) FROM generate_series(1, $2)", schema+".outbox", len(seqs))
+					if err != nil {
+						return fail(err)
+					}
+					i := 0
+					for rows.Next() {
+						if err := rows.Scan(&seqs[i]); err != nil {
+							rows.Close()
+							return fail(err)
+						}
+						i++
+					}
+					if err := rows.Err(); err != nil {
+						return fail(err)
+					}
+				}
+				for i := range records {
+					records[i] = walmsg.Record{Seq: seqs[i], Nonce: rand.Int64(), Topic: topic, Key: kr.key(first + int64(i)), Payload: payload}
+				}
+				if content, err = walmsg.Append(content[:0], records); err != nil {
+					return fail(err)
+				}
+				var lsn string
+				if err := tx.QueryRow(ctx, "SELECT pg_logical_emit_message(true, $1, $2::bytea)::text", schema, content).Scan(&lsn); err != nil {
+					return fail(err)
+				}
+				return len(records), tx.Commit(ctx)
+			}
+		}
+	}
+}
+
 // copyWriter writes each batch with COPY inside its transaction.
 func copyWriter(o Options, pool *pgxpool.Pool, table pgx.Identifier) func() batchWriter {
 	payload := makePayload(o.PayloadBytes)
@@ -323,9 +399,11 @@ func (e *env) measureVariant(ctx context.Context, pool *pgxpool.Pool, v enqueueV
 	if err != nil {
 		return 0, err
 	}
-	if table == schema+".outbox" {
+	switch table {
+	case "":
+	case schema + ".outbox":
 		defer func() { _, _ = e.ctl.Exec(context.Background(), "TRUNCATE "+table) }()
-	} else {
+	default:
 		defer e.dropTable(table)
 	}
 	if _, err := e.quiesce(ctx); err != nil {
