@@ -26,9 +26,10 @@ type producers struct {
 	newWriter func() batchWriter
 	next      atomic.Int64
 	produced  atomic.Int64
-	// inWindow counts the messages whose commit returned at or after
-	// measureFrom, timed by the producers themselves, so a late sampler
-	// cannot shift the window's start.
+	// inWindow counts the messages of the batches due at or after
+	// measureFrom (flat out: whose commit returned then), timed by the
+	// producers themselves, so a late sampler cannot shift the window's
+	// start.
 	inWindow    atomic.Int64
 	measureFrom time.Time
 }
@@ -43,8 +44,9 @@ func (p *producers) run(ctx context.Context, start time.Time, rate float64, stop
 			defer timer.Stop()
 			for {
 				b := p.next.Add(1) - 1
+				var due time.Time
 				if rate > 0 {
-					due := start.Add(time.Duration(float64(b) * float64(batch) / rate * float64(time.Second)))
+					due = start.Add(time.Duration(float64(b) * float64(batch) / rate * float64(time.Second)))
 					// Behind schedule, the producers still stop on time.
 					if !due.Before(stopAt) || !time.Now().Before(stopAt) {
 						return nil
@@ -65,7 +67,10 @@ func (p *producers) run(ctx context.Context, start time.Time, rate float64, stop
 					return err
 				}
 				p.produced.Add(int64(n))
-				if !time.Now().Before(p.measureFrom) {
+				// On a schedule, a batch belongs to the window it was due
+				// in: a warm-up batch that a loaded machine commits late is
+				// not the window's. Flat out, the commit time decides.
+				if rate > 0 && !due.Before(p.measureFrom) || rate == 0 && !time.Now().Before(p.measureFrom) {
 					p.inWindow.Add(int64(n))
 				}
 			}

@@ -268,7 +268,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	res.note("verdict: sustainable when the producers reached %.0f %% of the target, the backlog did not grow faster than max(%.0f msg/s, %.1f %% of the target) with %.0f %% confidence over the window (least-squares slope of block means, autocorrelation-corrected standard error, one-sided Student t test), the backlog at the producers' stop was at most %.0f s of load, and p99 commit → ack was at most max(%.0f ms, %.0f × the p99 of the highest passing lower rate) where there is one",
 		100*MinProducerFraction, MinGrowthTolerance, 100*GrowthToleranceFraction, 100*GrowthConfidence, MaxBacklogSeconds, ms(e.o.P99Floor), P99Factor)
 	res.note("backlog is produced minus acknowledged (in-process relay, read every 20 ms) or the outbox's row count (relay processes, read at each sample)")
-	res.note("producer_rate is the messages committed after the warm-up over the planned window (batch i is due at start + i*batch/rate; no batch starts after the planned stop, so a producer that fell behind comes short)")
+	res.note("producer_rate is the messages of the batches due after the warm-up, committed, over the planned window (batch i is due at start + i*batch/rate; no batch starts after the planned stop, so a producer that fell behind comes short)")
 	res.note("drain_seconds is the time from the producers' stop until the relays caught up (-1: not within --tail-wait)")
 	res.note("wal_bytes_per_msg and commits_per_msg cover the inserts and the relays' work together")
 	if startState.Note != "" {
