@@ -430,10 +430,10 @@ GROUP BY b.lane ORDER BY b.lane`, walk, StatusScanBound)
 // database's clock.
 func (c *Client) statusLeases(ctx context.Context, tx pgx.Tx, s *Status) error {
 	sc := c.cfg.Schema
-	rows, err := tx.Query(ctx, `SELECT lane, coalesce(owner, ''), fence, lease_until,
-    coalesce(extract(epoch FROM lease_until - now())::float8, 0),
-    coalesce((SELECT extract(epoch FROM l.lease_until - r.heartbeat_at)::float8 FROM `+sc+`.relays r WHERE r.relay_id = l.owner), 0)
-FROM `+sc+`.lanes l ORDER BY lane`)
+	rows, err := tx.Query(ctx, `SELECT l.lane, coalesce(l.owner, ''), l.fence, r.lease_until,
+    coalesce(extract(epoch FROM r.lease_until - now())::float8, 0),
+    coalesce(extract(epoch FROM r.lease_until - r.heartbeat_at)::float8, 0)
+FROM `+sc+`.lanes l LEFT JOIN `+sc+`.relays r ON r.relay_id = l.owner ORDER BY l.lane`)
 	if err != nil {
 		return err
 	}
@@ -445,9 +445,8 @@ FROM `+sc+`.lanes l ORDER BY lane`)
 		err := row.Scan(&l.Lane, &l.Owner, &l.Fence, &until, &left, &leaseTTL)
 		l.LeaseUntil = until.Time
 		l.LeaseLeft = seconds(left)
-		// A lease is extended in a round trip that heartbeats its relay, so
-		// the largest lease_until - heartbeat_at (the lanes extended in
-		// the latest round) is the relay's lease TTL.
+		// A lane's lease is its owner's, extended by each heartbeat, so
+		// lease_until - heartbeat_at is the relay's lease TTL.
 		ttl = max(ttl, leaseTTL)
 		return l, err
 	})

@@ -153,11 +153,11 @@ func TestStatusShowsDeadRelaysAndExpiredLanes(t *testing.T) {
 	b := setupDB(t)
 	ctx := context.Background()
 	_, err := b.pool.Exec(ctx, `
-INSERT INTO `+b.schema+`.relays (relay_id, host, pid, heartbeat_at) VALUES
-    ('live', 'h1', 11, now() - interval '1 second'),
-    ('killed', 'h2', 22, now() - interval '30 seconds');
-UPDATE `+b.schema+`.lanes SET owner = 'live', fence = 1, lease_until = now() + interval '9 seconds' WHERE lane BETWEEN 10 AND 20;
-UPDATE `+b.schema+`.lanes SET owner = 'killed', fence = 1, lease_until = now() - interval '20 seconds' WHERE lane < 10`)
+INSERT INTO `+b.schema+`.relays (relay_id, host, pid, heartbeat_at, lease_until) VALUES
+    ('live', 'h1', 11, now() - interval '1 second', now() + interval '9 seconds'),
+    ('killed', 'h2', 22, now() - interval '30 seconds', now() - interval '20 seconds');
+UPDATE `+b.schema+`.lanes SET owner = 'live', fence = 1 WHERE lane BETWEEN 10 AND 20;
+UPDATE `+b.schema+`.lanes SET owner = 'killed', fence = 1 WHERE lane < 10`)
 	require.NoError(t, err)
 	st := statusOf(t, b, nil)
 	require.Equal(t, 10*time.Second, st.LeaseTTL, "the TTL is what the live relay's leases show")

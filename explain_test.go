@@ -20,17 +20,16 @@ import (
 )
 
 const (
-	explainSchema   = "wharf_explain"
-	explainRows     = 1_000_000
-	explainChunks   = 10
-	explainKeys     = 1_000
-	explainDeleted  = 300_000
-	explainBatch    = 4000
-	explainPerLane  = explainBatch / wharfmigrate.Lanes // 62
-	explainOwner    = "explain-relay"
-	explainLeaseTTL = "10000 milliseconds" // the default Config.LeaseTTL, formatted as lease.go does
-	explainDocPath  = "docs/plans.md"
-	explainCommand  = "WHARF_EXPLAIN=1 TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go test -run TestExplainHotPath -count=1 -v ."
+	explainSchema  = "wharf_explain"
+	explainRows    = 1_000_000
+	explainChunks  = 10
+	explainKeys    = 1_000
+	explainDeleted = 300_000
+	explainBatch   = 4000
+	explainPerLane = explainBatch / wharfmigrate.Lanes // 62
+	explainOwner   = "explain-relay"
+	explainDocPath = "docs/plans.md"
+	explainCommand = "WHARF_EXPLAIN=1 TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go test -run TestExplainHotPath -count=1 -v ."
 )
 
 // explainStatusSQL is the head probe of Client.Status (admin.go,
@@ -181,7 +180,9 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 	require.NoError(t, err)
 	phase("deleted the first 300,000 ids (not vacuumed), open transaction xid " + openXid)
 
-	_, err = pool.Exec(ctx, "UPDATE "+explainSchema+".lanes SET owner = $1, fence = 1, lease_until = now() + interval '1 hour'", explainOwner)
+	_, err = pool.Exec(ctx, "INSERT INTO "+explainSchema+".relays (relay_id, lease_until) VALUES ($1, now() + interval '1 hour')", explainOwner)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE "+explainSchema+".lanes SET owner = $1, fence = 1", explainOwner)
 	require.NoError(t, err)
 
 	var prevXmax string
@@ -256,15 +257,17 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 		},
 		{
 			title: "claim", sql: q.claim, outbox: false, bound: 64,
-			args:  []any{"explain-relay-2", explainLeaseTTL, 32},
-			setup: []string{"UPDATE " + explainSchema + ".lanes SET lease_until = now() - interval '1 second' WHERE lane >= 32"},
-			params: "a second relay claims up to 32 lanes; in the same transaction the leases of lanes 32..63 " +
-				"were first made to look expired, so it claims 32. Rolled back.",
+			args: []any{"explain-relay-2", 32},
+			setup: []string{
+				"INSERT INTO " + explainSchema + ".relays (relay_id, lease_until) VALUES ('explain-relay-gone', now() - interval '1 second')",
+				"UPDATE " + explainSchema + ".lanes SET owner = 'explain-relay-gone' WHERE lane >= 32"},
+			params: "a second relay claims up to 32 lanes; in the same transaction lanes 32..63 were first given " +
+				"to a relay whose lease ran out, so it claims 32. Rolled back.",
 		},
 		{
 			title: "renew", sql: q.renew, outbox: false, bound: 64,
-			args:   []any{explainOwner, explainLeaseTTL, "2 hours"},
-			params: fmt.Sprintf("owner `%s` extends its 64 leases by `%s`: all have less than the threshold (`2 hours`) left, the worst case of a round. Rolled back.", explainOwner, explainLeaseTTL),
+			args:   []any{explainOwner},
+			params: fmt.Sprintf("owner `%s` reads and locks its 64 lanes (its heartbeat extended their lease). Rolled back.", explainOwner),
 		},
 		{
 			title: "status head probe (Client.Status)", sql: strings.ReplaceAll(explainStatusSQL, "{S}", explainSchema), outbox: true, bound: 64,

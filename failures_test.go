@@ -240,8 +240,7 @@ func TestRelayStopsPublishingWhenItLosesItsLanes(t *testing.T) {
 	defer func() { _ = client.Stop(ctx) }()
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(starts) >= 3 }, 5*time.Second, 5*time.Millisecond)
 	// Another relay takes every lane over (a new fence, a long lease).
-	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".lanes SET owner = 'thief', fence = fence + 1, lease_until = now() + interval '1 hour'")
-	require.NoError(t, err)
+	leaseLanes(t, b, "thief", time.Hour, "true")
 	stolen := time.Now()
 	time.Sleep(2 * time.Second)
 	mu.Lock()

@@ -52,8 +52,7 @@ func TestFencedRelayCannotRemoveRowsAfterTakeover(t *testing.T) {
 	}
 	// Another relay takes every lane over (bumping the fence) while the
 	// delivery is in flight.
-	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".lanes SET owner = 'thief', fence = fence + 1, lease_until = now() + interval '1 hour'")
-	require.NoError(t, err)
+	leaseLanes(t, b, "thief", time.Hour, "true")
 	close(release)
 
 	// The acknowledgement is written (or refused) promptly; give it time,

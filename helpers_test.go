@@ -171,3 +171,26 @@ func outboxCount(t *testing.T, b *testBundle) int {
 	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".outbox").Scan(&n))
 	return n
 }
+
+// leaseLanes makes owner, a relay that is not running, the leaseholder of
+// the lanes matching where (a condition on the lanes table), for lease
+// (negative: expired that long ago), with a new fence, as a takeover by
+// another relay would.
+func leaseLanes(t *testing.T, b *testBundle, owner string, lease time.Duration, where string) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO `+b.schema+`.relays AS r (relay_id, heartbeat_at, lease_until)
+VALUES ($1, now() + $2 * interval '1 millisecond', now() + $2 * interval '1 millisecond')
+ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until`, owner, lease.Milliseconds())
+	require.NoError(t, err)
+	_, err = b.pool.Exec(context.Background(), "UPDATE "+b.schema+".lanes SET owner = $1, fence = fence + 1 WHERE "+where, owner)
+	require.NoError(t, err)
+}
+
+// leasedLanes counts the lanes owner holds with a lease that has not run out.
+func leasedLanes(t *testing.T, b *testBundle, owner string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".lanes l JOIN "+b.schema+
+		".relays r ON r.relay_id = l.owner WHERE l.owner = $1 AND r.lease_until > now()", owner).Scan(&n))
+	return n
+}

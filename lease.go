@@ -105,7 +105,7 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 	// the database's.
 	start := r.now()
 	ev := leaseEvent{until: start.Add(r.cfg.LeaseTTL)}
-	lr, err := r.st.leaseRound(ctx, r.cfg.LeaseTTL, r.renewBelow())
+	lr, err := r.st.leaseRound(ctx, r.cfg.LeaseTTL)
 	if err != nil {
 		return ev, err
 	}
@@ -117,18 +117,13 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 	for lane, fence := range owned {
 		if f, ok := lr.renewed[lane]; ok && f == fence {
 			ev.renewed = append(ev.renewed, lane)
-		} else if f, ok := lr.kept[lane]; !ok || f != fence {
+		} else {
 			ev.lost = append(ev.lost, lane)
 			delete(owned, lane)
 			delete(releasing, lane)
 		}
-		// kept: the engine's view of the lease, from the round that last
-		// extended it, still holds.
 	}
 	for lane, fence := range lr.renewed {
-		lr.kept[lane] = fence
-	}
-	for lane, fence := range lr.kept {
 		if _, ok := owned[lane]; !ok {
 			// Ours in the table but unknown here (a previous incarnation with
 			// the same id): hand it back so it is read from scratch.
@@ -156,7 +151,7 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 		}
 	}
 	if active < share {
-		got, err := r.st.claim(ctx, r.cfg.LeaseTTL, share-active)
+		got, err := r.st.claim(ctx, share-active)
 		if err != nil {
 			return ev, err
 		}
@@ -184,13 +179,4 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 		}
 	}
 	return ev, nil
-}
-
-// renewBelow is the lease time left under which a round extends a lease.
-// Extending every round would leave a dead lane row version per lane per
-// round; this extends each lease about every LeaseTTL/3 - RebalanceInterval
-// and still leaves at least LeaseTTL/3 after one failed round, as renewing
-// every round does when RebalanceInterval is LeaseTTL/3, the longest allowed.
-func (r *relay) renewBelow() time.Duration {
-	return r.cfg.LeaseTTL - max(0, r.cfg.LeaseTTL/3-r.cfg.RebalanceInterval)
 }

@@ -68,23 +68,20 @@ func (s *pgStore) register(ctx context.Context, ttl time.Duration) error {
 
 func interval(d time.Duration) string { return fmt.Sprintf("%d milliseconds", d.Milliseconds()) }
 
-func (s *pgStore) leaseRound(ctx context.Context, ttl, keep time.Duration) (leaseRound, error) {
+func (s *pgStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
 	var lr leaseRound
-	lr.renewed, lr.kept = map[int16]int64{}, map[int16]int64{}
+	lr.renewed = map[int16]int64{}
 	iv := interval(ttl)
 	var ours int
+	// A batch runs as one transaction: the heartbeat extends the lease of
+	// the lanes the renewal reads.
 	b := &pgx.Batch{}
 	b.Queue(s.q.heartbeat, s.owner, s.incarnation, iv, s.host, s.pid).QueryRow(func(row pgx.Row) error { return row.Scan(&ours, &lr.live) })
-	b.Queue(s.q.renew, s.owner, iv, interval(keep)).Query(func(rows pgx.Rows) error {
+	b.Queue(s.q.renew, s.owner).Query(func(rows pgx.Rows) error {
 		var lane int16
 		var fence int64
-		var due bool
-		_, err := pgx.ForEachRow(rows, []any{&lane, &fence, &due}, func() error {
-			if due {
-				lr.renewed[lane] = fence
-			} else {
-				lr.kept[lane] = fence
-			}
+		_, err := pgx.ForEachRow(rows, []any{&lane, &fence}, func() error {
+			lr.renewed[lane] = fence
 			return nil
 		})
 		return err
@@ -97,8 +94,8 @@ func (s *pgStore) leaseRound(ctx context.Context, ttl, keep time.Duration) (leas
 	return lr, nil
 }
 
-func (s *pgStore) claim(ctx context.Context, ttl time.Duration, n int) ([]laneLease, error) {
-	rows, err := s.pool.Query(ctx, s.q.claim, s.owner, interval(ttl), n)
+func (s *pgStore) claim(ctx context.Context, n int) ([]laneLease, error) {
+	rows, err := s.pool.Query(ctx, s.q.claim, s.owner, n)
 	if err != nil {
 		return nil, storeErr("claim lanes", err)
 	}

@@ -163,53 +163,51 @@ SELECT lane FROM f`),
 		// incarnation heartbeated within three lease TTLs (then it returns
 		// that one's host, pid and heartbeat age instead).
 		register: q(`WITH up AS (
-    INSERT INTO S.relays AS r (relay_id, host, pid, incarnation) VALUES ($1, $2, $3, $4)
+    INSERT INTO S.relays AS r (relay_id, host, pid, incarnation, lease_until) VALUES ($1, $2, $3, $4, now() + $5::interval)
     ON CONFLICT (relay_id) DO UPDATE SET host = excluded.host, pid = excluded.pid, incarnation = excluded.incarnation,
-        started_at = now(), heartbeat_at = now()
+        started_at = now(), heartbeat_at = now(), lease_until = excluded.lease_until
     WHERE r.incarnation = excluded.incarnation OR r.heartbeat_at < now() - 3 * $5::interval
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM up), coalesce(r.host, ''), coalesce(r.pid, 0),
     coalesce(extract(epoch FROM now() - r.heartbeat_at)::float8, 0)
 FROM (SELECT 1) AS one LEFT JOIN S.relays r ON r.relay_id = $1`),
-		// heartbeat renews this incarnation's registration, or registers it
-		// again when its row is gone (other relays delete a row three lease
-		// TTLs after its last heartbeat: a relay cut off from the database
-		// that long comes back to no row, and is not refused for it). Only a
-		// row of another incarnation, a relay started with the same id
-		// meanwhile, makes it return 0.
+		// heartbeat renews this incarnation's registration and its lease (the
+		// lease of every lane it owns: one row version per round, whatever
+		// the lanes), or registers it again when its row is gone (other
+		// relays delete a row three lease TTLs after its last heartbeat: a
+		// relay cut off from the database that long comes back to no row,
+		// and is not refused for it). Only a row of another incarnation, a
+		// relay started with the same id meanwhile, makes it return 0.
 		heartbeat: q(`WITH hb AS (
-    INSERT INTO S.relays AS r (relay_id, host, pid, incarnation) VALUES ($1, $4, $5, $2)
-    ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now() WHERE r.incarnation = excluded.incarnation
+    INSERT INTO S.relays AS r (relay_id, host, pid, incarnation, lease_until) VALUES ($1, $4, $5, $2, now() + $3::interval)
+    ON CONFLICT (relay_id) DO UPDATE SET heartbeat_at = now(), lease_until = excluded.lease_until WHERE r.incarnation = excluded.incarnation
     RETURNING 1
 ), gone AS (
     DELETE FROM S.relays WHERE heartbeat_at < now() - 3 * $3::interval AND relay_id <> $1
 )
 SELECT (SELECT count(*) FROM hb), count(*) + 1 FROM S.relays WHERE heartbeat_at > now() - $3::interval AND relay_id <> $1`),
-		// renew reads the caller's lanes and extends only the leases with
-		// less than $3 left: every extension leaves a dead row version, and
-		// while a long transaction holds the xmin horizon nothing removes
-		// them, so renewing every round bloats the lanes table until the
-		// renewal itself is too slow (see RELIABILITY.md, bug 4).
-		renew: q(`WITH mine AS (
-    SELECT lane, fence, lease_until < now() + $3::interval AS due FROM S.lanes
-    WHERE owner = $1 ORDER BY lane FOR UPDATE
-), up AS (
-    UPDATE S.lanes l SET lease_until = now() + $2::interval FROM mine WHERE l.lane = mine.lane AND mine.due
-)
-SELECT lane, fence, due FROM mine`),
-		claim: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1, lease_until = now() + $2::interval
+		// renew reads the caller's lanes, locking them so that a claim
+		// racing with this round either waits for it or skips them, and
+		// either way this relay learns here which lanes it still owns. It
+		// writes nothing: the heartbeat in the same transaction extended
+		// the lease of all of them.
+		renew: q(`SELECT lane, fence FROM S.lanes WHERE owner = $1 ORDER BY lane FOR UPDATE`),
+		// claim takes free lanes and lanes whose owner's lease ran out (or
+		// whose owner's row is gone).
+		claim: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1
 WHERE l.lane IN (
-    SELECT lane FROM S.lanes WHERE owner IS NULL OR lease_until < now()
-    ORDER BY lane LIMIT $3 FOR UPDATE SKIP LOCKED)
+    SELECT x.lane FROM S.lanes x
+    WHERE x.owner IS NULL OR NOT EXISTS (SELECT 1 FROM S.relays r WHERE r.relay_id = x.owner AND r.lease_until > now())
+    ORDER BY x.lane LIMIT $2 FOR UPDATE OF x SKIP LOCKED)
 RETURNING l.lane, l.fence`),
-		release: q(`UPDATE S.lanes SET owner = NULL, lease_until = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),
-		releaseAll: q(`UPDATE S.lanes l SET owner = NULL, lease_until = NULL
+		release: q(`UPDATE S.lanes SET owner = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),
+		releaseAll: q(`UPDATE S.lanes l SET owner = NULL
 FROM (SELECT lane FROM S.lanes WHERE owner = $1 AND lane = ANY($2::smallint[]) ORDER BY lane FOR UPDATE) mine
 WHERE l.lane = mine.lane`),
 		unregister:  q(`DELETE FROM S.relays WHERE relay_id = $1 AND incarnation = $2`),
 		loadRetries: q(`SELECT id, attempts, next_attempt_at, lane FROM S.retries WHERE lane = ANY($1::smallint[])`),
-		laneOwners: q(`SELECT count(*) FILTER (WHERE owner IS NULL OR lease_until < now() OR owner NOT IN (
-    SELECT relay_id FROM S.relays WHERE heartbeat_at > now() - $1::interval)) FROM S.lanes`),
+		laneOwners: q(`SELECT count(*) FILTER (WHERE owner IS NULL OR owner NOT IN (
+    SELECT relay_id FROM S.relays WHERE heartbeat_at > now() - $1::interval AND lease_until > now())) FROM S.lanes`),
 	}
 }

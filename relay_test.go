@@ -520,9 +520,7 @@ func TestRebalanceWhenRelayJoins(t *testing.T) {
 	bb, err := wharf.NewClient(b.pool, cfgB)
 	require.NoError(t, err)
 	owned := func(id string) int {
-		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".lanes WHERE owner = $1 AND lease_until > now()", id).Scan(&n))
-		return n
+		return leasedLanes(t, b, id)
 	}
 	require.NoError(t, a.Start(ctx))
 	defer func() { require.NoError(t, a.Stop(ctx)) }()

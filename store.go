@@ -17,11 +17,11 @@ type store interface {
 	// register claims the relay id for this incarnation, or fails with
 	// ErrRelayIDInUse while another live incarnation holds it.
 	register(ctx context.Context, ttl time.Duration) error
-	// leaseRound heartbeats, renews this relay's leases and counts live
-	// relays and lanes nobody live owns, in one round trip.
-	// Leases with more than keep left are not extended (lr.kept).
-	leaseRound(ctx context.Context, ttl, keep time.Duration) (leaseRound, error)
-	claim(ctx context.Context, ttl time.Duration, n int) ([]laneLease, error)
+	// leaseRound heartbeats, which renews this relay's lease (one for all
+	// its lanes), reads the lanes it owns and counts live relays and lanes
+	// nobody live owns, in one round trip.
+	leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error)
+	claim(ctx context.Context, n int) ([]laneLease, error)
 	release(ctx context.Context, rel laneRelease) error
 	releaseAll(ctx context.Context, lanes []int16) error
 	unregister(ctx context.Context) error
@@ -41,8 +41,7 @@ var ErrRelayIDInUse = errors.New("wharf: relay id in use by a live relay")
 
 type leaseRound struct {
 	live      int             // live relays, this one included
-	renewed   map[int16]int64 // lanes whose lease this relay renewed, with their fence
-	kept      map[int16]int64 // lanes still this relay's whose lease did not need renewing yet
+	renewed   map[int16]int64 // lanes this relay owns, with their fence, their lease renewed
 	uncovered int             // lanes no live relay owns
 	lostID    bool            // another incarnation took over this relay id
 }

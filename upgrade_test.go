@@ -19,7 +19,7 @@ func fillV1(t *testing.T, b *testBundle) {
 	ctx := context.Background()
 	m, err := wharfmigrate.New(b.schema)
 	require.NoError(t, err)
-	_, err = m.Down(ctx, b.pool, m.Latest()-1)
+	_, err = m.DownTo(ctx, b.pool, 1)
 	require.NoError(t, err)
 	for i := 0; i < 30; i++ {
 		var id int64
@@ -100,7 +100,7 @@ func TestUpgradeKeepsPendingMessagesAndMakesIDsUnique(t *testing.T) {
 	// Down to 1 with rows in place, and up again: new messages get new ids.
 	m, err := wharfmigrate.New(a.schema)
 	require.NoError(t, err)
-	_, err = m.Down(ctx, a.pool, 1)
+	_, err = m.DownTo(ctx, a.pool, 1)
 	require.NoError(t, err)
 	_, err = m.Up(ctx, a.pool)
 	require.NoError(t, err)

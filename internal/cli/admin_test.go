@@ -245,10 +245,11 @@ func TestStatusCommand(t *testing.T) {
 	)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `
-INSERT INTO `+b.schema+`.relays (relay_id, host, pid, heartbeat_at) VALUES
-    ('relay-live', 'h1', 11, now()), ('relay-killed', 'h2', 22, now() - interval '40 seconds');
-UPDATE `+b.schema+`.lanes SET owner = 'relay-live', lease_until = now() + interval '10 seconds' WHERE lane >= 32;
-UPDATE `+b.schema+`.lanes SET owner = 'relay-killed', lease_until = now() - interval '30 seconds' WHERE lane < 32`)
+INSERT INTO `+b.schema+`.relays (relay_id, host, pid, heartbeat_at, lease_until) VALUES
+    ('relay-live', 'h1', 11, now(), now() + interval '10 seconds'),
+    ('relay-killed', 'h2', 22, now() - interval '40 seconds', now() - interval '30 seconds');
+UPDATE `+b.schema+`.lanes SET owner = 'relay-live' WHERE lane >= 32;
+UPDATE `+b.schema+`.lanes SET owner = 'relay-killed' WHERE lane < 32`)
 	require.NoError(t, err)
 
 	code, out, errOut := session{}.run(b.cmd("status")...)
@@ -303,11 +304,11 @@ func TestMigrateDown(t *testing.T) {
 
 	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "would revert 002_message_ids\nschema "+b.schema+" would go from version 2 to 1\n"+
+	require.Equal(t, "would revert 003_relay_leases\nschema "+b.schema+" would go from version 3 to 2\n"+
 		"the outbox holds 1 pending message and 0 dead letters: it would be refused: pass --force to revert anyway and lose them\n", out)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--target-version", "0")...)
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "would revert 002_message_ids\nwould revert 001_outbox\n")
+	require.Contains(t, out, "would revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
 
 	code, _, errOut = s.run(b.cmd("migrate", "down")...)
 	require.Equal(t, 1, code)
@@ -319,8 +320,8 @@ func TestMigrateDown(t *testing.T) {
 		want string
 	}{
 		{[]string{"--steps", "0"}, "--steps must be at least 1 (got 0); to revert everything use --target-version 0"},
-		{[]string{"--target-version", "3"}, "--target-version must be between 0 and 2 (got 3)"},
-		{[]string{"--target-version", "-1"}, "--target-version must be between 0 and 2 (got -1)"},
+		{[]string{"--target-version", "4"}, "--target-version must be between 0 and 3 (got 4)"},
+		{[]string{"--target-version", "-1"}, "--target-version must be between 0 and 3 (got -1)"},
 		{[]string{"--steps", "1", "--target-version", "0"}, "give --steps or --target-version, not both"},
 	} {
 		code, _, errOut = s.run(b.cmd(append([]string{"migrate", "down"}, c.args...)...)...)
@@ -330,14 +331,14 @@ func TestMigrateDown(t *testing.T) {
 
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--force")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "schema "+b.schema+" migrated down: reverted [2], now at version 1\n", out)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [3], now at version 2\n", out)
 	code, _, errOut = s.run(b.cmd("migrate", "up")...)
 	require.Equal(t, 0, code, errOut)
 	_, err = b.pool.Exec(ctx, "DELETE FROM "+b.schema+".outbox")
 	require.NoError(t, err)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--target-version", "0")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "schema "+b.schema+" migrated down: reverted [2 1], now at version 0\n", out)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [3 2 1], now at version 0\n", out)
 	code, out, errOut = s.run(b.cmd("migrate", "down")...)
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "schema "+b.schema+" is at version 0: nothing to revert\n", out)

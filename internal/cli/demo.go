@@ -648,7 +648,7 @@ func runShowcase(ctx context.Context, g *globals, f *demoFlags, pool *pgxpool.Po
 	// when their leases expire, as after a crash of the process.
 	var held int
 	var registered bool
-	if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+schema+".lanes WHERE owner = $1 AND lease_until > now()), EXISTS (SELECT 1 FROM "+schema+".relays WHERE relay_id = $1)",
+	if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+schema+".lanes l JOIN "+schema+".relays r ON r.relay_id = l.owner WHERE l.owner = $1 AND r.lease_until > now()), EXISTS (SELECT 1 FROM "+schema+".relays WHERE relay_id = $1)",
 		relay1.RelayID()).Scan(&held, &registered); err != nil {
 		return err
 	}

@@ -814,7 +814,7 @@ func TestConnectionsExhausted(t *testing.T) {
 	back := within(60*time.Second, func() bool {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := admin.QueryRow(cctx, "SELECT count(*) FROM "+o.schema+".lanes WHERE owner IS NOT NULL AND lease_until > now()").Scan(&covered); err != nil {
+		if err := admin.QueryRow(cctx, "SELECT count(*) FROM "+o.schema+".lanes l JOIN "+o.schema+".relays r ON r.relay_id = l.owner WHERE r.lease_until > now()").Scan(&covered); err != nil {
 			return false
 		}
 		_, delivering := w.firstArrivalAfter(cleared)

@@ -95,7 +95,7 @@ func (o *outbox) count(t *testing.T, table string) int {
 
 // lanesOf lists the lanes whose lease names owner.
 func (o *outbox) lanesOf(ctx context.Context, owner string) (map[int]bool, error) {
-	rows, err := o.pool.Query(ctx, "SELECT lane FROM "+o.schema+".lanes WHERE owner = $1 AND lease_until > now()", owner)
+	rows, err := o.pool.Query(ctx, "SELECT l.lane FROM "+o.schema+".lanes l JOIN "+o.schema+".relays r ON r.relay_id = l.owner WHERE l.owner = $1 AND r.lease_until > now()", owner)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +116,7 @@ func (o *outbox) lanesOf(ctx context.Context, owner string) (map[int]bool, error
 // owner to the other between them.
 func (o *outbox) ownedLanes(ctx context.Context, owners ...string) (int, error) {
 	var n int
-	err := o.pool.QueryRow(ctx, "SELECT count(*) FROM "+o.schema+".lanes WHERE owner = ANY($1) AND lease_until > now()", owners).Scan(&n)
+	err := o.pool.QueryRow(ctx, "SELECT count(*) FROM "+o.schema+".lanes l JOIN "+o.schema+".relays r ON r.relay_id = l.owner WHERE l.owner = ANY($1) AND r.lease_until > now()", owners).Scan(&n)
 	return n, err
 }
 
