@@ -395,3 +395,36 @@ func TestWALLevelReplicaIsNamed(t *testing.T) {
 	_, err = c.CreateSlot(ctx, "any_slot", false)
 	requireOneLine(t, err, ErrWALLevel, "wal_level = logical")
 }
+
+// WAL mode's ids come from the position pg_logical_emit_message returns
+// (the producer's only round trip): the stream must report the same
+// position for the message, so that the relay derives the same ids.
+func TestMessagePositionIsWhatTheEmitReturned(t *testing.T) {
+	ctx := context.Background()
+	newSlot(t, "lsn_slot")
+	q := sqlConn(t)
+	var want []LSN
+	for i := range 3 {
+		tx, err := q.Begin(ctx)
+		require.NoError(t, err)
+		var s string
+		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_logical_emit_message(true, $1, $2::bytea)::text", prefix, []byte(fmt.Sprint("m", i))).Scan(&s))
+		require.NoError(t, tx.Commit(ctx))
+		lsn, err := ParseLSN(s)
+		require.NoError(t, err)
+		want = append(want, lsn)
+	}
+	c := replConn(t, Options{Prefix: prefix})
+	require.NoError(t, c.Start(ctx, "lsn_slot", publication, 0))
+	var got []LSN
+	deadline, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for len(got) < 3 {
+		ev, err := c.Receive(deadline)
+		require.NoError(t, err)
+		if m, ok := ev.(Message); ok {
+			got = append(got, m.LSN)
+		}
+	}
+	require.Equal(t, want, got)
+}
