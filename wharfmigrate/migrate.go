@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,7 +51,15 @@ type Migration struct {
 	Name    string
 	Up      string
 	Down    string
+	// KeepsMessages is set when reverting the migration neither drops
+	// messages nor changes their ids: its down file has the line
+	// "-- wharfmigrate:keeps-messages". Only such reverts run while the
+	// outbox holds messages without being forced.
+	KeepsMessages bool
 }
+
+// keepsMessagesMarker marks a down file whose revert keeps every message as it is.
+const keepsMessagesMarker = "-- wharfmigrate:keeps-messages"
 
 // Status is a migration and when it was applied (zero when pending).
 type Status struct {
@@ -114,6 +123,7 @@ func load(schema string) ([]Migration, error) {
 			mg.Up = r.Replace(string(body))
 		} else {
 			mg.Down = r.Replace(string(body))
+			mg.KeepsMessages = slices.Contains(strings.Split(mg.Down, "\n"), keepsMessagesMarker)
 		}
 	}
 	var out []Migration
@@ -179,12 +189,13 @@ func (m *Migrator) DownTo(ctx context.Context, conn Conn, target int) ([]int, er
 }
 
 // ErrNotEmpty is returned by [Migrator.DownToIfEmpty] when the outbox or
-// the dead-letter table holds rows: reverting migrations drops them (version
-// 1) or the message ids consumers deduplicate by (version 2).
+// the dead-letter table holds rows and a migration to revert drops them
+// (version 1) or the message ids consumers deduplicate by (version 2).
 var ErrNotEmpty = errors.New("the outbox is not empty")
 
 // DownToIfEmpty is DownTo that refuses, with an error wrapping ErrNotEmpty,
-// while the outbox or the dead-letter table holds rows. The check runs in
+// while the outbox or the dead-letter table holds rows, unless every
+// migration it reverts keeps messages (Migration.KeepsMessages). The check runs in
 // each step's transaction after locking both tables, so no message enqueued
 // meanwhile can be dropped unseen.
 func (m *Migrator) DownToIfEmpty(ctx context.Context, conn Conn, target int) ([]int, error) {
@@ -344,7 +355,10 @@ CREATE TABLE IF NOT EXISTS `+m.schema+`.schema_migrations (
 	if len(steps) == 0 {
 		return nil, nil
 	}
-	if guard != nil {
+	// The guard stands for the whole run: when any revert ahead would lose
+	// messages, it is checked before the first step, so a refused run
+	// changes nothing.
+	if guard != nil && slices.ContainsFunc(steps, func(s step) bool { return !s.up && !s.mg.KeepsMessages }) {
 		if err := guard(ctx, tx); err != nil {
 			return nil, err
 		}

@@ -302,15 +302,20 @@ func TestMigrateDown(t *testing.T) {
 	_, err := b.client.Enqueue(ctx, wharf.Message{Topic: "t", Payload: []byte("x")})
 	require.NoError(t, err)
 
+	// Reverting version 3 keeps messages; reverting 2 or 1 would not.
 	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run")...)
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "would revert 003_relay_leases\nschema "+b.schema+" would go from version 3 to 2\n"+
+		"the outbox holds 1 pending message and 0 dead letters: these reverts keep them\n", out)
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "2")...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "would revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 3 to 1\n"+
 		"the outbox holds 1 pending message and 0 dead letters: it would be refused: pass --force to revert anyway and lose them\n", out)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--target-version", "0")...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "would revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
 
-	code, _, errOut = s.run(b.cmd("migrate", "down")...)
+	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "2")...)
 	require.Equal(t, 1, code)
 	requireOneLineError(t, errOut, "refusing to migrate down: the outbox is not empty: schema "+b.schema+" holds 1 pending message and 0 dead letters; reverting would drop them or change their ids (deliver, cancel or purge them first, or pass --force)")
 	require.Equal(t, 1, b.count(t, "outbox"), "a refused down changes nothing")
@@ -329,9 +334,15 @@ func TestMigrateDown(t *testing.T) {
 		requireOneLineError(t, errOut, c.want)
 	}
 
-	code, out, errOut = s.run(b.cmd("migrate", "down", "--force")...)
+	// The refused run reverted nothing: version 3 is still there to revert,
+	// without --force, keeping the message.
+	code, out, errOut = s.run(b.cmd("migrate", "down")...)
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "schema "+b.schema+" migrated down: reverted [3], now at version 2\n", out)
+	require.Equal(t, 1, b.count(t, "outbox"))
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--force")...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [2], now at version 1\n", out)
 	code, _, errOut = s.run(b.cmd("migrate", "up")...)
 	require.Equal(t, 0, code, errOut)
 	_, err = b.pool.Exec(ctx, "DELETE FROM "+b.schema+".outbox")

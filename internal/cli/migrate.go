@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -102,11 +103,13 @@ func newMigrateDownCmd(g *globals) *cobra.Command {
 		Short: "Revert the latest migration (or --steps N, or down to --target-version N)",
 		Long: `Reverts migrations, one by default. Reverting version 1 drops the outbox and every
 table Wharf created; reverting version 2 drops the message ids' nonces, so pending
-messages would be delivered under other ids. So it refuses while the outbox or the
-dead-letter table holds rows: deliver, cancel ('wharf outbox cancel') or purge
-('wharf dead purge') them first, or pass --force to lose them. The check runs in each
-step's transaction with both tables locked, so nothing enqueued meanwhile is lost
-unseen. --dry-run prints what would be reverted and whether it would be refused.`,
+messages would be delivered under other ids. So when either is to be reverted it
+refuses while the outbox or the dead-letter table holds rows: deliver, cancel ('wharf
+outbox cancel') or purge ('wharf dead purge') them first, or pass --force to lose them.
+Reverting version 3 (leases per relay back to leases per lane) keeps every message and
+is not refused. The check runs in each step's transaction with both tables locked, so
+nothing enqueued meanwhile is lost unseen. --dry-run prints what would be reverted and
+whether it would be refused.`,
 		Example: `  wharf migrate down --dry-run
   wharf migrate down                       # one step
   wharf migrate down --target-version 0    # everything (the schema too, if Wharf created it)`,
@@ -159,9 +162,13 @@ unseen. --dry-run prints what would be reverted and whether it would be refused.
 					return err
 				}
 				fmt.Fprintf(g.stdout, "schema %s would go from version %d to %d\n", g.schema, applied, target)
+				lossy := slices.ContainsFunc(plan, func(mg wharfmigrate.Migration) bool { return !mg.KeepsMessages })
 				if msgs > 0 || dead > 0 {
 					verdict := "it would be refused: pass --force to revert anyway and lose them"
-					if force {
+					switch {
+					case !lossy:
+						verdict = "these reverts keep them"
+					case force:
 						verdict = "--force: they would be lost"
 					}
 					fmt.Fprintf(g.stdout, "the outbox holds %s and %s: %s\n", countOf(msgs, "pending message"), countOf(dead, "dead letter"), verdict)
