@@ -150,6 +150,15 @@ const ContentSQL = `(SELECT '\x0100000001'::bytea || int4send(octet_length(m.r))
          FROM jsonb_each_text($6::jsonb) AS h) END
     || $7::bytea AS r) AS m)`
 
+// FirstSeq is the seq of the first of the n messages of a content whose
+// logical decoding message ends at WAL position end (what
+// pg_logical_emit_message returns, and what the stream reports for the
+// message); the others follow one by one. Every message takes more than one
+// byte of the record, so the n seqs end-n .. end-1 lie inside the record:
+// unique in the cluster's WAL and growing in WAL order. end+i would not do:
+// a short record right after a long one ends fewer than n bytes later.
+func FirstSeq(end uint64, n int) int64 { return int64(end) - int64(n) }
+
 // ErrVersion is returned for content written by a newer format.
 var ErrVersion = errors.New("walmsg: unknown content version")
 

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/internal/walmsg"
 )
 
 // The tests run on a throwaway cluster of their own with wal_level=logical
@@ -427,4 +428,56 @@ func TestMessagePositionIsWhatTheEmitReturned(t *testing.T) {
 		}
 	}
 	require.Equal(t, want, got)
+}
+
+// The seqs WAL mode derives from the emit's position (walmsg.FirstSeq) are
+// unique and growing across records, and the relay computes the same ones
+// from the stream, also where a short record follows a long one.
+func TestSeqsFromPositionsAreUniqueAndAgree(t *testing.T) {
+	ctx := context.Background()
+	newSlot(t, "seq_slot")
+	q := sqlConn(t)
+	sizes := []int{1000, 1, 50, 1, 1}
+	var produced []int64
+	for _, n := range sizes {
+		records := make([]walmsg.Record, n)
+		for i := range records {
+			records[i] = walmsg.Record{Topic: "t", Payload: []byte{byte(i)}}
+		}
+		content, err := walmsg.Append(nil, records)
+		require.NoError(t, err)
+		var s string
+		require.NoError(t, q.QueryRow(ctx, "SELECT pg_logical_emit_message(true, $1, $2::bytea)::text", prefix, content).Scan(&s))
+		end, err := ParseLSN(s)
+		require.NoError(t, err)
+		for i := range n {
+			produced = append(produced, walmsg.FirstSeq(uint64(end), n)+int64(i))
+		}
+	}
+	for i := 1; i < len(produced); i++ {
+		require.Greater(t, produced[i], produced[i-1], "seq %d", i)
+	}
+
+	c := replConn(t, Options{Prefix: prefix})
+	require.NoError(t, c.Start(ctx, "seq_slot", publication, 0))
+	var streamed []int64
+	var ends []LSN
+	deadline, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for len(ends) < len(sizes) {
+		ev, err := c.Receive(deadline)
+		require.NoError(t, err)
+		if m, ok := ev.(Message); ok {
+			recs, err := walmsg.Decode(m.Content)
+			require.NoError(t, err)
+			for i := range recs {
+				streamed = append(streamed, walmsg.FirstSeq(uint64(m.LSN), len(recs))+int64(i))
+			}
+			ends = append(ends, m.LSN)
+		}
+	}
+	require.Equal(t, produced, streamed)
+	// Why not end + i: the one-message record after the 1000-message one
+	// ends fewer than 1000 bytes after it.
+	require.Less(t, uint64(ends[1]-ends[0]), uint64(sizes[0]), "end+i would have collided here")
 }
