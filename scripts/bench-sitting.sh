@@ -14,8 +14,20 @@ bin=${WHARF_BIN:-$out/wharf}
 [ -x "$bin" ] || go build -o "$bin" ./cmd/wharf
 shape=(--records-per-key 10 --producers 4 --producer-batch 100 --payload-bytes 200 --duration 10s)
 
+# settle waits (at most SETTLE_MAX seconds, default 120) for the 1-minute load
+# average to fall below SETTLE_LOAD (default 1.0): the previous run's
+# processes are gone at once, but PostgreSQL's checkpoint and the page cache
+# writeback it left are not, and they weigh on the next run.
+settle() {
+  local max=${SETTLE_MAX:-120} limit=${SETTLE_LOAD:-1.0} waited=0
+  while [ "$waited" -lt "$max" ] && awk -v l="$limit" '{exit !($1 >= l)}' /proc/loadavg; do
+    sleep 5; waited=$((waited + 5))
+  done
+}
+
 run() { # name, wharf bench flags...
   local name=$1; shift
+  settle
   echo "$(date +%T) $name: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/sitting.log" >&2
   "$bin" bench --database-url "$url" "${shape[@]}" "$@" --json "$out/$name.json" >"$out/$name.txt" 2>"$out/$name.progress"
 }
@@ -24,9 +36,12 @@ for i in $(seq 1 "$rounds"); do
   run "sweep-$i" --mode sweep --limits
   run "baseline-$i" --mode baseline
 done
-echo "$(date +%T) enqueue parts: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/sitting.log" >&2
-TEST_DATABASE_URL=$url go test -run '^$' -bench EnqueueParts -benchtime 1x -timeout 60m ./internal/bench \
-  >"$out/enqueue-parts.txt" 2>"$out/enqueue-parts.progress"
+if [ -z "${SKIP_PARTS:-}" ]; then # SKIP_PARTS=1 leaves the enqueue-parts benchmark out
+  settle
+  echo "$(date +%T) enqueue parts: load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/sitting.log" >&2
+  TEST_DATABASE_URL=$url go test -run '^$' -bench EnqueueParts -benchtime 1x -timeout 60m ./internal/bench \
+    >"$out/enqueue-parts.txt" 2>"$out/enqueue-parts.progress"
+fi
 
 python3 - "$out" "$rounds" <<'EOF'
 import json, sys
@@ -61,6 +76,8 @@ for i in range(1, rounds + 1):
     print(f"| {i} | {b['producer_rate']:,.0f} | {l['insert_rate']:,.0f} | {100*l['producer_fraction']:.1f} % | {b['processing_rate']:,.0f} | {l['removal_rate']:,.0f} | {100*l['drain_fraction']:.1f} % | {la[0]} |")
 env = load("sweep-1")["environment"]
 print("\nPostgreSQL:", " ".join(f"{s['name']}={s['value']}" for s in env["postgres_settings"]), "TLS:", env["tls"], "cores:", env["cores"])
-print()
-print(open(f"{out}/enqueue-parts.txt").read())
+import os
+if os.path.exists(f"{out}/enqueue-parts.txt"):
+    print()
+    print(open(f"{out}/enqueue-parts.txt").read())
 EOF
