@@ -143,7 +143,7 @@ func fakeSteadyFunc(pass func(sp steadySpec, call int) bool) (func(context.Conte
 
 func TestSweepBisectsAndConfirms(t *testing.T) {
 	run, calls := fakeSteady(37000)
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2}, runSteady: run}
+	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
 	r, err := e.sweep(context.Background(), "s")
 	require.NoError(t, err)
 	var rates []string
@@ -175,7 +175,7 @@ func TestSweepStepsDownWhenARepeatFails(t *testing.T) {
 	// upper bound and the bisection resumes from 31,600, the highest rate
 	// that passed every run: 34,000 and 35,200 pass, and 35,200 is confirmed.
 	run, calls := fakeSteady(37000, 8)
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2}, runSteady: run}
+	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
 	r, err := e.sweep(context.Background(), "s")
 	require.NoError(t, err)
 	var rates []string
@@ -190,7 +190,7 @@ func TestSweepStepsDownWhenARepeatFails(t *testing.T) {
 
 func TestSweepWhenNothingIsSustainable(t *testing.T) {
 	run, calls := fakeSteady(5000)
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2}, runSteady: run}
+	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
 	r, err := e.sweep(context.Background(), "s")
 	require.NoError(t, err)
 	require.Len(t, *calls, 1, "nothing above a failed reference is tried")
@@ -208,7 +208,7 @@ func TestSweepGivesUpWhenNoRepeatHolds(t *testing.T) {
 	run, calls := fakeSteadyFunc(func(sp steadySpec, _ int) bool {
 		return sp.rate <= 37000 && !strings.Contains(sp.label, RoleConfirm)
 	})
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2}, runSteady: run}
+	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
 	r, err := e.sweep(context.Background(), "s")
 	require.NoError(t, err)
 	require.False(t, r.Sustainable)

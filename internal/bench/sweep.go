@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -50,7 +49,7 @@ func (e *env) sweep(ctx context.Context, schema string) (*Result, error) {
 	run := func(rate int, role string) (*Result, error) {
 		sp := steadySpec{schema: schema, rate: float64(rate), drainAll: true,
 			label: fmt.Sprintf("sweep %d: %d/s, %s", len(steps)+1, rate, role)}
-		sp.p99Bound, sp.p99Basis = p99BoundFor(steps, rate, cmp.Or(ms(o.P99Floor), P99FloorMS))
+		sp.p99Bound, sp.p99Basis = p99BoundFor(steps, rate, ms(o.P99Floor))
 		r, err := e.runSteady(ctx, sp)
 		if err != nil {
 			return nil, fmt.Errorf("sweep run %d (%d msg/s): %w", len(steps)+1, rate, err)

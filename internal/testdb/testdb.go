@@ -49,8 +49,9 @@ func run(m *testing.M, url *string, own string) int {
 		// Tests in the package itself (not _test) read it from here.
 		_ = os.Setenv("TEST_DATABASE_URL", *url)
 	}
+	drop := func() {}
 	if own != "" {
-		u, drop, err := ownDatabase(*url, own)
+		u, dropOwn, err := ownDatabase(*url, own)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "creating the test database:", err)
 			if cluster != nil {
@@ -58,11 +59,12 @@ func run(m *testing.M, url *string, own string) int {
 			}
 			return 1
 		}
-		defer drop()
+		drop = dropOwn
 		*url = u
 		_ = os.Setenv("TEST_DATABASE_URL", *url)
 	}
 	code := m.Run()
+	drop() // while the server still runs
 	if cluster != nil {
 		_ = cluster.Stop()
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,14 +144,14 @@ func BenchmarkProduceAndStream(b *testing.B) {
 
 	// flatOut runs write on every producer connection until the window ends
 	// and returns the messages written per second.
-	flatOut := func(write func(c *pgx.Conn, n int64) error) float64 {
+	flatOut := func(write func(i int, c *pgx.Conn, n int64) error) float64 {
 		var total atomic.Int64
 		end := time.Now().Add(window)
 		var wg sync.WaitGroup
-		for _, c := range conns {
+		for i, c := range conns {
 			wg.Go(func() {
 				for n := int64(0); time.Now().Before(end); n++ {
-					if err := write(c, n); err != nil {
+					if err := write(i, c, n); err != nil {
 						b.Error(err)
 						return
 					}
@@ -169,7 +168,7 @@ func BenchmarkProduceAndStream(b *testing.B) {
 	}
 	_, err = conns[0].Exec(ctx, "CHECKPOINT")
 	require.NoError(b, err)
-	insertRate := flatOut(func(c *pgx.Conn, _ int64) error {
+	insertRate := flatOut(func(_ int, c *pgx.Conn, _ int64) error {
 		tx, err := c.Begin(ctx)
 		if err != nil {
 			return err
@@ -216,11 +215,10 @@ func BenchmarkProduceAndStream(b *testing.B) {
 	records := make([][]walmsg.Record, producers)
 	start := time.Now()
 	streamedBefore := streamed.Load()
-	emitRate := flatOut(func(c *pgx.Conn, n int64) error {
-		i := slices.Index(conns, c)
-		if records[i] == nil {
-			records[i] = make([]walmsg.Record, benchPerTx)
-		}
+	for i := range records {
+		records[i] = make([]walmsg.Record, benchPerTx)
+	}
+	emitRate := flatOut(func(i int, c *pgx.Conn, n int64) error {
 		for j := range records[i] {
 			records[i][j] = walmsg.Record{Nonce: rand.Int64(), Topic: benchTopicName, Key: fmt.Sprint("k", (n*benchPerTx+int64(j))/10), Payload: payload}
 		}
