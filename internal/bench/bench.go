@@ -23,6 +23,14 @@ type Latency struct {
 	P99   float64 `json:"p99"`
 	Max   float64 `json:"max"`
 	Count int64   `json:"count"` // messages measured
+	// P99PerSecond is the median, over the seconds of the measurement
+	// window, of each second's p99 (messages by the second they were
+	// acknowledged in); Seconds is how many seconds it covers. Steady runs
+	// only: the sweep judges latency on it, so that a stall of a second or
+	// two (a checkpoint, another process) does not decide a verdict the way
+	// it decides the whole window's p99.
+	P99PerSecond float64 `json:"p99_per_second_median,omitempty"`
+	Seconds      int     `json:"p99_seconds,omitempty"`
 }
 
 // Sample is one point of the time series. Short runs are sampled every

@@ -232,6 +232,15 @@ func TestSweep(t *testing.T) {
 	for _, s := range r.Steps {
 		require.Zero(t, s.Start.OutboxRows, "every run starts from an empty outbox")
 		require.True(t, s.Growth.Valid)
+		// Latency is judged on the median of the window's per-second p99s.
+		require.NotNil(t, s.LatencyMS)
+		require.Positive(t, s.LatencyMS.Seconds)
+		require.LessOrEqual(t, s.LatencyMS.Seconds, int(o.Duration/time.Second), "at most one p99 per second of the window")
+		require.Positive(t, s.LatencyMS.P99PerSecond)
+		require.LessOrEqual(t, s.LatencyMS.P99PerSecond, s.LatencyMS.Max)
+	}
+	for _, s := range r.Steps[1:] {
+		require.Contains(t, s.VerdictReason, "median of the window's", "runs above the reference are judged on the per-second median")
 	}
 	// The sweep ends with the winner's two repeats, both passing. A repeat
 	// at another rate is allowed only where one failed there (a loaded
@@ -259,6 +268,7 @@ func TestSweep(t *testing.T) {
 	require.Contains(t, sum, "sweep runs, in order")
 	require.Contains(t, sum, "reference")
 	require.Contains(t, html, "detects ≥")
+	require.Contains(t, sum, "median p99/s ms (bound)")
 }
 
 func TestDrainRelayProcesses(t *testing.T) {
@@ -393,4 +403,30 @@ func TestOptionsNewFlags(t *testing.T) {
 	require.ErrorContains(t, err, "--max-p99")
 	err = Options{Mode: ModeSteady, DatabaseURL: "x", Rate: 5, Duration: 500 * time.Millisecond}.Validate()
 	require.ErrorContains(t, err, "--duration must be at least 1s")
+}
+
+func TestTrackerPerSecondP99(t *testing.T) {
+	// A 10 s window after a 1 s warm-up: 1,000 messages a second at 5 ms,
+	// except one second in which 200 of them took 400 ms (a stall). The
+	// window's p99 is the stall's; the median of the per-second p99s is not.
+	start := time.Now()
+	tr := newTracker(start, time.Second)
+	tr.windowEnd = 11 * time.Second
+	id := int64(0)
+	for sec := range 12 { // the warm-up second, ten in the window, one after it
+		for i := range 1000 {
+			id++
+			lat := 5 * time.Millisecond
+			if sec == 4 && i < 200 {
+				lat = 400 * time.Millisecond
+			}
+			ack := start.Add(time.Duration(sec)*time.Second + time.Duration(i)*time.Millisecond + lat)
+			tr.committed([]int64{id}, ack.Add(-lat))
+			tr.ackedIDs([]int64{id}, ack)
+		}
+	}
+	lat, _ := tr.summary()
+	require.InDelta(t, 400, lat.P99, 5, "the whole run's p99 is the stall's")
+	require.Equal(t, 10, lat.Seconds, "seconds of the window only")
+	require.InDelta(t, 5, lat.P99PerSecond, 0.1)
 }

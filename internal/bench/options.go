@@ -87,8 +87,9 @@ type Options struct {
 	// latency unjudged (a sweep judges each run against the runs below it).
 	MaxP99 time.Duration
 	// P99Floor is the floor of a sweep run's p99 bound: a run above the
-	// reference fails when its p99 exceeds max(P99Floor, 3 × the p99 of the
-	// highest passing run below it). Defaults to 50 ms.
+	// reference fails when the median of its per-second p99s exceeds
+	// max(P99Floor, 3 × the same median at the highest passing run below
+	// it). Defaults to 50 ms.
 	P99Floor time.Duration
 	// Limits also measures the physical limits in drain (the removal limit),
 	// steady and sweep runs (the insert limit). Baseline always does.

@@ -197,9 +197,9 @@ func stepCells(s Step) []string {
 		p = fmt.Sprintf("%.2g", g.PValue)
 		detect = fmt.Sprintf("%.0f", g.Detectable)
 	}
-	p99 := "-"
-	if s.LatencyMS != nil {
-		p99 = fmt.Sprintf("%.1f", s.LatencyMS.P99)
+	p99, window := "-", "-"
+	if l := s.LatencyMS; l != nil {
+		p99, window = fmt.Sprintf("%.1f", l.P99PerSecond), fmt.Sprintf("%.1f", l.P99)
 		if s.P99BoundMS > 0 {
 			p99 += fmt.Sprintf(" (≤ %.0f)", s.P99BoundMS)
 		}
@@ -215,10 +215,10 @@ func stepCells(s Step) []string {
 		verdict = "FAIL: " + strings.Join(failed, ", ")
 	}
 	return []string{strconv.Itoa(s.Rate), s.Role, fmt.Sprintf("%.1f %%", 100*s.ProducerRate/float64(s.Rate)),
-		growth, fmt.Sprintf("%.0f", g.Tolerance), p, detect, strconv.FormatInt(s.BacklogAtStop, 10), p99, strconv.FormatInt(s.Deadlocks, 10), verdict}
+		growth, fmt.Sprintf("%.0f", g.Tolerance), p, detect, strconv.FormatInt(s.BacklogAtStop, 10), p99, window, strconv.FormatInt(s.Deadlocks, 10), verdict}
 }
 
-var stepHeader = []string{"rate", "role", "producers", "growth msg/s (± 95 %)", "tolerance", "p", "detects ≥", "backlog at stop", "p99 ms (bound)", "deadlocks", "verdict"}
+var stepHeader = []string{"rate", "role", "producers", "growth msg/s (± 95 %)", "tolerance", "p", "detects ≥", "backlog at stop", "median p99/s ms (bound)", "window p99 ms", "deadlocks", "verdict"}
 
 // WriteSummary writes the terminal summary table.
 func WriteSummary(w io.Writer, r *Result) error {

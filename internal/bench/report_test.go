@@ -137,7 +137,7 @@ func fakeSteadyFunc(pass func(sp steadySpec, call int) bool) (func(context.Conte
 		}
 		j := Judge(Evidence{Target: sp.rate, ProducerRate: sp.rate, Growth: g, P99: 5, P99Bound: sp.p99Bound, P99Basis: sp.p99Basis})
 		return &Result{TargetRate: sp.rate, Sustainable: j.Sustainable, VerdictReason: j.Reason, Criteria: j.Criteria,
-			BacklogGrowth: &g, LatencyMS: &Latency{P99: 5}, Start: &StartState{}}, nil
+			BacklogGrowth: &g, LatencyMS: &Latency{P99: 5, P99PerSecond: 5, Seconds: 10}, Start: &StartState{}}, nil
 	}, &calls
 }
 
@@ -162,8 +162,8 @@ func TestSweepBisectsAndConfirms(t *testing.T) {
 	// passing run below it.
 	require.Empty(t, (*calls)[0].p99Bound)
 	require.Equal(t, P99FloorMS, (*calls)[1].p99Bound)
-	require.Contains(t, (*calls)[1].p99Basis, "the p99 at 10000 msg/s")
-	require.Contains(t, (*calls)[4].p99Basis, "the p99 at 31600 msg/s")
+	require.Contains(t, (*calls)[1].p99Basis, "the same median at 10000 msg/s")
+	require.Contains(t, (*calls)[4].p99Basis, "the same median at 31600 msg/s")
 	var sum strings.Builder
 	require.NoError(t, WriteSummary(&sum, r))
 	require.Contains(t, sum.String(), "36500")
@@ -202,9 +202,36 @@ func TestSweepWhenNothingIsSustainable(t *testing.T) {
 	require.Contains(t, sum.String(), "none")
 }
 
+func TestSweepStepsDownUntilARepeatHolds(t *testing.T) {
+	// A noisy boundary: single runs pass up to 37,000, repeats only up to
+	// 30,000. Three rounds of bisection below a failed winner (36,500,
+	// 35,200, 34,000) find nothing that holds; then the sweep steps down 10 %
+	// at a time from the last failed winner (31,600 fails, 28,400 holds)
+	// instead of giving up or falling back to the reference.
+	run, calls := fakeSteadyFunc(func(sp steadySpec, _ int) bool {
+		if strings.Contains(sp.label, RoleConfirm) {
+			return sp.rate <= 30000
+		}
+		return sp.rate <= 37000
+	})
+	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
+	r, err := e.sweep(context.Background(), "s")
+	require.NoError(t, err)
+	var rates []string
+	for _, c := range *calls {
+		rates = append(rates, fmt.Sprint(c.rate))
+	}
+	require.Equal(t, "10000 31600 56200 42100 36500 39200 37800 36500 34000 35200 35200 34000 31600 28400 28400", strings.Join(rates, " "))
+	require.True(t, r.Sustainable)
+	require.Equal(t, 28400.0, r.TargetRate)
+	require.Equal(t, 2, r.ConfirmedRuns)
+	require.Contains(t, r.VerdictReason, "the next rate tried above it, 31600 msg/s, was not sustainable")
+}
+
 func TestSweepGivesUpWhenNoRepeatHolds(t *testing.T) {
-	// Every repeat fails: the sweep searches below the failed winner
-	// maxConfirmRounds times, then reports that no rate was confirmed.
+	// Every repeat fails: the sweep bisects below the failed winner
+	// maxConfirmRounds times, steps down to the reference, and reports that
+	// no rate was confirmed once the reference fails its repeat too.
 	run, calls := fakeSteadyFunc(func(sp steadySpec, _ int) bool {
 		return sp.rate <= 37000 && !strings.Contains(sp.label, RoleConfirm)
 	})
@@ -214,12 +241,22 @@ func TestSweepGivesUpWhenNoRepeatHolds(t *testing.T) {
 	require.False(t, r.Sustainable)
 	require.Zero(t, r.TargetRate)
 	require.Contains(t, r.VerdictReason, "no rate was confirmed")
-	confirms := 0
-	for _, c := range *calls {
-		if strings.Contains(c.label, RoleConfirm) {
-			confirms++
+	last := (*calls)[len(*calls)-1]
+	require.Equal(t, 10000.0, last.rate, "the last repeat is the reference's")
+	require.Contains(t, last.label, RoleConfirm)
+	for i, c := range *calls {
+		if strings.Contains(c.label, RoleConfirm) && i > 0 {
+			prev := (*calls)[i-1]
+			require.False(t, strings.Contains(prev.label, RoleConfirm) && prev.rate == c.rate, "a failed repeat is not repeated: %v", rates(*calls))
 		}
 	}
-	require.Equal(t, maxConfirmRounds, confirms, "one failed repeat per round")
 	require.Less(t, len(*calls), 30)
+}
+
+func rates(calls []steadySpec) []float64 {
+	var out []float64
+	for _, c := range calls {
+		out = append(out, c.rate)
+	}
+	return out
 }

@@ -17,6 +17,10 @@ type steadySpec struct {
 	// where it comes from.
 	p99Bound float64
 	p99Basis string
+	// perSecond judges the median of the window's per-second p99s instead
+	// of the window's p99 (the sweep: its bound comes from another run's
+	// median, and a stall of a second must not decide a verdict).
+	perSecond bool
 	// drainAll waits for the relays to empty the outbox whatever the
 	// verdict, so that the next run starts from an empty outbox (sweep).
 	drainAll bool
@@ -95,6 +99,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	warmup := o.Warmup
 	start := time.Now()
 	tr := newTracker(start, warmup)
+	tr.windowEnd = warmup + o.Duration
 	var onCommit func([]int64, time.Time)
 	if o.InProcess {
 		onCommit = tr.committed
@@ -259,13 +264,17 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	}
 	ev := Evidence{Target: sp.rate, ProducerRate: res.ProducerRate, Growth: growth, BacklogAtStop: res.BacklogAtStop,
 		P99Bound: sp.p99Bound, P99Basis: sp.p99Basis}
-	if res.LatencyMS != nil {
-		ev.P99 = res.LatencyMS.P99
+	if lat := res.LatencyMS; lat != nil {
+		ev.P99, ev.P99Stat = lat.P99, "p99"
+		if sp.perSecond && lat.Seconds > 0 {
+			ev.P99 = lat.P99PerSecond
+			ev.P99Stat = fmt.Sprintf("median of the window's %d per-second p99s (whole window: p99 %.1f ms, max %.1f ms)", lat.Seconds, lat.P99, lat.Max)
+		}
 	}
 	j := Judge(ev)
 	res.Sustainable, res.VerdictReason, res.Criteria = j.Sustainable, j.Reason, j.Criteria
 	res.note("every steady run starts from an empty outbox: the relays of the previous run emptied it, then VACUUM (ANALYZE) of the outbox and the relays' tables, REINDEX TABLE of the outbox (VACUUM leaves indexes at their high-water size, which slows the runs that follow a large backlog), CHECKPOINT and a %s pause", settle)
-	res.note("verdict: sustainable when the producers reached %.0f %% of the target, the backlog did not grow faster than max(%.0f msg/s, %.1f %% of the target) with %.0f %% confidence over the window (least-squares slope of block means, autocorrelation-corrected standard error, one-sided Student t test), the backlog at the producers' stop was at most %.0f s of load, and p99 commit → ack was at most max(%.0f ms, %.0f × the p99 of the highest passing lower rate) where there is one",
+	res.note("verdict: sustainable when the producers reached %.0f %% of the target, the backlog did not grow faster than max(%.0f msg/s, %.1f %% of the target) with %.0f %% confidence over the window (least-squares slope of block means, autocorrelation-corrected standard error, one-sided Student t test), the backlog at the producers' stop was at most %.0f s of load, and p99 commit → ack was at most --max-p99 when given (steady) or, in a sweep, the median of the window's per-second p99s at most max(%.0f ms, %.0f × the same median at the highest passing lower rate) where there is one",
 		100*MinProducerFraction, MinGrowthTolerance, 100*GrowthToleranceFraction, 100*GrowthConfidence, MaxBacklogSeconds, ms(e.o.P99Floor), P99Factor)
 	res.note("backlog is produced minus acknowledged (in-process relay, read every 20 ms) or the outbox's row count (relay processes, read at each sample)")
 	res.note("producer_rate is the messages of the batches due after the warm-up, committed, over the planned window (batch i is due at start + i*batch/rate; no batch starts after the planned stop, so a producer that fell behind comes short)")

@@ -13,9 +13,14 @@ const (
 	RoleConfirm   = "confirm"
 )
 
-// maxConfirmRounds bounds how often a sweep searches again below a winner
-// that failed a repeat.
+// maxConfirmRounds bounds how often a sweep bisects again below a winner
+// that failed a repeat; after that it steps down by SweepStepDown, confirming
+// each step, until one holds.
 const maxConfirmRounds = 3
+
+// SweepStepDown is the factor a sweep lowers its winner by after
+// maxConfirmRounds winners failed a repeat.
+const SweepStepDown = 0.9
 
 // SweepPrecision ends the bisection once the lowest failing rate is within
 // this fraction above the highest passing one.
@@ -30,7 +35,9 @@ const SweepPrecision = 0.05
 //     matters is the relative error), until they are within SweepPrecision;
 //  3. Confirm repeats of the winner; if one fails, the winner becomes the
 //     upper bound and the bisection resumes below it from the highest rate
-//     that passed every run (at most maxConfirmRounds times).
+//     that passed every run (at most maxConfirmRounds times; then the next
+//     winner is 10 % below the failed one, and so on down, never below
+//     the highest rate that passed every run).
 //
 // All runs share one outbox; each starts from it emptied, vacuumed,
 // reindexed and checkpointed, so the order of the runs does not leak into
@@ -48,7 +55,7 @@ func (e *env) sweep(ctx context.Context, schema string) (*Result, error) {
 	var steps []Step
 	run := func(rate int, role string) (*Result, error) {
 		sp := steadySpec{schema: schema, rate: float64(rate), drainAll: true,
-			label: fmt.Sprintf("sweep %d: %d/s, %s", len(steps)+1, rate, role)}
+			label: fmt.Sprintf("sweep %d: %d/s, %s", len(steps)+1, rate, role), perSecond: true}
 		sp.p99Bound, sp.p99Basis = p99BoundFor(steps, rate, ms(o.P99Floor))
 		r, err := e.runSteady(ctx, sp)
 		if err != nil {
@@ -100,8 +107,8 @@ func (e *env) sweep(ctx context.Context, schema string) (*Result, error) {
 	if err := bisect(); err != nil {
 		return nil, err
 	}
+	candidate := lo
 	for round := 1; ; round++ {
-		candidate := lo
 		var last *Result
 		held := true
 		for range o.Confirm {
@@ -134,15 +141,22 @@ func (e *env) sweep(ctx context.Context, schema string) (*Result, error) {
 			return res, nil
 		}
 		// The winner failed a repeat: it bounds the search from above now,
-		// and the bisection resumes below it from the highest rate that
-		// passed every run.
+		// and the search resumes below it from the highest rate that passed
+		// every run: bisecting for maxConfirmRounds rounds, then stepping
+		// down by SweepStepDown (not below that rate) and confirming each
+		// step, so that a noisy boundary still ends in a confirmed rate.
 		hi, lo = candidate, highestPassBelow(steps, candidate)
-		if lo == 0 || round == maxConfirmRounds {
+		if lo == 0 {
 			return e.sweepResult(nil, 0, steps, lim,
-				fmt.Sprintf("no rate was confirmed: %d msg/s failed a repeat, and %d rounds of searching below it found no rate that passed every run", candidate, round)), nil
+				fmt.Sprintf("no rate was confirmed: %d msg/s failed a repeat, and every rate below it failed at least one run", candidate)), nil
 		}
-		if err := bisect(); err != nil {
-			return nil, err
+		if round < maxConfirmRounds {
+			if err := bisect(); err != nil {
+				return nil, err
+			}
+			candidate = lo
+		} else {
+			candidate = max(lo, roundRate(int(SweepStepDown*float64(candidate))))
 		}
 	}
 }
@@ -168,19 +182,21 @@ func (e *env) sweepResult(best *Result, rate int, steps []Step, lim *Limits, rea
 }
 
 // p99BoundFor is the latency bound of a run at rate: from the highest
-// passing run below it.
+// passing run below it, on the same statistic (the median of the per-second
+// p99s).
 func p99BoundFor(steps []Step, rate int, floorMS float64) (float64, string) {
 	var ref *Step
 	for i := range steps {
 		s := &steps[i]
-		if s.Sustainable && s.Rate < rate && s.LatencyMS != nil && (ref == nil || s.Rate >= ref.Rate) {
+		if s.Sustainable && s.Rate < rate && s.LatencyMS != nil && s.LatencyMS.Seconds > 0 && (ref == nil || s.Rate >= ref.Rate) {
 			ref = s
 		}
 	}
 	if ref == nil {
 		return 0, "no lower rate to compare with"
 	}
-	return P99Bound(ref.LatencyMS.P99, floorMS), fmt.Sprintf("max(%.0f ms, %.0f × %.1f ms, the p99 at %d msg/s)", floorMS, P99Factor, ref.LatencyMS.P99, ref.Rate)
+	p := ref.LatencyMS.P99PerSecond
+	return P99Bound(p, floorMS), fmt.Sprintf("max(%.0f ms, %.0f × %.1f ms, the same median at %d msg/s)", floorMS, P99Factor, p, ref.Rate)
 }
 
 // highestPassBelow is the highest rate below rate that passed every run at

@@ -3,6 +3,7 @@ package bench
 import (
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -107,6 +108,15 @@ type tracker struct {
 	interval *histogram // since the last sample
 	dups     int64
 
+	// windowEnd, when set, ends the measurement window (after the warm-up):
+	// the latencies acknowledged inside it are also kept per second of
+	// acknowledgement, as each second's p99 (perSecond), for a verdict
+	// that one stall cannot decide.
+	windowEnd time.Duration
+	secIdx    int64
+	sec       *histogram
+	perSecond []float64
+
 	acked atomic.Int64 // distinct ids acknowledged
 }
 
@@ -148,6 +158,9 @@ func (t *tracker) finish(c *chunk, id int64, s *int64, commitNs, ackNs int64) {
 	lat := time.Duration(max(0, ackNs-commitNs))
 	if time.Duration(ackNs) >= t.warmup {
 		t.total.add(lat)
+		if time.Duration(ackNs) < t.windowEnd {
+			t.addSecond(time.Duration(ackNs)-t.warmup, lat)
+		}
 	}
 	t.interval.add(lat)
 	c.done++
@@ -204,8 +217,49 @@ func (t *tracker) takeInterval() *histogram {
 	return h
 }
 
+// addSecond adds lat, acknowledged at sinceWarmup into the window, to its
+// second's histogram, closing the previous second first.
+func (t *tracker) addSecond(sinceWarmup, lat time.Duration) {
+	i := int64(sinceWarmup / time.Second)
+	if t.sec == nil {
+		t.sec, t.secIdx = newHistogram(), i
+	}
+	if i > t.secIdx { // acknowledgements arrive in time order, give or take a lock wait
+		t.closeSecond()
+		t.secIdx = i
+	}
+	t.sec.add(lat)
+}
+
+func (t *tracker) closeSecond() {
+	if t.sec != nil && t.sec.n > 0 {
+		t.perSecond = append(t.perSecond, t.sec.quantile(0.99))
+		clear(t.sec.counts)
+		t.sec.n, t.sec.max = 0, 0
+	}
+}
+
 func (t *tracker) summary() (*Latency, int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.total.latency(), t.dups
+	l := t.total.latency()
+	if l != nil && t.windowEnd > 0 {
+		t.closeSecond()
+		l.P99PerSecond = median(t.perSecond)
+		l.Seconds = len(t.perSecond)
+	}
+	return l, t.dups
+}
+
+// median of xs (0 when empty); xs is sorted in place.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	m := len(xs) / 2
+	if len(xs)%2 == 1 {
+		return xs[m]
+	}
+	return (xs[m-1] + xs[m]) / 2
 }

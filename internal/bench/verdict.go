@@ -223,8 +223,11 @@ type Evidence struct {
 	Growth Growth
 	// BacklogAtStop is the backlog when the producers stopped.
 	BacklogAtStop int64
-	// P99 is the run's p99 commit → ack latency in ms; 0 when not measured.
-	P99 float64
+	// P99 is the run's p99 commit → ack latency in ms, as P99Stat says
+	// (the window's p99, or the median of its per-second p99s); 0 when not
+	// measured.
+	P99     float64
+	P99Stat string
 	// P99Bound is the bound P99 is judged against, in ms; 0 when there is
 	// nothing to judge it against. P99Basis says where the bound comes from.
 	P99Bound float64
@@ -270,13 +273,17 @@ func Judge(e Evidence) Judgement {
 	maxBacklog := MaxBacklogSeconds * e.Target
 	add("backlog_at_stop", true, float64(e.BacklogAtStop) <= maxBacklog,
 		fmt.Sprintf("backlog at stop %d (need ≤ %.0f, %.0f s of load)", e.BacklogAtStop, maxBacklog, MaxBacklogSeconds))
+	p99Stat := e.P99Stat
+	if p99Stat == "" {
+		p99Stat = "p99"
+	}
 	switch {
 	case e.P99 <= 0:
 		add("p99", false, false, "p99 not judged: latency not measured (relay processes)")
 	case e.P99Bound <= 0:
-		add("p99", false, false, fmt.Sprintf("p99 %.1f ms not judged: %s", e.P99, e.P99Basis))
+		add("p99", false, false, fmt.Sprintf("%s %.1f ms not judged: %s", p99Stat, e.P99, e.P99Basis))
 	default:
-		add("p99", true, e.P99 <= e.P99Bound, fmt.Sprintf("p99 %.1f ms (need ≤ %.1f ms: %s)", e.P99, e.P99Bound, e.P99Basis))
+		add("p99", true, e.P99 <= e.P99Bound, fmt.Sprintf("%s %.1f ms (need ≤ %.1f ms: %s)", p99Stat, e.P99, e.P99Bound, e.P99Basis))
 	}
 	var failed, met, unjudged []string
 	for _, c := range j.Criteria {

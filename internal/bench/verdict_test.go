@@ -187,6 +187,10 @@ func TestJudge(t *testing.T) {
 	j = Judge(Evidence{Target: 10000, ProducerRate: 10000, Growth: flat, P99: 61, P99Basis: "no lower step to compare with"})
 	require.True(t, j.Sustainable, j.Reason)
 	require.Contains(t, j.Reason, "p99 61.0 ms not judged: no lower step")
+	// The statistic judged is named in the evidence.
+	j = Judge(Evidence{Target: 10000, ProducerRate: 10000, Growth: flat, P99: 12, P99Stat: "median of the window's 10 per-second p99s (whole window: p99 140.0 ms)", P99Bound: 50, P99Basis: "floor"})
+	require.True(t, j.Sustainable, j.Reason)
+	require.Contains(t, j.Reason, "median of the window's 10 per-second p99s (whole window: p99 140.0 ms) 12.0 ms (need ≤ 50.0 ms")
 
 	require.False(t, Judge(Evidence{Target: 10000, ProducerRate: 10000, Growth: Growth{Readings: 2}}).Sustainable)
 	require.False(t, Judge(Evidence{}).Sustainable)

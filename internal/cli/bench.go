@@ -48,11 +48,14 @@ Modes:
             --max-p99 when given
   sweep     a reference run at --min-rate, bisection runs below --max-rate (at the
             geometric mean, until within 5 % or --sweep-steps), then --confirm
-            repeats of the winner (a failed repeat steps down). Every run starts
-            from an emptied, vacuumed, reindexed and checkpointed outbox, and its
-            p99 must stay within max(--p99-floor, 3 × the p99 of the highest
-            passing rate below). Reports the highest rate sustainable in every run, with
-            the evidence of each run
+            repeats of the winner (a failed repeat bisects below it again, three
+            times at most, then steps down 10 % at a time). Every run starts
+            from an emptied, vacuumed, reindexed and checkpointed outbox. Latency
+            is judged on the median of the window's per-second p99s, which must
+            stay within max(--p99-floor, 3 × the same median at the highest
+            passing rate below); the window's own p99 is reported beside it.
+            Reports the highest rate sustainable in every run, with the evidence
+            of each run
   soak      a long steady run (e.g. --rate at half the sustainable rate,
             --duration 30m) with the relay in this process; samples the process's
             resident memory, Go heap and goroutines, the p99 of each interval and
@@ -90,7 +93,7 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
 	fl.IntVar(&o.SweepSteps, "sweep-steps", 8, "sweep: most bisection runs after the reference run at --min-rate (it stops once the bracket is within 5 %)")
 	fl.IntVar(&o.Confirm, "confirm", 2, "sweep: repeats of the winning rate, each of which must be sustainable (at least 2)")
 	fl.DurationVar(&o.MaxP99, "max-p99", 0, "steady: fail the run when p99 commit→ack exceeds this (0 = latency not judged)")
-	fl.DurationVar(&o.P99Floor, "p99-floor", 50*time.Millisecond, "sweep: a run fails when its p99 commit→ack exceeds max(this, 3 × the p99 of the highest passing rate below)")
+	fl.DurationVar(&o.P99Floor, "p99-floor", 50*time.Millisecond, "sweep: a run fails when the median of its per-second p99s commit→ack exceeds max(this, 3 × the same median at the highest passing rate below)")
 	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, insert limit otherwise); baseline always does")
 	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
 	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction")
