@@ -58,15 +58,16 @@ for i in range(1, rounds + 1):
 for i in range(1, rounds + 1):
     s = load(f"sweep-{i}")
     print(f"\nsweep {i} runs:\n")
-    print("| rate | role | producers | growth msg/s ± 95 % | tolerance | p | detects ≥ | backlog at stop | p99 ms (bound) | deadlocks | verdict |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| rate | role | producers | growth msg/s ± 95 % | tolerance | p | detects ≥ | backlog at stop | median p99/s ms (bound) | window p99 ms | deadlocks | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for st in s["steps"]:
         g = st["backlog_growth"]
-        p99 = st["latency_ms"]["p99"] if st.get("latency_ms") else float("nan")
+        lat = st.get("latency_ms") or {}
+        p99s, p99 = lat.get("p99_per_second_median", float("nan")), lat.get("p99", float("nan"))
         bound = f" (≤ {st['p99_bound_ms']:.0f})" if st.get("p99_bound_ms") else ""
         failed = [c["name"] for c in st["criteria"] if c["judged"] and not c["met"]]
         verdict = "pass" if st["sustainable"] else "FAIL " + ", ".join(failed)
-        print(f"| {st['rate']:,} | {st['role']} | {100*st['producer_rate']/st['rate']:.1f} % | {g['slope']:.0f} ± {g['upper_95']-g['slope']:.0f} | {g['tolerance']:.0f} | {g['p_value']:.2g} | {g['detectable_95']:.0f} | {st['backlog_at_stop']:,} | {p99:.1f}{bound} | {st.get('deadlocks', '?')} | {verdict} |")
+        print(f"| {st['rate']:,} | {st['role']} | {100*st['producer_rate']/st['rate']:.1f} % | {g['slope']:.0f} ± {g['upper_95']-g['slope']:.0f} | {g['tolerance']:.0f} | {g['p_value']:.2g} | {g['detectable_95']:.0f} | {st['backlog_at_stop']:,} | {p99s:.1f}{bound} | {p99:.1f} | {st.get('deadlocks', '?')} | {verdict} |")
 print("\n| baseline | Wharf enqueue | insert limit | fraction | Wharf drain | removal limit | fraction | load avg at start |")
 print("|---|---|---|---|---|---|---|---|")
 for i in range(1, rounds + 1):
