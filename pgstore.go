@@ -359,17 +359,51 @@ func decodeHeaders(b []byte) map[string]string {
 	return h
 }
 
-// parseSnapshot splits "xmin:xmax:xip,xip" (pg_snapshot text form).
+// parseSnapshot splits "xmin:xmax:xip,xip" (pg_snapshot text form) and
+// checks it the way PostgreSQL builds it: decimal xids, xmin <= xmax, every
+// xip in [xmin, xmax) and in ascending order. The next fetch sends xmax and
+// the xips back, and the rewind check compares xmaxes as numbers, so
+// anything else is refused here rather than read as 0.
 func parseSnapshot(s string) (pgPos, error) {
+	bad := func(why string) (pgPos, error) {
+		return pgPos{}, fmt.Errorf("wharf: unexpected snapshot %.100q: %s", s, why)
+	}
 	parts := strings.Split(s, ":")
 	if len(parts) != 3 {
-		return pgPos{}, fmt.Errorf("wharf: unexpected snapshot %q", s)
+		return bad("want xmin:xmax:xip,...")
+	}
+	xmin, err1 := parseXid(parts[0])
+	xmax, err2 := parseXid(parts[1])
+	if err1 != nil || err2 != nil {
+		return bad("xmin and xmax must be decimal transaction ids")
+	}
+	if xmin > xmax {
+		return bad("xmin above xmax")
 	}
 	p := pgPos{xmax: parts[1]}
 	if parts[2] != "" {
 		p.xip = strings.Split(parts[2], ",")
+		prev := xmin
+		for i, x := range p.xip {
+			v, err := parseXid(x)
+			switch {
+			case err != nil:
+				return bad("in-progress xids must be decimal transaction ids")
+			case v >= xmax || v < prev || i > 0 && v == prev:
+				return bad("in-progress xids must be ascending, from xmin and below xmax")
+			}
+			prev = v
+		}
 	}
 	return p, nil
+}
+
+// parseXid reads a decimal xid8: digits only (no sign, no spaces).
+func parseXid(s string) (uint64, error) {
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, strconv.ErrSyntax
+	}
+	return strconv.ParseUint(s, 10, 64)
 }
 
 // writeResults writes a group of delivery results in one round trip and one

@@ -721,6 +721,7 @@ func sinkPartition(t *testing.T, name, sinkURL string, col collector, stall time
 //     must time out (publishes fail while the link is still stalled), keep
 //     their lanes, and deliver everything after the link heals.
 //   - reset: every connection closed every 500 ms for the window.
+//   - slow: 20 ms added to every chunk in both directions for the window.
 func TestNetworkToBroker(t *testing.T) {
 	window := pick(5*time.Second, 60*time.Second)
 	stallFor := pick(8*time.Second, 60*time.Second)
@@ -783,8 +784,21 @@ func TestNetworkToBroker(t *testing.T) {
 		})
 	})
 
-	// Redis (timeout=2s) and RabbitMQ (confirm_timeout=3s) behind the proxy.
+	// Every broker behind the proxy: NATS (ack_timeout=2s), Kafka
+	// (delivery_timeout=3s), Redis (timeout=2s) and RabbitMQ
+	// (confirm_timeout=3s).
 	proxiedSinks := map[string]func(t *testing.T) (sinkURL string, col collector, proxy *faultproxy.Proxy){
+		"nats": func(t *testing.T) (string, collector, *faultproxy.Proxy) {
+			srv, col := startNATS(t)
+			proxy, err := faultproxy.New(srv.addr)
+			must(t, err, "start the fault proxy")
+			t.Cleanup(func() { _ = proxy.Close() })
+			return natsSink(proxy.Addr()), col, proxy
+		},
+		"kafka": func(t *testing.T) (string, collector, *faultproxy.Proxy) {
+			k, proxy := startKafka(t, true)
+			return k.sinkURL(), newKafkaCollector(t, k), proxy
+		},
 		"redis": func(t *testing.T) (string, collector, *faultproxy.Proxy) {
 			srv, col := startRedis(t)
 			proxy, err := faultproxy.New(srv.addr)
@@ -817,6 +831,19 @@ func TestNetworkToBroker(t *testing.T) {
 					proxy.Reset()
 					time.Sleep(500 * time.Millisecond)
 				}
+			})
+		})
+	}
+	// A slow link: 20 ms added to every chunk in both directions, well
+	// below each sink's timeout: the relays must keep their lanes and
+	// deliver everything, in order, through it.
+	for _, broker := range []string{"nats", "kafka", "redis", "rabbitmq"} {
+		t.Run(broker+"-slow", func(t *testing.T) {
+			sinkURL, col, proxy := proxiedSinks[broker](t)
+			sinkPartition(t, fmt.Sprintf("%s link +20ms per chunk for %s", broker, window), sinkURL, col, 0, func() {
+				proxy.Delay(20 * time.Millisecond)
+				time.Sleep(window)
+				proxy.Delay(0)
 			})
 		})
 	}
