@@ -228,6 +228,16 @@ func TestSweepStepsDownUntilARepeatHolds(t *testing.T) {
 	require.Contains(t, r.VerdictReason, "the next rate tried above it, 31600 msg/s, was not sustainable")
 }
 
+func TestSweepStepDownSkipsRatesThatFailed(t *testing.T) {
+	// 30,000 failed a bisection run; a later step down from 33,300 (10 %
+	// below: 30,000) skips it, since a confirmed rate must have passed every
+	// run at it, and confirms 27,000.
+	steps := []Step{{Rate: 10000, Sustainable: true}, {Rate: 30000}, {Rate: 33300}}
+	require.Equal(t, 27000, stepDown(steps, 33300, 10000))
+	require.Equal(t, 29700, stepDown(steps, 33000, 10000), "29,700 never ran")
+	require.Equal(t, 10000, stepDown(steps, 10500, 10000), "never below the highest rate that passed every run")
+}
+
 func TestSweepGivesUpWhenNoRepeatHolds(t *testing.T) {
 	// Every repeat fails: the sweep bisects below the failed winner
 	// maxConfirmRounds times, steps down to the reference, and reports that

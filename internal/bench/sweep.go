@@ -156,7 +156,7 @@ func (e *env) sweep(ctx context.Context, schema string) (*Result, error) {
 			}
 			candidate = lo
 		} else {
-			candidate = max(lo, roundRate(int(SweepStepDown*float64(candidate))))
+			candidate = stepDown(steps, candidate, lo)
 		}
 	}
 }
@@ -197,6 +197,27 @@ func p99BoundFor(steps []Step, rate int, floorMS float64) (float64, string) {
 	}
 	p := ref.LatencyMS.P99PerSecond
 	return P99Bound(p, floorMS), fmt.Sprintf("max(%.0f ms, %.0f × %.1f ms, the same median at %d msg/s)", floorMS, P99Factor, p, ref.Rate)
+}
+
+// stepDown is the next winner to confirm below a failed one: SweepStepDown
+// of it, lower again while a run at that rate already failed (a confirmed
+// rate is one at which every run passed), and never below lo, the highest
+// rate that passed every run.
+func stepDown(steps []Step, failed, lo int) int {
+	next := roundRate(int(SweepStepDown * float64(failed)))
+	for next > lo && failedAt(steps, next) {
+		next = roundRate(int(SweepStepDown * float64(next)))
+	}
+	return max(lo, next)
+}
+
+func failedAt(steps []Step, rate int) bool {
+	for _, s := range steps {
+		if s.Rate == rate && !s.Sustainable {
+			return true
+		}
+	}
+	return false
 }
 
 // highestPassBelow is the highest rate below rate that passed every run at
