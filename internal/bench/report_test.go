@@ -143,17 +143,11 @@ func fakeSteadyFunc(pass func(sp steadySpec, call int) bool) (func(context.Conte
 
 func TestSweepBisectsAndConfirms(t *testing.T) {
 	run, calls := fakeSteady(37000)
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
-	r, err := e.sweep(context.Background(), "s")
-	require.NoError(t, err)
-	var rates []string
-	for _, c := range *calls {
-		rates = append(rates, fmt.Sprint(c.rate))
-	}
+	r := runSweep(t, run)
 	// Reference, bisection at geometric means of [10k, 100k] until the
 	// bracket 36.5k-37.8k is within 5 % (six of the eight runs allowed), two
 	// repeats of the winner.
-	require.Equal(t, "10000 31600 56200 42100 36500 39200 37800 36500 36500", strings.Join(rates, " "))
+	require.Equal(t, "10000 31600 56200 42100 36500 39200 37800 36500 36500", rateList(*calls))
 	require.True(t, r.Sustainable)
 	require.Equal(t, 36500.0, r.TargetRate)
 	require.Equal(t, 3, r.ConfirmedRuns)
@@ -175,14 +169,8 @@ func TestSweepStepsDownWhenARepeatFails(t *testing.T) {
 	// upper bound and the bisection resumes from 31,600, the highest rate
 	// that passed every run: 34,000 and 35,200 pass, and 35,200 is confirmed.
 	run, calls := fakeSteady(37000, 8)
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
-	r, err := e.sweep(context.Background(), "s")
-	require.NoError(t, err)
-	var rates []string
-	for _, c := range *calls {
-		rates = append(rates, fmt.Sprint(c.rate))
-	}
-	require.Equal(t, "10000 31600 56200 42100 36500 39200 37800 36500 34000 35200 35200 35200", strings.Join(rates, " "))
+	r := runSweep(t, run)
+	require.Equal(t, "10000 31600 56200 42100 36500 39200 37800 36500 34000 35200 35200 35200", rateList(*calls))
 	require.Equal(t, 35200.0, r.TargetRate)
 	require.Equal(t, 3, r.ConfirmedRuns)
 	require.Contains(t, r.VerdictReason, "the next rate tried above it, 36500 msg/s, was not sustainable")
@@ -190,9 +178,7 @@ func TestSweepStepsDownWhenARepeatFails(t *testing.T) {
 
 func TestSweepWhenNothingIsSustainable(t *testing.T) {
 	run, calls := fakeSteady(5000)
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
-	r, err := e.sweep(context.Background(), "s")
-	require.NoError(t, err)
+	r := runSweep(t, run)
 	require.Len(t, *calls, 1, "nothing above a failed reference is tried")
 	require.False(t, r.Sustainable)
 	require.Zero(t, r.TargetRate)
@@ -214,14 +200,8 @@ func TestSweepStepsDownUntilARepeatHolds(t *testing.T) {
 		}
 		return sp.rate <= 37000
 	})
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
-	r, err := e.sweep(context.Background(), "s")
-	require.NoError(t, err)
-	var rates []string
-	for _, c := range *calls {
-		rates = append(rates, fmt.Sprint(c.rate))
-	}
-	require.Equal(t, "10000 31600 56200 42100 36500 39200 37800 36500 34000 35200 35200 34000 31600 28400 28400", strings.Join(rates, " "))
+	r := runSweep(t, run)
+	require.Equal(t, "10000 31600 56200 42100 36500 39200 37800 36500 34000 35200 35200 34000 31600 28400 28400", rateList(*calls))
 	require.True(t, r.Sustainable)
 	require.Equal(t, 28400.0, r.TargetRate)
 	require.Equal(t, 2, r.ConfirmedRuns)
@@ -245,9 +225,7 @@ func TestSweepGivesUpWhenNoRepeatHolds(t *testing.T) {
 	run, calls := fakeSteadyFunc(func(sp steadySpec, _ int) bool {
 		return sp.rate <= 37000 && !strings.Contains(sp.label, RoleConfirm)
 	})
-	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
-	r, err := e.sweep(context.Background(), "s")
-	require.NoError(t, err)
+	r := runSweep(t, run)
 	require.False(t, r.Sustainable)
 	require.Zero(t, r.TargetRate)
 	require.Contains(t, r.VerdictReason, "no rate was confirmed")
@@ -261,6 +239,25 @@ func TestSweepGivesUpWhenNoRepeatHolds(t *testing.T) {
 		}
 	}
 	require.Less(t, len(*calls), 30)
+}
+
+// runSweep runs a sweep of 10,000 to 100,000 msg/s (eight bisection steps,
+// two repeats, a 50 ms p99 floor) over the fake steady runs of run.
+func runSweep(t *testing.T, run func(context.Context, steadySpec) (*Result, error)) *Result {
+	t.Helper()
+	e := &env{o: Options{MinRate: 10000, MaxRate: 100000, SweepSteps: 8, Confirm: 2, P99Floor: 50 * time.Millisecond}, runSteady: run}
+	r, err := e.sweep(context.Background(), "s")
+	require.NoError(t, err)
+	return r
+}
+
+// rateList is the rates of the runs, in order, space-separated.
+func rateList(calls []steadySpec) string {
+	var out []string
+	for _, c := range calls {
+		out = append(out, fmt.Sprint(c.rate))
+	}
+	return strings.Join(out, " ")
 }
 
 func rates(calls []steadySpec) []float64 {

@@ -796,122 +796,72 @@ func TestNetworkToBroker(t *testing.T) {
 		return "nats://" + addr + "?stream=WF&subject_template=wf.{{topic}}&strict_order=true&ack_timeout=2s"
 	}
 
-	t.Run("nats-stall", func(t *testing.T) {
-		srv, col := startNATS(t)
-		addr := srv.addr
-		proxy, err := faultproxy.New(addr)
-		must(t, err, "start the fault proxy")
-		t.Cleanup(func() { _ = proxy.Close() })
-		sinkPartition(t, fmt.Sprintf("NATS link stalled (no RST) for %s", stallFor), natsSink(proxy.Addr()), col, stallFor, func() {
-			proxy.Stall()
-			time.Sleep(stallFor)
-			proxy.Resume()
-		})
-	})
-
-	t.Run("nats-reset", func(t *testing.T) {
-		srv, col := startNATS(t)
-		addr := srv.addr
-		proxy, err := faultproxy.New(addr)
-		must(t, err, "start the fault proxy")
-		t.Cleanup(func() { _ = proxy.Close() })
-		resets := 0
-		name := fmt.Sprintf("NATS link reset every 500ms for %s", window)
-		sinkPartition(t, name, natsSink(proxy.Addr()), col, 0, func() {
-			end := time.Now().Add(window)
-			for time.Now().Before(end) {
-				proxy.Reset()
-				resets++
-				time.Sleep(500 * time.Millisecond)
-			}
-		})
-		t.Logf("%d resets", resets)
-	})
-
-	t.Run("kafka-stall", func(t *testing.T) {
-		k, proxy := startKafka(t, true)
-		col := newKafkaCollector(t, k)
-		sinkPartition(t, fmt.Sprintf("Kafka link stalled (no RST) for %s", stallFor), k.sinkURL(), col, stallFor, func() {
-			proxy.Stall()
-			time.Sleep(stallFor)
-			proxy.Resume()
-		})
-	})
-
-	t.Run("kafka-reset", func(t *testing.T) {
-		k, proxy := startKafka(t, true)
-		col := newKafkaCollector(t, k)
-		name := fmt.Sprintf("Kafka link reset every 500ms for %s", window)
-		sinkPartition(t, name, k.sinkURL(), col, 0, func() {
-			end := time.Now().Add(window)
-			for time.Now().Before(end) {
-				proxy.Reset()
-				time.Sleep(500 * time.Millisecond)
-			}
-		})
-	})
-
 	// Every broker behind the proxy: NATS (ack_timeout=2s), Kafka
 	// (delivery_timeout=3s), Redis (timeout=2s) and RabbitMQ
 	// (confirm_timeout=3s).
-	proxiedSinks := map[string]func(t *testing.T) (sinkURL string, col collector, proxy *faultproxy.Proxy){
-		"nats": func(t *testing.T) (string, collector, *faultproxy.Proxy) {
+	proxyTo := func(t *testing.T, addr string) *faultproxy.Proxy {
+		proxy, err := faultproxy.New(addr)
+		must(t, err, "start the fault proxy")
+		t.Cleanup(func() { _ = proxy.Close() })
+		return proxy
+	}
+	brokers := []struct {
+		name  string // in the subtest's name
+		label string // in the scenario's name
+		start func(t *testing.T) (sinkURL string, col collector, proxy *faultproxy.Proxy)
+	}{
+		{"nats", "NATS", func(t *testing.T) (string, collector, *faultproxy.Proxy) {
 			srv, col := startNATS(t)
-			proxy, err := faultproxy.New(srv.addr)
-			must(t, err, "start the fault proxy")
-			t.Cleanup(func() { _ = proxy.Close() })
+			proxy := proxyTo(t, srv.addr)
 			return natsSink(proxy.Addr()), col, proxy
-		},
-		"kafka": func(t *testing.T) (string, collector, *faultproxy.Proxy) {
+		}},
+		{"kafka", "Kafka", func(t *testing.T) (string, collector, *faultproxy.Proxy) {
 			k, proxy := startKafka(t, true)
 			return k.sinkURL(), newKafkaCollector(t, k), proxy
-		},
-		"redis": func(t *testing.T) (string, collector, *faultproxy.Proxy) {
+		}},
+		{"redis", "Redis", func(t *testing.T) (string, collector, *faultproxy.Proxy) {
 			srv, col := startRedis(t)
-			proxy, err := faultproxy.New(srv.addr)
-			must(t, err, "start the fault proxy")
-			t.Cleanup(func() { _ = proxy.Close() })
+			proxy := proxyTo(t, srv.addr)
 			return redisSink(proxy.Addr()), col, proxy
-		},
-		"rabbitmq": func(t *testing.T) (string, collector, *faultproxy.Proxy) {
+		}},
+		{"rabbitmq", "RabbitMQ", func(t *testing.T) (string, collector, *faultproxy.Proxy) {
 			rq := newRabbit(t)
-			proxy, err := faultproxy.New("127.0.0.1:5672")
-			must(t, err, "start the fault proxy")
-			t.Cleanup(func() { _ = proxy.Close() })
+			proxy := proxyTo(t, "127.0.0.1:5672")
 			return strings.Replace(rq.sinkURL(), "@127.0.0.1:5672/", "@"+proxy.Addr()+"/", 1), rq, proxy
-		},
+		}},
 	}
-	for _, broker := range []string{"redis", "rabbitmq"} {
-		t.Run(broker+"-stall", func(t *testing.T) {
-			sinkURL, col, proxy := proxiedSinks[broker](t)
-			sinkPartition(t, fmt.Sprintf("%s link stalled (no RST) for %s", broker, stallFor), sinkURL, col, stallFor, func() {
-				proxy.Stall()
-				time.Sleep(stallFor)
-				proxy.Resume()
-			})
-		})
-		t.Run(broker+"-reset", func(t *testing.T) {
-			sinkURL, col, proxy := proxiedSinks[broker](t)
-			sinkPartition(t, fmt.Sprintf("%s link reset every 500ms for %s", broker, window), sinkURL, col, 0, func() {
-				end := time.Now().Add(window)
-				for time.Now().Before(end) {
-					proxy.Reset()
-					time.Sleep(500 * time.Millisecond)
-				}
-			})
-		})
+	faults := []struct {
+		name  string
+		label string
+		stall time.Duration // how long publishes must fail (0: they need not)
+		run   func(p *faultproxy.Proxy)
+	}{
+		{"stall", fmt.Sprintf("link stalled (no RST) for %s", stallFor), stallFor, func(p *faultproxy.Proxy) {
+			p.Stall()
+			time.Sleep(stallFor)
+			p.Resume()
+		}},
+		{"reset", fmt.Sprintf("link reset every 500ms for %s", window), 0, func(p *faultproxy.Proxy) {
+			for end := time.Now().Add(window); time.Now().Before(end); {
+				p.Reset()
+				time.Sleep(500 * time.Millisecond)
+			}
+		}},
+		// 20 ms added to every chunk in both directions, well below each
+		// sink's timeout: the relays must keep their lanes and deliver
+		// everything, in order, through it.
+		{"slow", fmt.Sprintf("link +20ms per chunk for %s", window), 0, func(p *faultproxy.Proxy) {
+			p.Delay(20 * time.Millisecond)
+			time.Sleep(window)
+			p.Delay(0)
+		}},
 	}
-	// A slow link: 20 ms added to every chunk in both directions, well
-	// below each sink's timeout: the relays must keep their lanes and
-	// deliver everything, in order, through it.
-	for _, broker := range []string{"nats", "kafka", "redis", "rabbitmq"} {
-		t.Run(broker+"-slow", func(t *testing.T) {
-			sinkURL, col, proxy := proxiedSinks[broker](t)
-			sinkPartition(t, fmt.Sprintf("%s link +20ms per chunk for %s", broker, window), sinkURL, col, 0, func() {
-				proxy.Delay(20 * time.Millisecond)
-				time.Sleep(window)
-				proxy.Delay(0)
+	for _, f := range faults {
+		for _, b := range brokers {
+			t.Run(b.name+"-"+f.name, func(t *testing.T) {
+				sinkURL, col, proxy := b.start(t)
+				sinkPartition(t, b.label+" "+f.label, sinkURL, col, f.stall, func() { f.run(proxy) })
 			})
-		})
+		}
 	}
 }
