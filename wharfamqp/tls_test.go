@@ -113,12 +113,15 @@ func TestTLSWithPrivateCAAndClientCertificate(t *testing.T) {
 	} else if !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("open trusting another CA: %v: want a certificate error", err)
 	}
-	// No client certificate: the broker refuses the handshake.
+	// No client certificate: the broker refuses it. With TLS 1.3 the client
+	// finishes its side of the handshake first, so the refusal reaches it
+	// either as the broker's alert or as the connection reset under the
+	// AMQP header it goes on to write, whichever comes first.
 	if s, err := open(url.Values{"cacertfile": {pki.CA}}); err == nil {
 		_ = s.Close()
 		t.Fatal("open without a client certificate succeeded against a broker that requires one")
-	} else if !strings.Contains(err.Error(), "certificate required") {
-		t.Fatalf("open without a client certificate: %v: want the broker's certificate-required alert", err)
+	} else if msg := err.Error(); !strings.Contains(msg, "certificate required") && !strings.Contains(msg, "connection reset by peer") && !strings.Contains(msg, "broken pipe") {
+		t.Fatalf("open without a client certificate: %v: want the broker's certificate-required alert or the connection it closed", err)
 	}
 }
 

@@ -213,8 +213,12 @@ func TestWALBytesPerMessage(t *testing.T) {
 		emit(tx)
 		require.NoError(t, tx.Commit(ctx))
 		var total, records int64
+		// Up to the flush position, not the insert position: other
+		// sessions' records past the flush make pg_walinspect refuse the
+		// range ("cannot accept future end LSN"), and the commit returned
+		// only once this transaction's records were flushed.
 		require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(sum(record_length), 0), count(*)
-FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_insert_lsn())
+FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn())
 WHERE resource_manager = 'LogicalMessage' AND xid::text::bigint = $2 % 4294967296`, start, xid).Scan(&total, &records))
 		require.Positive(t, records)
 		return float64(total) / n
