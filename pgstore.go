@@ -249,8 +249,9 @@ func (s *pgStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult)
 	return res
 }
 
+// xid8 is s as an xid, 0 for the empty position before the first fetch.
 func xid8(s string) uint64 {
-	v, _ := strconv.ParseUint(s, 10, 64)
+	v, _ := parseXid(s)
 	return v
 }
 
@@ -398,13 +399,9 @@ func parseSnapshot(s string) (pgPos, error) {
 	return p, nil
 }
 
-// parseXid reads a decimal xid8: digits only (no sign, no spaces).
-func parseXid(s string) (uint64, error) {
-	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
-		return 0, strconv.ErrSyntax
-	}
-	return strconv.ParseUint(s, 10, 64)
-}
+// parseXid reads a decimal xid8 (base 10 admits no sign, space or
+// underscore).
+func parseXid(s string) (uint64, error) { return strconv.ParseUint(s, 10, 64) }
 
 // writeResults writes a group of delivery results in one round trip and one
 // transaction: removals of delivered rows, retry records, dead-letter moves.

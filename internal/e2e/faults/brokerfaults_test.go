@@ -191,6 +191,25 @@ func (c *kafkaCollector) brokerRestarted() {
 	c.connect(kgo.ConsumePartitions(parts))
 }
 
+// distinct reads until quiet reads in a row bring nothing new and returns
+// the distinct seqs read so far.
+func (c *kafkaCollector) distinct(quiet int) map[int64]bool {
+	seen := map[int64]bool{}
+	for q := 0; q < quiet; {
+		before := len(seen)
+		ds, _ := c.streams()
+		for _, st := range ds {
+			for _, d := range st {
+				seen[d.seq] = true
+			}
+		}
+		if len(seen) == before {
+			q++
+		}
+	}
+	return seen
+}
+
 func (c *kafkaCollector) streams() ([][]delivery, error) {
 	// Fetch errors (the broker away, a connection reset) are retried by
 	// the client: poll until nothing more arrives, for at most a second
@@ -281,26 +300,8 @@ func TestKafkaOutage(t *testing.T) {
 		// records the broker does not have: read everything again with a
 		// new client, and count what is still in the outbox.
 		fresh := newKafkaCollector(t, k)
-		seen := map[int64]bool{}
-		for quiet := 0; quiet < 3; {
-			ds, _ := fresh.streams()
-			before := len(seen)
-			for _, st := range ds {
-				for _, d := range st {
-					seen[d.seq] = true
-				}
-			}
-			if len(seen) == before {
-				quiet++
-			}
-		}
-		old := map[int64]bool{}
-		ds, _ := col.streams()
-		for _, st := range ds {
-			for _, d := range st {
-				old[d.seq] = true
-			}
-		}
+		seen := fresh.distinct(3)
+		old := col.distinct(1)
 		var inOutbox int64
 		_ = o.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+o.schema+".outbox").Scan(&inOutbox)
 		t.Logf("diagnosis: the test's consumer saw %d distinct messages, a new consumer reading the broker from the start %d; %d rows still in the outbox; %d records in kfake",
