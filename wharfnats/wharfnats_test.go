@@ -33,6 +33,10 @@ const (
 	testAckTimeout  = 3 * time.Second
 	adminTimeout    = 10 * time.Second
 	serverStartWait = 10 * time.Second
+
+	// streamStoreFailed is JetStream's err_code for "error creating store
+	// for stream"; nats.go names no constant for it.
+	streamStoreFailed jetstream.ErrorCode = 10049
 )
 
 // requireServer connects to url or, when nothing answers, fails the test
@@ -92,9 +96,7 @@ func newStream(t testing.TB, serverURL string, adjust func(*jetstream.StreamConf
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
-	defer cancel()
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
+	if err := createStream(t, js, cfg); err != nil {
 		t.Fatalf("create stream %s: %v (is JetStream enabled? %s)", w.stream, err, startHint)
 	}
 	t.Cleanup(func() {
@@ -105,6 +107,34 @@ func newStream(t testing.TB, serverURL string, adjust func(*jetstream.StreamConf
 		}
 	})
 	return w, js
+}
+
+// createStream creates the stream, trying again when the server answers
+// err_code 10049. That answer is the server's fixed sentence for any failure
+// to set up a stream's file store; the cause goes only to the server's log,
+// and under a loaded machine it has been transient (one CI run in many). The
+// stream names are unique, so a retry cannot meet a stream of another test.
+func createStream(t testing.TB, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	var err error
+	for attempt := 1; attempt <= 5; attempt++ {
+		if _, err = js.CreateStream(ctx, cfg); err == nil {
+			return nil
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != streamStoreFailed {
+			return err
+		}
+		t.Logf("create stream %s, attempt %d: %v; trying again", cfg.Name, attempt, err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%w (the server's log, e.g. /var/log/nats-server.log, says why)", err)
 }
 
 // newWorld creates a uniquely named stream on serverURL, deleted at cleanup,
