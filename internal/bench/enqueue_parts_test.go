@@ -215,6 +215,13 @@ func enqueueVariants() []enqueueVariant {
 		{name: "no xid default", setup: copyOf("v_noxid", dropXidDefault), writer: unnest(true)},
 		{name: "no (lane,xid,id) index", setup: copyOf("v_noxidx", dropXidIndex), writer: unnest(true)},
 		{name: "no nonce default", setup: copyOf("v_nononce", dropNonceDefault), writer: unnest(true)},
+		// One random nonce per call, sent as a parameter, instead of one
+		// drawn per row by the column default: only the seqs come back.
+		{name: "nonce per call", setup: copyOf("v_callnonce"),
+			writer: func(o Options, pool *pgxpool.Pool, _, table string) func() batchWriter {
+				q := `INSERT INTO ` + table + ` (` + outboxColumns + `, nonce) SELECT t, k, p, h::jsonb, d, u, $7 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::timestamptz[], $6::text[]) AS m(t, k, p, h, d, u) RETURNING id`
+				return unnestWriter(o, pool, q, false, true)
+			}},
 		{name: "all four removed", setup: copyOf("v_none", dropLaneExpression, dropXidDefault, dropXidIndex, dropNonceDefault), writer: withLane},
 		{name: "COPY (no ids back)", setup: copyOf("v_copyin"),
 			writer: func(o Options, pool *pgxpool.Pool, schema, table string) func() batchWriter {
@@ -275,6 +282,9 @@ func unnestWriter(o Options, pool *pgxpool.Pool, sql string, lane, returning boo
 			if lane {
 				args = append(args, lanes)
 			}
+			if strings.Contains(sql, "$7 FROM") {
+				args = append(args, rand.Int64()&(1<<62-1))
+			}
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				return 0, err
@@ -287,8 +297,12 @@ func unnestWriter(o Options, pool *pgxpool.Pool, sql string, lane, returning boo
 				}
 				var id int64
 				var nonce *int64 // NULL without the nonce default
+				dest := []any{&id, &nonce}
+				if !strings.HasSuffix(sql, "nonce") {
+					dest = dest[:1]
+				}
 				for rows.Next() {
-					if err := rows.Scan(&id, &nonce); err != nil {
+					if err := rows.Scan(dest...); err != nil {
 						rows.Close()
 						_ = tx.Rollback(ctx)
 						return 0, err
