@@ -80,6 +80,16 @@ type Config struct {
 	// RebalanceInterval is how often leases are renewed and lanes rebalanced
 	// across relays. Defaults to 1s.
 	RebalanceInterval time.Duration
+	// Exclusive makes one relay hold every lane while the others stand by:
+	// a relay with Exclusive claims all the lanes when no other live relay
+	// holds any, and none otherwise; a standby takes them all over when
+	// the holder stops (at once) or dies (after LeaseTTL). Choose it for a
+	// single writer at the destination and hot standbys instead of shared
+	// work: lanes never move between live relays, so no lane is handed over
+	// and read again when a relay joins or leaves. Give every relay of the
+	// outbox the same setting. Defaults to false (lanes shared fairly among
+	// live relays).
+	Exclusive bool
 
 	// MaxAttempts is how many deliveries a message gets before it moves to the
 	// dead-letter table. Defaults to 12.

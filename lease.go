@@ -19,14 +19,15 @@ type leaseEvent struct {
 }
 
 // leaseLoop keeps this relay's lanes: it heartbeats, renews leases, claims free
-// or expired lanes up to a fair share (ceil(lanes / live relays)), asks the
-// engine to hand back lanes over the share, and releases lanes the engine has
-// finished with. When ctx ends it reads from released whether the engine
+// or expired lanes up to a fair share (ceil(lanes / live relays); with
+// Exclusive, every lane or none), asks the engine to hand back lanes over the
+// share, and releases lanes the engine has finished with. When ctx ends it reads from released whether the engine
 // stopped gracefully: then it releases every lane it still holds; after a
 // hard stop it leaves that to the engine, which waits for the sink calls.
 func (r *relay) leaseLoop(ctx context.Context, released <-chan bool) {
 	owned := map[int16]int64{}
 	releasing := map[int16]bool{}
+	stray := 0 // Exclusive: rounds in a row this standby saw lanes nobody holds
 	tick := time.NewTicker(r.cfg.RebalanceInterval)
 	defer tick.Stop()
 	errs := 0
@@ -42,7 +43,7 @@ func (r *relay) leaseLoop(ctx context.Context, released <-chan bool) {
 	for {
 		// A round that stalls must not outlive the leases it renews.
 		tctx, cancel := context.WithTimeout(ctx, max(r.cfg.LeaseTTL/3, r.cfg.RebalanceInterval))
-		ev, err := r.leaseTick(tctx, owned, releasing)
+		ev, err := r.leaseTick(tctx, owned, releasing, &stray)
 		cancel()
 		if err != nil {
 			errs++
@@ -99,7 +100,7 @@ func (r *relay) leaseShutdown(owned map[int16]int64, graceful bool) {
 	_ = r.st.unregister(ctx)
 }
 
-func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing map[int16]bool) (leaseEvent, error) {
+func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing map[int16]bool, stray *int) (leaseEvent, error) {
 	// The lease ends at least LeaseTTL after this moment, measured before
 	// the round trip on the monotonic clock: the local view never outlives
 	// the database's.
@@ -137,6 +138,36 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 	}
 	share := (wharfmigrate.Lanes + lr.live - 1) / max(lr.live, 1)
 	active := len(owned) - len(releasing)
+	alone := false
+	if r.cfg.Exclusive {
+		// Lanes a live relay other than this one holds.
+		others := wharfmigrate.Lanes - len(lr.renewed) - lr.uncovered
+		switch {
+		case others == 0:
+			share, alone = wharfmigrate.Lanes, true
+			*stray = 0
+		case active == 0:
+			// Stand by. Lanes nobody holds while another relay holds some
+			// are that relay's to take in its next round; if they are
+			// still free a round later, it does not run with Exclusive (a
+			// rolling change of the setting): cover them rather than
+			// leave them undelivered.
+			share = 0
+			if lr.uncovered > 0 {
+				*stray++
+			} else {
+				*stray = 0
+			}
+			if *stray > 1 {
+				share = lr.uncovered
+			}
+		default:
+			// Another relay holds lanes too: keep ours, cover the lanes
+			// nobody holds, and hand none back.
+			share = active + lr.uncovered
+			*stray = 0
+		}
+	}
 	if active > share {
 		var cand []int16
 		for lane := range owned {
@@ -151,7 +182,13 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 		}
 	}
 	if active < share {
-		got, err := r.st.claim(ctx, share-active)
+		var got []laneLease
+		var err error
+		if alone {
+			got, err = r.st.claimAlone(ctx)
+		} else {
+			got, err = r.st.claim(ctx, share-active)
+		}
 		if err != nil {
 			return ev, err
 		}

@@ -95,7 +95,15 @@ func (s *pgStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound
 }
 
 func (s *pgStore) claim(ctx context.Context, n int) ([]laneLease, error) {
-	rows, err := s.pool.Query(ctx, s.q.claim, s.owner, n)
+	return s.claimWith(ctx, s.q.claim, s.owner, n)
+}
+
+func (s *pgStore) claimAlone(ctx context.Context) ([]laneLease, error) {
+	return s.claimWith(ctx, s.q.claimAlone, s.owner)
+}
+
+func (s *pgStore) claimWith(ctx context.Context, sql string, args ...any) ([]laneLease, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, storeErr("claim lanes", err)
 	}

@@ -22,6 +22,10 @@ type store interface {
 	// nobody live owns, in one round trip.
 	leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error)
 	claim(ctx context.Context, n int) ([]laneLease, error)
+	// claimAlone takes every lane no live relay holds, unless a live relay
+	// other than this one holds a lane: then it takes none. Concurrent
+	// calls by two relays leave all the lanes with one of them.
+	claimAlone(ctx context.Context) ([]laneLease, error)
 	release(ctx context.Context, rel laneRelease) error
 	releaseAll(ctx context.Context, lanes []int16) error
 	unregister(ctx context.Context) error

@@ -42,6 +42,7 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl.DurationVar(&f.cfg.PollInterval, "poll-interval", 0, "idle poll interval (default 50ms)")
 	fl.DurationVar(&f.cfg.LeaseTTL, "lease-ttl", 0, "lane lease lifetime: a crashed relay's lanes move after this (default 10s)")
 	fl.DurationVar(&f.cfg.RebalanceInterval, "rebalance-interval", 0, "lease renewal and rebalancing period (default 1s)")
+	fl.BoolVar(&f.cfg.Exclusive, "exclusive", false, "hold every lane while no other relay holds one, and stand by otherwise: one relay works, the others are hot standbys (give every relay of the outbox the same setting)")
 	fl.IntVar(&f.cfg.FetchBatch, "fetch-batch", 0, "most rows read per fetch (default 4000)")
 	fl.IntVar(&f.cfg.SinkBatch, "sink-batch", 0, "most messages per sink call (default 1000)")
 	fl.IntVar(&f.cfg.SinkConcurrency, "sink-concurrency", 0, "sink calls in flight (default 4)")
@@ -56,7 +57,7 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 
 // relaySettings are the relay flags that are settings (see markSettings).
 var relaySettings = []string{"sink", "route", "drain", "stop-timeout", "admin-addr", "relay-id", "poll-only", "poll-interval",
-	"lease-ttl", "rebalance-interval", "fetch-batch", "sink-batch", "sink-concurrency", "max-buffered",
+	"lease-ttl", "rebalance-interval", "exclusive", "fetch-batch", "sink-batch", "sink-concurrency", "max-buffered",
 	"max-buffered-bytes", "order-across-topics", "max-attempts", "retry-backoff", "max-retry-backoff"}
 
 // registerSettings registers the relay flags as settings: read from the
