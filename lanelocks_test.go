@@ -101,3 +101,86 @@ func TestFencedWritesAndRenewalsDoNotDeadlock(t *testing.T) {
 		t.Fatalf("%d deadlocks between fenced writes and lease renewals", deadlocks)
 	}
 }
+
+// Exclusive claims take turns: a claim that starts while another relay's
+// claim (here made in the same transaction as that relay's registration, the
+// worst case) is not yet committed takes no lane once it commits. Waiting for
+// the lane row locks alone let the second claim check each row against a
+// snapshot that did not see the winner registered, and take every lane from
+// it.
+func TestClaimAloneLosesToAClaimInProgress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := os.Getenv("TEST_DATABASE_URL")
+	if url == "" {
+		t.Fatal("TEST_DATABASE_URL is not set (TestMain sets it)")
+	}
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema := "wc_" + hex.EncodeToString(b[:])
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	m, err := wharfmigrate.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }()
+	q := newQueries(schema)
+	register := `INSERT INTO ` + schema + `.relays (relay_id, lease_until) VALUES ($1, now() + interval '1 minute')`
+	if _, err := pool.Exec(ctx, register, "relay-b"); err != nil {
+		t.Fatal(err)
+	}
+	stB := &pgStore{pool: pool, q: q, schema: schema, owner: "relay-b"}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	for _, sql := range []string{
+		`SELECT pg_advisory_xact_lock(hashtextextended('wharf claimAlone ` + schema + `', 0))`,
+		`INSERT INTO ` + schema + `.relays (relay_id, lease_until) VALUES ('relay-a', now() + interval '1 minute')`,
+		`UPDATE ` + schema + `.lanes SET owner = 'relay-a', fence = fence + 1`,
+	} {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		got []laneLease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, err := stB.claimAlone(ctx)
+		done <- result{got, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("the claim did not wait for the one in progress: %v, %v", r.got, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.got) != 0 {
+		t.Fatalf("the second claim took %d lanes from the relay that had just claimed them all", len(r.got))
+	}
+	var a int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".lanes WHERE owner = 'relay-a'").Scan(&a); err != nil {
+		t.Fatal(err)
+	}
+	if a != wharfmigrate.Lanes {
+		t.Fatalf("relay-a holds %d lanes, want all %d", a, wharfmigrate.Lanes)
+	}
+}

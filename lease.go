@@ -21,9 +21,10 @@ type leaseEvent struct {
 // leaseLoop keeps this relay's lanes: it heartbeats, renews leases, claims free
 // or expired lanes up to a fair share (ceil(lanes / live relays); with
 // Exclusive, every lane or none), asks the engine to hand back lanes over the
-// share, and releases lanes the engine has finished with. When ctx ends it reads from released whether the engine
-// stopped gracefully: then it releases every lane it still holds; after a
-// hard stop it leaves that to the engine, which waits for the sink calls.
+// share, and releases lanes the engine has finished with. When ctx ends it
+// reads from released whether the engine stopped gracefully: then it releases
+// every lane it still holds; after a hard stop it leaves that to the engine,
+// which waits for the sink calls.
 func (r *relay) leaseLoop(ctx context.Context, released <-chan bool) {
 	owned := map[int16]int64{}
 	releasing := map[int16]bool{}

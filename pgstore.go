@@ -94,16 +94,35 @@ func (s *pgStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound
 	return lr, nil
 }
 
-func (s *pgStore) claim(ctx context.Context, n int) ([]laneLease, error) {
-	return s.claimWith(ctx, s.q.claim, s.owner, n)
-}
-
+// claimAlone takes a transaction-scoped advisory lock first, in a statement
+// of its own: the claim's snapshot is then taken after the previous exclusive
+// claim committed, and sees its owner live. (Waiting for the lane rows alone
+// is not enough: a row checked again after its lock is granted is checked
+// against the claim's older snapshot, which may not see the winner's
+// registration yet, and the lanes would change hands twice.)
 func (s *pgStore) claimAlone(ctx context.Context) ([]laneLease, error) {
-	return s.claimWith(ctx, s.q.claimAlone, s.owner)
+	var got []laneLease
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "wharf claimAlone "+s.schema)
+	b.Queue(s.q.claimAlone, s.owner).Query(func(rows pgx.Rows) error {
+		var lane int16
+		var fence int64
+		_, err := pgx.ForEachRow(rows, []any{&lane, &fence}, func() error {
+			got = append(got, laneLease{lane: lane, fence: fence})
+			return nil
+		})
+		return err
+	})
+	// A batch runs as one transaction: the lock is held until the claim
+	// commits.
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, storeErr("claim lanes", err)
+	}
+	return got, nil
 }
 
-func (s *pgStore) claimWith(ctx context.Context, sql string, args ...any) ([]laneLease, error) {
-	rows, err := s.pool.Query(ctx, sql, args...)
+func (s *pgStore) claim(ctx context.Context, n int) ([]laneLease, error) {
+	rows, err := s.pool.Query(ctx, s.q.claim, s.owner, n)
 	if err != nil {
 		return nil, storeErr("claim lanes", err)
 	}

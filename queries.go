@@ -203,15 +203,13 @@ WHERE l.lane IN (
     ORDER BY x.lane LIMIT $2 FOR UPDATE OF x SKIP LOCKED)
 RETURNING l.lane, l.fence`),
 		// claimAlone is claim for an exclusive relay: every lane, and none
-		// while another live relay holds one. It waits for the row locks
-		// instead of skipping them, so of two relays claiming at once the
-		// second finds every lane taken when the first commits (each row is
-		// checked again once its lock is granted).
+		// while another live relay holds one. Exclusive claims take turns
+		// (pgStore.claimAlone), so the second of two finds every lane taken.
 		claimAlone: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1
 WHERE l.lane IN (
     SELECT x.lane FROM S.lanes x
     WHERE x.owner IS NULL OR NOT EXISTS (SELECT 1 FROM S.relays r WHERE r.relay_id = x.owner AND r.lease_until > now())
-    ORDER BY x.lane FOR UPDATE OF x)
+    ORDER BY x.lane FOR UPDATE OF x SKIP LOCKED)
 AND NOT EXISTS (SELECT 1 FROM S.lanes y JOIN S.relays r ON r.relay_id = y.owner WHERE y.owner <> $1 AND r.lease_until > now())
 RETURNING l.lane, l.fence`),
 		release: q(`UPDATE S.lanes SET owner = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),
