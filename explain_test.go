@@ -772,37 +772,8 @@ func maxOf(xs []int64) int64 {
 // scan of the whole outbox on every fetch.
 func TestFetchPlanWithoutStatistics(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	url := os.Getenv("TEST_DATABASE_URL") // set by TestMain (internal/testdb)
-	require.NotEmpty(t, url, "TEST_DATABASE_URL is not set (TestMain sets it)")
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	defer pool.Close()
-	schema := fmt.Sprintf("wp_%d", time.Now().UnixNano())
-	m, err := wharfmigrate.New(schema)
-	require.NoError(t, err)
-	_, err = m.Up(ctx, pool)
-	require.NoError(t, err)
-	defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
-	_, err = pool.Exec(ctx, "ALTER TABLE "+schema+".outbox SET (autovacuum_enabled = off)")
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.outbox (topic, key, payload)
-SELECT 'orders', 'k' || (i % 800), convert_to(rpad('order ' || i, 200, '.'), 'UTF8') FROM generate_series(1, 40000) AS i`)
-	require.NoError(t, err)
-	var xmax string
-	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&xmax))
-	lanes := make([]int16, wharfmigrate.Lanes)
-	cursors := make([]int64, wharfmigrate.Lanes)
-	limits := make([]int32, wharfmigrate.Lanes)
-	for i := range lanes {
-		lanes[i], cursors[i], limits[i] = int16(i), 20000, explainPerLane
-	}
-	q := newQueries(schema)
-	rows, err := pool.Query(ctx, "EXPLAIN "+q.fetch, lanes, cursors, limits, xmax, []string{})
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
+	pool, schema := oneTransactionOutbox(t, "wp", 40000)
+	plan := explainFetch(t, pool, schema, 20000, nil)
 	require.NotContains(t, plan, "Seq Scan on outbox", "the fetch reads the whole outbox:\n%s", plan)
 }
 
@@ -816,40 +787,50 @@ SELECT 'orders', 'k' || (i % 800), convert_to(rpad('order ' || i, 200, '.'), 'UT
 func TestFetchPlanAfterOneLargeTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := os.Getenv("TEST_DATABASE_URL") // set by TestMain (internal/testdb)
-	require.NotEmpty(t, url, "TEST_DATABASE_URL is not set (TestMain sets it)")
-	pool, err := pgxpool.New(ctx, url)
+	pool, schema := oneTransactionOutbox(t, "wp1", 100000)
+	_, err := pool.Exec(ctx, "ANALYZE "+schema+".outbox")
 	require.NoError(t, err)
-	defer pool.Close()
-	schema := fmt.Sprintf("wp1_%d", time.Now().UnixNano())
-	m, err := wharfmigrate.New(schema)
-	require.NoError(t, err)
-	_, err = m.Up(ctx, pool)
-	require.NoError(t, err)
-	defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
-	_, err = pool.Exec(ctx, "ALTER TABLE "+schema+".outbox SET (autovacuum_enabled = off)")
+	// Another transaction, in progress at the previous read, finished since.
+	var other string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&other))
+	plan := explainFetch(t, pool, schema, 90000, []string{other})
+	require.Regexp(t, `Index Cond: \(\(lane = \w+\.lane\) AND \(xid = fin\.x\)`, plan,
+		"the rows of a finished transaction are not read through (lane, xid, id):\n%s", plan)
+}
+
+// oneTransactionOutbox is a scratch outbox, never vacuumed or analyzed by
+// autovacuum, holding n rows inserted by one transaction.
+func oneTransactionOutbox(t *testing.T, prefix string, n int) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := scratchOutbox(t, prefix)
+	_, err := pool.Exec(ctx, "ALTER TABLE "+schema+".outbox SET (autovacuum_enabled = off)")
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `INSERT INTO `+schema+`.outbox (topic, key, payload)
-SELECT 'orders', 'k' || (i % 800), convert_to(rpad('order ' || i, 200, '.'), 'UTF8') FROM generate_series(1, 100000) AS i`)
+SELECT 'orders', 'k' || (i % 800), convert_to(rpad('order ' || i, 200, '.'), 'UTF8') FROM generate_series(1, $1::int) AS i`, n)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "ANALYZE "+schema+".outbox")
-	require.NoError(t, err)
-	var xmax, other string
+	return pool, schema
+}
+
+// explainFetch returns the fetch's plan with every lane's cursor at cursor,
+// the previous read's xmax the current one and xip its in-progress xids.
+func explainFetch(t *testing.T, pool *pgxpool.Pool, schema string, cursor int64, xip []string) string {
+	t.Helper()
+	ctx := context.Background()
+	var xmax string
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").Scan(&xmax))
-	// Another transaction, in progress at the previous read, finished since.
-	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_current_xact_id()::text").Scan(&other))
 	lanes := make([]int16, wharfmigrate.Lanes)
 	cursors := make([]int64, wharfmigrate.Lanes)
 	limits := make([]int32, wharfmigrate.Lanes)
 	for i := range lanes {
-		lanes[i], cursors[i], limits[i] = int16(i), 90000, explainPerLane
+		lanes[i], cursors[i], limits[i] = int16(i), cursor, explainPerLane
 	}
-	q := newQueries(schema)
-	rows, err := pool.Query(ctx, "EXPLAIN "+q.fetch, lanes, cursors, limits, xmax, []string{other})
+	if xip == nil {
+		xip = []string{}
+	}
+	rows, err := pool.Query(ctx, "EXPLAIN "+newQueries(schema).fetch, lanes, cursors, limits, xmax, xip)
 	require.NoError(t, err)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
-	require.Regexp(t, `Index Cond: \(\(lane = \w+\.lane\) AND \(xid = fin\.x\)`, plan,
-		"the rows of a finished transaction are not read through (lane, xid, id):\n%s", plan)
+	return strings.Join(lines, "\n")
 }

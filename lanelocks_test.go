@@ -16,6 +16,34 @@ import (
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
+// scratchOutbox migrates a schema of its own (named prefix_<random>) on the
+// test database, dropped at cleanup, and returns a pool and the schema.
+func scratchOutbox(t *testing.T, prefix string) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	url := os.Getenv("TEST_DATABASE_URL") // set by TestMain (internal/testdb)
+	if url == "" {
+		t.Fatal("TEST_DATABASE_URL is not set (TestMain sets it)")
+	}
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema := prefix + "_" + hex.EncodeToString(b[:])
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	m, err := wharfmigrate.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	return pool, schema
+}
+
 // The completer's fenced writes lock the relay's lane rows FOR SHARE while
 // the lease loop's renewal updates the same rows: both must take the locks in
 // one order (by lane), or they deadlock, and each deadlock stalls both for
@@ -26,26 +54,7 @@ import (
 func TestFencedWritesAndRenewalsDoNotDeadlock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := os.Getenv("TEST_DATABASE_URL")
-	if url == "" {
-		t.Fatal("TEST_DATABASE_URL is not set (TestMain sets it)")
-	}
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	schema := "wl_" + hex.EncodeToString(b[:])
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	m, err := wharfmigrate.New(schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }()
+	pool, schema := scratchOutbox(t, "wl")
 	for lane := wharfmigrate.Lanes - 1; lane >= 0; lane-- {
 		if _, err := pool.Exec(ctx, "UPDATE "+schema+".lanes SET owner = 'r1', fence = 1 WHERE lane = $1", lane); err != nil {
 			t.Fatal(err)
@@ -111,26 +120,7 @@ func TestFencedWritesAndRenewalsDoNotDeadlock(t *testing.T) {
 func TestClaimAloneLosesToAClaimInProgress(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := os.Getenv("TEST_DATABASE_URL")
-	if url == "" {
-		t.Fatal("TEST_DATABASE_URL is not set (TestMain sets it)")
-	}
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	schema := "wc_" + hex.EncodeToString(b[:])
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	m, err := wharfmigrate.New(schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }()
+	pool, schema := scratchOutbox(t, "wc")
 	q := newQueries(schema)
 	register := `INSERT INTO ` + schema + `.relays (relay_id, lease_until) VALUES ($1, now() + interval '1 minute')`
 	if _, err := pool.Exec(ctx, register, "relay-b"); err != nil {
