@@ -42,8 +42,12 @@ func (r *relay) leaseLoop(ctx context.Context, released <-chan bool) {
 	}
 
 	for {
-		// A round that stalls must not outlive the leases it renews.
-		tctx, cancel := context.WithTimeout(ctx, max(r.cfg.LeaseTTL/3, r.cfg.RebalanceInterval))
+		// A round that stalls must not outlive the leases it renews. A stop
+		// does not cancel a round in flight: a cancelled statement can still
+		// commit on the server after the client gave up on it, and a
+		// heartbeat or claim committing after leaseShutdown would register
+		// a stopped relay again, holding lanes, for a whole LeaseTTL.
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(r.cfg.LeaseTTL/3, r.cfg.RebalanceInterval))
 		ev, err := r.leaseTick(tctx, owned, releasing, &stray)
 		cancel()
 		if err != nil {
