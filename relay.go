@@ -92,6 +92,7 @@ type fetchState struct {
 
 type opsState struct {
 	pending []op
+	spare   []op // the last written batch's slice, emptied, for the next batch
 	busy    bool
 	retry   retryState
 }

@@ -20,7 +20,7 @@ func (r *relay) maybeFlushOps(now time.Time) {
 	}
 	r.ops.busy = true
 	ops := r.ops.pending
-	r.ops.pending = nil
+	r.ops.pending, r.ops.spare = r.ops.spare, nil
 	r.opsReq <- ops
 }
 
@@ -80,6 +80,10 @@ func (r *relay) onOps(res opsResult) {
 		r.stats.observeRemoval(acks)
 	}
 	r.publishMem()
+	// The written slice carries the next batch: a batch grown op by op
+	// copied every op about twice.
+	clear(res.ops)
+	r.ops.spare = res.ops[:0]
 }
 
 // errorText is what is stored as a message's last error: at most 4 KiB,

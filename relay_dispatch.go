@@ -16,6 +16,7 @@ type sinkSlot struct {
 	req      chan *sinkBatch
 	inflight int // batches at this sink
 	stats    *SinkStats
+	lastLen  int // messages in the last batch sent: the next one's capacity
 }
 
 type sinkBatch struct {
@@ -154,7 +155,8 @@ func (r *relay) batchFor(building []*sinkBatch, s int) *sinkBatch {
 		if slot.inflight >= r.cfg.SinkConcurrency {
 			return nil
 		}
-		b = &sinkBatch{slot: slot}
+		n := min(r.cfg.SinkBatch, max(16, slot.lastLen))
+		b = &sinkBatch{slot: slot, msgs: make([]*msg, 0, n), pub: make([]*Message, 0, n)}
 		building[s] = b
 	}
 	if len(b.msgs) >= r.cfg.SinkBatch {
@@ -181,9 +183,18 @@ func (r *relay) send(b *sinkBatch, now time.Time) {
 	}
 	b.ctx = newBatchCtx(r.hardCtx, r.now, r.epoch, r.leaseEnd(b))
 	b.sent = now
+	b.slot.lastLen = len(b.msgs)
 	b.slot.inflight++
 	r.stats.InFlight.Add(int64(len(b.msgs)))
 	b.slot.req <- b
+}
+
+func markFailed(failed map[*keyQ]bool, kq *keyQ) map[*keyQ]bool {
+	if failed == nil {
+		failed = map[*keyQ]bool{}
+	}
+	failed[kq] = true
+	return failed
 }
 
 func (r *relay) onSink(b *sinkBatch) {
@@ -200,8 +211,10 @@ func (r *relay) onSink(b *sinkBatch) {
 	b.slot.stats.Publishes.Add(1)
 	b.slot.stats.PublishSeconds.observe(b.took.Seconds())
 	now := r.now()
-	failed := map[*keyQ]bool{}
-	touched := map[*keyQ]bool{}
+	// failed: keys with a message not taken (nil until one is); touched:
+	// every key of the batch once, marked on the key (no map per batch).
+	var failed map[*keyQ]bool
+	var touched []*keyQ
 	for i, m := range b.msgs {
 		m.atSink = false
 		l := m.lane
@@ -215,8 +228,9 @@ func (r *relay) onSink(b *sinkBatch) {
 			continue
 		}
 		kq := m.kq
-		if kq != nil {
-			touched[kq] = true
+		if kq != nil && !kq.touched {
+			kq.touched = true
+			touched = append(touched, kq)
 		}
 		ok := err == nil || errors.Is(err, ErrDuplicate)
 		switch {
@@ -239,18 +253,19 @@ func (r *relay) onSink(b *sinkBatch) {
 		case errors.Is(err, ErrNotAttempted) || b.fenced:
 			// Not tried, or cut short because the lease ended: no attempt.
 			if kq != nil {
-				failed[kq] = true
+				failed = markFailed(failed, kq)
 			} else {
 				r.ready = append(r.ready, readyItem{m: m})
 			}
 		default:
 			if kq != nil {
-				failed[kq] = true
+				failed = markFailed(failed, kq)
 			}
 			r.fail(m, err, now)
 		}
 	}
-	for kq := range touched {
+	for _, kq := range touched {
+		kq.touched = false
 		kq.running = false
 		r.settle(kq, now)
 	}

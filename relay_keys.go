@@ -40,6 +40,7 @@ type keyQ struct {
 	scheduled   bool // an entry for gen is in the ready queue or the timer heap
 	gen         uint64
 	loading     bool      // a load or refill of this key is in flight
+	touched     bool      // listed by onSink for the batch it is settling
 	holdUntil   time.Time // held until then (local clock); positions only if msgs is empty
 	holdRetry   bool      // the held head is waiting for a retry
 	heldCreated time.Time // the held head's CreatedAt
@@ -91,10 +92,11 @@ func (r *relay) unload(m *msg) {
 	r.mem.bytes -= m.size
 }
 
-// newMsg turns a row into a message, with its attempts and due time.
-func (r *relay) newMsg(l *laneState, row *fetchedRow) *msg {
+// newMsg turns a row into a message of ordering key okey ("" for unkeyed),
+// with its attempts and due time.
+func (r *relay) newMsg(l *laneState, row *fetchedRow, okey string) *msg {
 	m := &msg{Message: row.Message, lane: l}
-	m.orderKey = orderingKey(m.Topic, m.Key, r.cfg.OrderAcrossTopics)
+	m.orderKey = okey
 	if ri, ok := l.retries[m.Seq]; ok {
 		m.attempts = ri.attempts
 		m.due = r.toLocal(ri.next)
@@ -114,7 +116,7 @@ func (r *relay) insert(l *laneState, row *fetchedRow, now time.Time, loaded bool
 		if !loaded && (l.held[row.Seq] != nil || l.unkeyed[row.Seq] != nil) {
 			r.reread(l, row, now)
 		}
-		r.insertUnkeyed(l, r.newMsg(l, row), now)
+		r.insertUnkeyed(l, r.newMsg(l, row, ""), now)
 		return
 	}
 	ok := orderingKey(row.Topic, row.Key, r.cfg.OrderAcrossTopics)
@@ -140,7 +142,7 @@ func (r *relay) insert(l *laneState, row *fetchedRow, now time.Time, loaded bool
 			l.retries[seq] = retryInfo{attempts: old.attempts}
 			r.reread(l, row, now)
 		}
-		m := r.newMsg(l, row)
+		m := r.newMsg(l, row, ok)
 		m.kq = kq
 		r.unload(old)
 		r.load(m)
@@ -173,7 +175,7 @@ func (r *relay) insert(l *laneState, row *fetchedRow, now time.Time, loaded bool
 		r.kick(kq, now)
 		return
 	}
-	m := r.newMsg(l, row)
+	m := r.newMsg(l, row, ok)
 	m.kq = kq
 	r.load(m)
 	if n == 0 || kq.msgs[n-1].Seq < seq {
@@ -408,7 +410,7 @@ func (r *relay) applyLoads(res fetchResult, now time.Time) {
 			h := l.held[seq]
 			delete(l.held, seq)
 			if row := rows[pos{req.lane, seq}]; row != nil {
-				r.insertUnkeyed(l, r.newMsg(l, row), now)
+				r.insertUnkeyed(l, r.newMsg(l, row, ""), now)
 			} else if h != nil {
 				delete(l.retries, seq) // gone from the outbox: cancelled
 			}
