@@ -68,11 +68,22 @@ type Config struct {
 	// listens by default so that enabling notifications (`wharf notify on`)
 	// wakes it at once. Defaults to false.
 	PollOnly bool
-	// PollInterval is how often an idle relay looks for new messages. A busy
-	// relay fetches again as soon as a fetch returned rows; after an empty
-	// fetch it waits 2ms, doubling up to PollInterval while the outbox stays
-	// empty. An empty fetch costs well under a millisecond. Defaults to 50ms.
+	// PollInterval is how often an idle relay looks for new messages. After
+	// an empty fetch the relay waits FetchInterval, doubling up to
+	// PollInterval while the outbox stays empty. An empty fetch costs well
+	// under a millisecond. Defaults to 50ms.
 	PollInterval time.Duration
+	// FetchInterval is the least time from one fetch's start to the next
+	// one's while the relay keeps up (the last fetch brought less than a
+	// quarter of the rows it asked for); a relay that is behind fetches
+	// again as soon as a fetch returns. Every fetch reads all the relay's lanes, so a relay that
+	// kept up and fetched back to back would spend most of its database
+	// time on fetches of a few rows each: with 5ms, a steady 40k msg/s
+	// took 19 % less CPU on the machine (relay, producers and PostgreSQL)
+	// and the p50 commit-to-ack latency went from 2 to 5ms (BENCHMARKS.md).
+	// It adds at most this much latency, half of it on average. A value
+	// below a fetch's round trip (1µs) fetches back to back. Defaults to 5ms.
+	FetchInterval time.Duration
 
 	// LeaseTTL is how long a lane lease lasts without renewal: a crashed relay's
 	// lanes are taken over after at most about this long. Defaults to 10s.
@@ -158,6 +169,7 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	for _, f := range []durField{
 		{"PollInterval", &out.PollInterval, 50 * time.Millisecond},
+		{"FetchInterval", &out.FetchInterval, 5 * time.Millisecond},
 		{"LeaseTTL", &out.LeaseTTL, 10 * time.Second},
 		{"RebalanceInterval", &out.RebalanceInterval, time.Second},
 		{"RetryBackoff", &out.RetryBackoff, time.Second},
@@ -184,6 +196,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.MaxBuffered < out.FetchBatch {
 		return out, fmt.Errorf("wharf: Config.MaxBuffered (%d) must be at least Config.FetchBatch (%d)", out.MaxBuffered, out.FetchBatch)
+	}
+	if out.FetchInterval > out.PollInterval {
+		return out, fmt.Errorf("wharf: Config.FetchInterval (%s) must not be longer than Config.PollInterval (%s), the idle poll it starts from", out.FetchInterval, out.PollInterval)
 	}
 	if out.LeaseTTL < 3*out.RebalanceInterval {
 		return out, fmt.Errorf("wharf: Config.LeaseTTL (%s) must be at least 3 x Config.RebalanceInterval (%s) so leases are renewed before they expire", out.LeaseTTL, out.RebalanceInterval)

@@ -86,6 +86,7 @@ type fetchState struct {
 	last      time.Time
 	emptyRun  int // consecutive empty fetches, for the idle backoff
 	lastEmpty bool
+	behind    bool // the last fetch brought a quarter of its limits: read again at once
 	retry     retryState
 	pos       readPos
 }
@@ -331,21 +332,37 @@ func (r *relay) finished() bool {
 	return true
 }
 
-// pollWait is how long to wait after the last fetch before polling again.
-// Right after a fetch returned rows, more are likely on their way (producers
-// commit between fetches), so the wait starts at 2 ms and doubles with each
-// empty fetch up to PollInterval: low latency under load, cheap when idle. A
-// relay that has seen no rows yet polls at PollInterval.
+// pollWait is how long to wait after the last fetch started before fetching
+// again, unless the relay is behind (see maybeFetch). Right after a fetch
+// returned rows, more are likely on their way (producers commit between
+// fetches), so the wait starts at FetchInterval and doubles with each empty
+// fetch up to PollInterval: low latency under load, cheap when idle. A relay
+// that has seen no rows yet polls at PollInterval.
 func (r *relay) pollWait() time.Duration {
-	d := 2 * time.Millisecond
+	d := r.cfg.FetchInterval
 	for i := 1; i < r.fetch.emptyRun && d < r.cfg.PollInterval; i++ {
 		d *= 2
 	}
 	return min(d, r.cfg.PollInterval)
 }
 
+// fetchWait is how long after the last fetch started the next one may start.
+// When rows are expected (the last fetch returned some, a notification or a
+// lane came) it is FetchInterval, or nothing when the relay is behind;
+// otherwise the idle poll's wait.
+func (r *relay) fetchWait() time.Duration {
+	switch {
+	case !r.fetch.want:
+		return r.pollWait()
+	case r.fetch.behind:
+		return 0
+	default:
+		return r.cfg.FetchInterval
+	}
+}
+
 func (r *relay) nextWake(now time.Time) time.Duration {
-	d := r.pollWait() - now.Sub(r.fetch.last)
+	d := r.fetchWait() - now.Sub(r.fetch.last)
 	if len(r.timers) > 0 {
 		d = min(d, r.timers[0].at.Sub(now))
 	}

@@ -11,7 +11,7 @@ func (r *relay) maybeFetch(now time.Time) {
 	if r.fetch.busy || r.stopping || len(r.lanes) == 0 || now.Before(r.fetch.retry.at) {
 		return
 	}
-	if !r.fetch.want && now.Sub(r.fetch.last) < r.pollWait() {
+	if now.Sub(r.fetch.last) < r.fetchWait() {
 		return
 	}
 	// Only loaded messages count: held ones are positions. Everything
@@ -128,12 +128,27 @@ func (r *relay) onFetch(res fetchResult) {
 		}
 		r.insert(l, row, now, false)
 	}
+	// Behind: the fetch brought a quarter of the rows it asked for or
+	// more, or a lane filled its limit twice in a row (its limit doubled
+	// in between). Once is not enough: a producer's batch puts several
+	// messages of a key, so of one lane, into one commit.
+	total := 0
+	for _, n := range forward {
+		total += n
+	}
+	want := res.req.expectedRows()
+	r.fetch.behind = want > 0 && total > 0 && 4*total >= want
 	for i, lane := range res.req.lanes {
 		l := r.lanes[lane]
 		if l == nil || l.fence != res.req.fences[i] {
 			continue
 		}
 		lim := int(res.req.limits[i])
+		filled := lim > 0 && forward[lane] >= lim
+		if filled && l.filled {
+			r.fetch.behind = true
+		}
+		l.filled = filled
 		if got := forward[lane]; got >= lim {
 			l.limit = min(2*l.limit, r.cfg.FetchBatch)
 		} else {

@@ -11,6 +11,7 @@ type laneState struct {
 	leaseUntil time.Time // local clock, conservative (see lease.go)
 	cursor     int64
 	limit      int
+	filled     bool                // the last fetch brought the lane's whole limit
 	keys       map[string]*keyQ    // by ordering key
 	unkeyed    map[int64]*msg      // loaded unkeyed messages by seq
 	held       map[int64]*heldMsg  // unkeyed messages kept as positions

@@ -207,6 +207,8 @@ func TestSettingsRefusals(t *testing.T) {
 		{"max-buffered-bytes", nil, "", []string{"--max-buffered-bytes", "1000"}, "--max-buffered-bytes must be at least 1MiB (got 1000)"},
 		{"max-buffered-bytes unit", nil, "", []string{"--max-buffered-bytes", "64 parsecs"}, `want a number of bytes such as 67108864, 64MiB or 1GiB`},
 		{"poll-interval", nil, "", []string{"--poll-interval", "0s"}, "--poll-interval must be at least 1ms (got 0s)"},
+		{"fetch-interval", nil, "", []string{"--fetch-interval", "0s"}, "--fetch-interval must be at least 1µs (got 0s)"},
+		{"fetch-interval above poll", nil, "", []string{"--fetch-interval", "100ms"}, "--fetch-interval (100ms) must not be longer than --poll-interval (50ms), the idle poll it starts from"},
 		{"lease-ttl", nil, "", []string{"--lease-ttl", "-1s"}, "--lease-ttl must be at least 1ms (got -1s)"},
 		{"lease-ttl below rebalance", nil, "", []string{"--lease-ttl", "2s"}, "--lease-ttl (2s) must be at least 3 x --rebalance-interval (1s)"},
 		{"rebalance-interval", nil, "", []string{"--rebalance-interval", "0"}, "--rebalance-interval must be at least 1ms (got 0s)"},

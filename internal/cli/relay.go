@@ -40,6 +40,7 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl.StringVar(&f.cfg.RelayID, "relay-id", "", "name of this relay in the lanes table (default host-pid-random)")
 	fl.BoolVar(&f.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer in transaction mode); poll every --poll-interval")
 	fl.DurationVar(&f.cfg.PollInterval, "poll-interval", 0, "idle poll interval (default 50ms)")
+	fl.DurationVar(&f.cfg.FetchInterval, "fetch-interval", 0, "least time from one fetch to the next while the relay keeps up; a relay that is behind fetches back to back (default 5ms; 1us: always back to back)")
 	fl.DurationVar(&f.cfg.LeaseTTL, "lease-ttl", 0, "lane lease lifetime: a crashed relay's lanes move after this (default 10s)")
 	fl.DurationVar(&f.cfg.RebalanceInterval, "rebalance-interval", 0, "lease renewal and rebalancing period (default 1s)")
 	fl.BoolVar(&f.cfg.Exclusive, "exclusive", false, "hold every lane while no other relay holds one, and stand by otherwise: one relay works, the others are hot standbys (give every relay of the outbox the same setting)")
@@ -57,7 +58,7 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 
 // relaySettings are the relay flags that are settings (see markSettings).
 var relaySettings = []string{"sink", "route", "drain", "stop-timeout", "admin-addr", "relay-id", "poll-only", "poll-interval",
-	"lease-ttl", "rebalance-interval", "exclusive", "fetch-batch", "sink-batch", "sink-concurrency", "max-buffered",
+	"fetch-interval", "lease-ttl", "rebalance-interval", "exclusive", "fetch-batch", "sink-batch", "sink-concurrency", "max-buffered",
 	"max-buffered-bytes", "order-across-topics", "max-attempts", "retry-backoff", "max-retry-backoff"}
 
 // registerSettings registers the relay flags as settings: read from the

@@ -102,6 +102,7 @@ var (
 	}
 	durationMinimums = map[string]time.Duration{
 		"poll-interval":      time.Millisecond,
+		"fetch-interval":     time.Microsecond,
 		"lease-ttl":          time.Millisecond,
 		"rebalance-interval": time.Millisecond,
 		"retry-backoff":      time.Millisecond,
