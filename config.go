@@ -82,7 +82,8 @@ type Config struct {
 	// took 19 % less CPU on the machine (relay, producers and PostgreSQL)
 	// and the p50 commit-to-ack latency went from 2 to 5ms (BENCHMARKS.md).
 	// It adds at most this much latency, half of it on average. A value
-	// below a fetch's round trip (1µs) fetches back to back. Defaults to 5ms.
+	// below a fetch's round trip (1µs) fetches back to back. Defaults to 5ms
+	// (PollInterval if that is shorter).
 	FetchInterval time.Duration
 
 	// LeaseTTL is how long a lane lease lasts without renewal: a crashed relay's
@@ -169,7 +170,6 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	for _, f := range []durField{
 		{"PollInterval", &out.PollInterval, 50 * time.Millisecond},
-		{"FetchInterval", &out.FetchInterval, 5 * time.Millisecond},
 		{"LeaseTTL", &out.LeaseTTL, 10 * time.Second},
 		{"RebalanceInterval", &out.RebalanceInterval, time.Second},
 		{"RetryBackoff", &out.RetryBackoff, time.Second},
@@ -196,6 +196,12 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.MaxBuffered < out.FetchBatch {
 		return out, fmt.Errorf("wharf: Config.MaxBuffered (%d) must be at least Config.FetchBatch (%d)", out.MaxBuffered, out.FetchBatch)
+	}
+	if out.FetchInterval < 0 {
+		return out, fmt.Errorf("wharf: Config.FetchInterval must not be negative (got %s); leave it 0 for the default 5ms", out.FetchInterval)
+	}
+	if out.FetchInterval == 0 {
+		out.FetchInterval = min(5*time.Millisecond, out.PollInterval)
 	}
 	if out.FetchInterval > out.PollInterval {
 		return out, fmt.Errorf("wharf: Config.FetchInterval (%s) must not be longer than Config.PollInterval (%s), the idle poll it starts from", out.FetchInterval, out.PollInterval)

@@ -100,8 +100,14 @@ func TestRelayThatIsBehindFetchesBackToBack(t *testing.T) {
 }
 
 // FetchInterval longer than PollInterval is refused: the idle poll's backoff
-// starts from it.
+// starts from it. Left unset, it is 5ms, or PollInterval when that is
+// shorter (a configuration with a 2ms poll keeps working).
 func TestFetchIntervalAbovePollIntervalIsRefused(t *testing.T) {
+	t.Parallel()
 	_, err := wharf.NewClient(nil, &wharf.Config{FetchInterval: time.Second, PollInterval: 100 * time.Millisecond})
 	require.ErrorContains(t, err, "Config.FetchInterval (1s) must not be longer than Config.PollInterval (100ms)")
+	_, err = wharf.NewClient(nil, &wharf.Config{FetchInterval: -time.Millisecond})
+	require.ErrorContains(t, err, "Config.FetchInterval must not be negative")
+	_, err = wharf.NewClient(nil, &wharf.Config{PollInterval: 2 * time.Millisecond})
+	require.NoError(t, err, "an unset FetchInterval follows a short PollInterval")
 }
