@@ -86,7 +86,7 @@ type fetchState struct {
 	last      time.Time
 	emptyRun  int // consecutive empty fetches, for the idle backoff
 	lastEmpty bool
-	behind    bool // the last fetch brought a quarter of its limits: read again at once
+	behind    bool // the last fetch showed a backlog (see onFetch): read again at once
 	retry     retryState
 	pos       readPos
 }
