@@ -26,13 +26,10 @@ func TestRelayThatKeepsUpWaitsFetchInterval(t *testing.T) {
 	t.Parallel()
 	b := setupDB(t)
 	ctx := context.Background()
-	rec := &recorder{}
-	cfg := testConfig(b.schema)
-	cfg.Handler = rec.handle
-	cfg.FetchInterval = 200 * time.Millisecond
-	cfg.PollInterval = time.Second
-	client, err := wharf.NewClient(b.pool, cfg)
-	require.NoError(t, err)
+	const interval = 200 * time.Millisecond
+	client, rec := recordingClient(t, b, func(cfg *wharf.Config) {
+		cfg.FetchInterval, cfg.PollInterval = interval, time.Second
+	})
 	require.NoError(t, client.Start(ctx))
 	t.Cleanup(func() { _ = client.Stop(context.Background()) })
 
@@ -66,7 +63,7 @@ func TestRelayThatKeepsUpWaitsFetchInterval(t *testing.T) {
 	// One fetch per 200ms is 10 in the window; twice that leaves room for
 	// the lease loop's wake-ups and the window's edges. Back to back it was
 	// hundreds.
-	require.LessOrEqual(t, n, 2*uint64(window/cfg.FetchInterval), "fetches in %s with FetchInterval %s", window, cfg.FetchInterval)
+	require.LessOrEqual(t, n, 2*uint64(window/interval), "fetches in %s with FetchInterval %s", window, interval)
 	t.Logf("%d fetches in %s, %d messages", n, window, len(ids))
 	requireAllDelivered(t, rec, ids)
 }
@@ -80,15 +77,10 @@ func TestRelayThatIsBehindFetchesBackToBack(t *testing.T) {
 	b := setupDB(t)
 	ctx := context.Background()
 	ids := enqueueKeyed(t, b, 6000, 500)
-	rec := &recorder{}
-	cfg := testConfig(b.schema)
-	cfg.Handler = rec.handle
-	cfg.FetchBatch = 64
-	cfg.MaxBuffered = 64
-	cfg.FetchInterval = 2 * time.Second
-	cfg.PollInterval = 2 * time.Second
-	client, err := wharf.NewClient(b.pool, cfg)
-	require.NoError(t, err)
+	client, rec := recordingClient(t, b, func(cfg *wharf.Config) {
+		cfg.FetchBatch, cfg.MaxBuffered = 64, 64
+		cfg.FetchInterval, cfg.PollInterval = 2*time.Second, 2*time.Second
+	})
 	dctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	start := time.Now()

@@ -102,6 +102,21 @@ func testConfig(schema string) *wharf.Config {
 	}
 }
 
+// recordingClient returns a client of b's outbox whose handler records what
+// it delivers, with testConfig changed by configure (may be nil); not started.
+func recordingClient(t *testing.T, b *testBundle, configure func(*wharf.Config)) (*wharf.Client, *recorder) {
+	t.Helper()
+	rec := &recorder{}
+	cfg := testConfig(b.schema)
+	cfg.Handler = rec.handle
+	if configure != nil {
+		configure(cfg)
+	}
+	client, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	return client, rec
+}
+
 func testLogger() *slog.Logger {
 	if os.Getenv("WHARF_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
