@@ -302,6 +302,40 @@ func (c *Conn) Receive(ctx context.Context) (Event, error) {
 	}
 }
 
+// Hold keeps the stream up without reading it for d, or until ctx ends: for
+// a receiver with no room for more messages. What the server sends meanwhile
+// waits in the socket buffers and then in the walsender, which reads the
+// status updates Hold sends every StatusInterval, so wal_sender_timeout does
+// not end the connection. Receive goes on where the stream stopped.
+func (c *Conn) Hold(ctx context.Context, d time.Duration) error {
+	if !c.streaming {
+		return errors.New("walstream: Hold before Start")
+	}
+	until := time.Now().Add(d)
+	for {
+		now := time.Now()
+		if !now.Before(c.nextStatus) {
+			if err := c.sendStatus(); err != nil {
+				return err
+			}
+		}
+		if !now.Before(until) {
+			return nil
+		}
+		wake := c.nextStatus
+		if until.Before(wake) {
+			wake = until
+		}
+		t := time.NewTimer(wake.Sub(now))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
 // sendStatus reports the confirmed position as written, flushed and applied.
 func (c *Conn) sendStatus() error {
 	confirmed := LSN(c.confirmed.Load())

@@ -260,6 +260,66 @@ func TestIdleStreamStaysUpAndReportsProgress(t *testing.T) {
 	require.True(t, active, "the server did not drop the idle stream")
 }
 
+// A receiver that stops reading (its buffer is full) keeps the stream with
+// Hold past three wal_sender_timeouts while the server has megabytes to
+// send, and then receives every message in order; without Hold the server
+// ends the same stream.
+func TestHeldStreamStaysUp(t *testing.T) {
+	ctx := context.Background()
+	q := sqlConn(t)
+	setting(t, q, "wal_sender_timeout", "1s")
+	// Both slots exist before the messages: a slot streams what is written
+	// after its creation.
+	newSlot(t, "held_slot_true")
+	newSlot(t, "held_slot_false")
+	const n = 400
+	payload := strings.Repeat("x", 64<<10) // 26 MB in all: more than the socket buffers hold
+	tx, err := q.Begin(ctx)
+	require.NoError(t, err)
+	for i := range n {
+		emit(t, tx, true, prefix, fmt.Sprintf("%04d%s", i, payload))
+	}
+	require.NoError(t, tx.Commit(ctx))
+
+	for _, hold := range []bool{true, false} {
+		slot := fmt.Sprintf("held_slot_%t", hold)
+		c := replConn(t, Options{Prefix: prefix, StatusInterval: 200 * time.Millisecond})
+		require.NoError(t, c.Start(ctx, slot, publication, 0))
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		var got []string
+		for len(got) < 1 {
+			ev, err := c.Receive(rctx)
+			require.NoError(t, err)
+			if m, ok := ev.(Message); ok && m.Transactional {
+				got = append(got, string(m.Content[:4]))
+			}
+		}
+		if hold {
+			require.NoError(t, c.Hold(rctx, 3500*time.Millisecond))
+		} else {
+			time.Sleep(3500 * time.Millisecond)
+		}
+		var err error
+		for len(got) < n && err == nil {
+			var ev Event
+			if ev, err = c.Receive(rctx); err == nil {
+				if m, ok := ev.(Message); ok && m.Transactional {
+					got = append(got, string(m.Content[:4]))
+				}
+			}
+		}
+		cancel()
+		if !hold {
+			require.Error(t, err, "without Hold the server keeps a stream that sent nothing for 3.5 s with wal_sender_timeout 1s: the test shows nothing")
+			continue
+		}
+		require.NoError(t, err)
+		for i, s := range got {
+			require.Equal(t, fmt.Sprintf("%04d", i), s)
+		}
+	}
+}
+
 // setting changes a server setting for the rest of the test.
 func setting(t *testing.T, q *pgx.Conn, name, value string) {
 	t.Helper()
