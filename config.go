@@ -74,13 +74,14 @@ type Config struct {
 	// under a millisecond. Defaults to 50ms.
 	PollInterval time.Duration
 	// FetchInterval is the least time from one fetch's start to the next
-	// one's while the relay keeps up (the last fetch brought less than a
-	// quarter of the rows it asked for); a relay that is behind fetches
-	// again as soon as a fetch returns. Every fetch reads all the relay's lanes, so a relay that
-	// kept up and fetched back to back would spend most of its database
-	// time on fetches of a few rows each: with 5ms, a steady 40k msg/s
-	// took 19 % less CPU on the machine (relay, producers and PostgreSQL)
-	// and the p50 commit-to-ack latency went from 2 to 5ms (BENCHMARKS.md).
+	// one's while the relay keeps up; a relay that is behind (the last fetch
+	// brought a quarter or more of the rows it asked for, or a lane filled
+	// its limit twice in a row) fetches again as soon as a fetch returns.
+	// Every fetch reads all the relay's lanes, so a relay that kept up and
+	// fetched back to back would spend most of its database time on fetches
+	// of a few rows each: with 5ms, a steady 40k msg/s took 21 % less CPU
+	// on the machine (relay, producers and PostgreSQL) and the p50
+	// commit-to-ack latency went from about 2 to 4ms (BENCHMARKS.md).
 	// It adds at most this much latency, half of it on average. A value
 	// below a fetch's round trip (1µs) fetches back to back. Defaults to 5ms
 	// (PollInterval if that is shorter).

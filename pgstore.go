@@ -293,11 +293,11 @@ func xid8(s string) uint64 {
 // plain per-lane LIMIT: a running sum in a window function cost 70 % more
 // per fetch on a 1M backlog.
 type byteCut struct {
-	cursor [laneCount]int64
-	budget [laneCount]int64
-	used   [laneCount]int64
-	full   [laneCount]bool
-	asked  [laneCount]bool // the request reads the lane
+	cursor [wharfmigrate.Lanes]int64
+	budget [wharfmigrate.Lanes]int64
+	used   [wharfmigrate.Lanes]int64
+	full   [wharfmigrate.Lanes]bool
+	asked  [wharfmigrate.Lanes]bool // the request reads the lane
 }
 
 func newByteCut(req fetchRequest) *byteCut {
@@ -312,7 +312,7 @@ func newByteCut(req fetchRequest) *byteCut {
 
 // keep reports whether a row of lane with seq and size payload bytes is kept.
 func (c *byteCut) keep(lane int16, seq int64, size int) bool {
-	if c == nil || lane < 0 || lane >= laneCount || !c.asked[lane] || seq <= c.cursor[lane] {
+	if c == nil || lane < 0 || lane >= wharfmigrate.Lanes || !c.asked[lane] || seq <= c.cursor[lane] {
 		return true // a late commit below the cursor: always read
 	}
 	if c.full[lane] {

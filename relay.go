@@ -333,7 +333,7 @@ func (r *relay) finished() bool {
 }
 
 // pollWait is how long to wait after the last fetch started before fetching
-// again, unless the relay is behind (see maybeFetch). Right after a fetch
+// again while no rows are expected (see fetchWait). Right after a fetch
 // returned rows, more are likely on their way (producers commit between
 // fetches), so the wait starts at FetchInterval and doubles with each empty
 // fetch up to PollInterval: low latency under load, cheap when idle. A relay

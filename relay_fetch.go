@@ -144,12 +144,13 @@ func (r *relay) onFetch(res fetchResult) {
 			continue
 		}
 		lim := int(res.req.limits[i])
-		filled := lim > 0 && forward[lane] >= lim
+		got := forward[lane]
+		filled := lim > 0 && got >= lim
 		if filled && l.filled {
 			r.fetch.behind = true
 		}
 		l.filled = filled
-		if got := forward[lane]; got >= lim {
+		if got >= lim {
 			l.limit = min(2*l.limit, r.cfg.FetchBatch)
 		} else {
 			l.limit = max(r.baseLimit()/4, min(l.limit, 2*got+16))

@@ -168,9 +168,6 @@ func storeErr(what string, err error) error {
 	return fmt.Errorf("wharf: %s: %w", what, err)
 }
 
-// laneCount is the number of lanes (the outbox's lane column is in [0, 64)).
-const laneCount = 64
-
 // expectedRows is how many forward rows the fetch can return at most (late
 // commits come on top).
 func (req fetchRequest) expectedRows() int {
