@@ -129,9 +129,7 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 	total := 0
 	r := &relay{
 		cfg: c.cfg, log: c.cfg.Logger, stats: c.stats, drain: drain, route: route,
-		now: c.cfg.clock,
-		st: &pgStore{pool: c.pool, q: c.q, schema: c.cfg.Schema, owner: c.cfg.RelayID,
-			incarnation: hex.EncodeToString(inc[:]), log: c.cfg.Logger, now: c.cfg.clock},
+		now:        c.cfg.clock,
 		fetchReq:   make(chan fetchRequest),
 		fetchRes:   make(chan fetchResult),
 		opsReq:     make(chan []op),
@@ -149,6 +147,13 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 		perKeyCap:  min(2*maxRun, max(10, c.cfg.MaxBuffered/20)),
 		maxStubs:   max(100_000, 50*c.cfg.MaxBuffered),
 		fetchBytes: max(1, c.cfg.MaxBufferedBytes/4),
+	}
+	ps := &pgStore{pool: c.pool, q: c.q, schema: c.cfg.Schema, owner: c.cfg.RelayID,
+		incarnation: hex.EncodeToString(inc[:]), log: c.cfg.Logger, now: c.cfg.clock}
+	r.st = ps
+	if c.cfg.walSlot != "" {
+		r.st = &walStore{pgStore: ps, slot: c.cfg.walSlot, publication: c.cfg.walSlot, prefix: c.cfg.Schema,
+			budget: 2 * c.cfg.MaxBufferedBytes}
 	}
 	names := make([]string, len(sinks))
 	for i, s := range sinks {

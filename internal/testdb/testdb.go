@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,9 @@ func run(m *testing.M, url *string, own string) int {
 	if cluster != nil {
 		_ = cluster.Stop()
 	}
+	if logical.c != nil {
+		_ = logical.c.Stop()
+	}
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
@@ -75,6 +79,27 @@ func run(m *testing.M, url *string, own string) int {
 		}
 	}
 	return code
+}
+
+var logical struct {
+	once sync.Once
+	c    *pgembed.Cluster
+	err  error
+}
+
+// LogicalURL returns the URL of a throwaway cluster with wal_level=logical,
+// for the tests of the WAL mode (the shared test server may run with
+// replica): started on first use, stopped after the tests by Run.
+func LogicalURL() (string, error) {
+	logical.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		logical.c, logical.err = pgembed.Start(ctx, pgembed.Options{Settings: map[string]string{"wal_level": "logical"}})
+	})
+	if logical.err != nil {
+		return "", fmt.Errorf("a local PostgreSQL with wal_level=logical could not be started: %w", logical.err)
+	}
+	return logical.c.URL(), nil
 }
 
 // CleanEnv is the test's environment without anything that could point a

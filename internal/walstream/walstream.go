@@ -89,15 +89,7 @@ func Connect(ctx context.Context, url string, opts Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("walstream: database URL: %w", err)
 	}
-	cfg.RuntimeParams["replication"] = "database"
-	pg, err := pgconn.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return nil, explain(err, "")
-	}
-	if opts.StatusInterval <= 0 {
-		opts.StatusInterval = 10 * time.Second
-	}
-	return &Conn{pg: pg, opts: opts}, nil
+	return ConnectConfig(ctx, cfg, opts)
 }
 
 // Close reports the confirmed position once more, if it moved, and closes
@@ -377,4 +369,23 @@ func explain(err error, slot string) error {
 		return fmt.Errorf("walstream: slot %s: %w", slot, err)
 	}
 	return fmt.Errorf("walstream: %w", err)
+}
+
+// ConnectConfig opens a replication connection (replication=database) with
+// a copy of cfg, for a caller that holds a parsed configuration (a pool's)
+// rather than a URL.
+func ConnectConfig(ctx context.Context, cfg *pgconn.Config, opts Options) (*Conn, error) {
+	cfg = cfg.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	pg, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, explain(err, "")
+	}
+	if opts.StatusInterval <= 0 {
+		opts.StatusInterval = 10 * time.Second
+	}
+	return &Conn{pg: pg, opts: opts}, nil
 }

@@ -1,0 +1,369 @@
+package wharf_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/walmsg"
+	"github.com/wharfhq/wharf/internal/walstream"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// walDB gives a test a migrated schema on a cluster with wal_level=logical,
+// with a publication and a logical replication slot named after the schema:
+// an outbox in WAL mode. Everything is dropped at cleanup.
+func walDB(t testing.TB) *testBundle {
+	t.Helper()
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema := "ww_" + hex.EncodeToString(b[:])
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 12
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "CREATE PUBLICATION "+schema)
+	require.NoError(t, err)
+	rc, err := walstream.Connect(ctx, url, walstream.Options{})
+	require.NoError(t, err)
+	_, err = rc.CreateSlot(ctx, schema, false)
+	require.NoError(t, err)
+	require.NoError(t, rc.Close(ctx))
+	t.Cleanup(func() {
+		ctx := context.Background()
+		// The relays have stopped; their walsenders end a moment later.
+		for i := 0; i < 50; i++ {
+			if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", schema); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_, _ = pool.Exec(ctx, "DROP PUBLICATION "+schema)
+		_, _ = pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
+		pool.Close()
+	})
+	return &testBundle{pool: pool, schema: schema}
+}
+
+// walRelay starts a relay of b's outbox in WAL mode, recording what it
+// delivers (fail, if not nil, decides which deliveries fail); stop stops it
+// gracefully (once).
+func walRelay(t *testing.T, b *testBundle, fail func(*wharf.Message) error, configure func(*wharf.Config)) (rec *recorder, stop func()) {
+	t.Helper()
+	c, rec := recordingClient(t, b, func(cfg *wharf.Config) {
+		wharf.SetWALSlot(cfg, b.schema)
+		if configure != nil {
+			configure(cfg)
+		}
+	})
+	rec.fail = fail
+	require.NoError(t, c.Start(context.Background()))
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			require.NoError(t, c.Stop(context.Background()))
+		}
+	}
+	t.Cleanup(stop)
+	return rec, stop
+}
+
+// enqueueWAL commits msgs in one transaction of b's WAL outbox.
+func enqueueWAL(t *testing.T, b *testBundle, msgs ...wharf.Message) []string {
+	t.Helper()
+	ctx := context.Background()
+	c, err := wharf.NewClient(b.pool, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	ids, err := wharf.EnqueueWAL(ctx, c, tx, msgs...)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	return ids
+}
+
+// slotConfirmed is the slot's confirmed position.
+func slotConfirmed(t *testing.T, b *testBundle) walstream.LSN {
+	t.Helper()
+	var s string
+	require.NoError(t, b.pool.QueryRow(context.Background(),
+		"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", b.schema).Scan(&s))
+	lsn, err := walstream.ParseLSN(s)
+	require.NoError(t, err)
+	return lsn
+}
+
+// Producers committing concurrently, each with keys of its own: the relay
+// streams every message from the slot, delivers each key's messages in the
+// order they were committed, with the ids the producers got back, and
+// confirms the slot past all of them once they are delivered.
+func TestWALRelayDeliversEveryMessageInKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	rec, _ := walRelay(t, b, nil, nil)
+
+	const producers, txs, perTx, keysEach = 4, 60, 25, 5
+	var mu sync.Mutex
+	var ids []string
+	payload := map[string]string{}
+	var wg sync.WaitGroup
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < txs; i++ {
+				msgs := make([]wharf.Message, perTx)
+				for j := range msgs {
+					msgs[j] = wharf.Message{Topic: "orders", Key: fmt.Sprintf("p%d-k%d", p, j%keysEach),
+						Payload: []byte(fmt.Sprintf("p%d-%d-%d", p, i, j)), Headers: map[string]string{"n": fmt.Sprint(j)}}
+				}
+				got := enqueueWAL(t, b, msgs...)
+				mu.Lock()
+				ids = append(ids, got...)
+				for j, id := range got {
+					payload[id] = string(msgs[j].Payload)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	requireAllDelivered(t, rec, ids)
+	got := rec.snapshot()
+	requireKeyOrder(t, got)
+	for _, m := range got {
+		require.Equal(t, payload[m.ID], string(m.Payload), "message %s", m.ID)
+		require.NotEmpty(t, m.Headers["n"])
+	}
+	require.Len(t, deliveredIDs(got), producers*txs*perTx)
+
+	var last string
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&last))
+	end, err := walstream.ParseLSN(last)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end-1024 }, 10*time.Second, 50*time.Millisecond,
+		"the slot was not confirmed past the delivered messages")
+}
+
+// A relay stopped after delivering leaves the slot confirmed: the next relay
+// streams only what was committed after, not what was delivered before.
+// A relay that stops before delivering leaves it for the next one.
+func TestWALRelayResumesFromTheConfirmedPosition(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	msgs := func(tag string, n int) []wharf.Message {
+		out := make([]wharf.Message, n)
+		for i := range out {
+			out[i] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%7), Payload: []byte(fmt.Sprintf("%s-%d", tag, i))}
+		}
+		return out
+	}
+	first := enqueueWAL(t, b, msgs("first", 300)...)
+	rec1, stop1 := walRelay(t, b, nil, nil)
+	requireAllDelivered(t, rec1, first)
+	stop1()
+
+	second := enqueueWAL(t, b, msgs("second", 300)...)
+	rec2, stop2 := walRelay(t, b, nil, nil)
+	requireAllDelivered(t, rec2, second)
+	again := deliveredIDs(rec2.snapshot())
+	for _, id := range first {
+		require.Zero(t, again[id], "message %s delivered by the first relay came again", id)
+	}
+	requireKeyOrder(t, rec2.snapshot())
+	stop2()
+
+	// A relay whose deliveries all fail settles nothing: the slot stays
+	// before the messages, and the next relay delivers them.
+	third := enqueueWAL(t, b, msgs("third", 300)...)
+	_, stop3 := walRelay(t, b, func(*wharf.Message) error { return errors.New("down") },
+		func(cfg *wharf.Config) { cfg.MaxAttempts = 1000 })
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".retries").Scan(&n))
+		return n > 0
+	}, 10*time.Second, 20*time.Millisecond, "no delivery failed")
+	stop3()
+	rec4, _ := walRelay(t, b, nil, nil)
+	requireAllDelivered(t, rec4, third)
+	requireKeyOrder(t, rec4.snapshot())
+}
+
+// When the stream breaks (its walsender terminated), the relay starts it
+// again from the slot's confirmed position and skips the transactions it
+// already holds or settled: every message is delivered once.
+func TestWALRelayStreamsAgainAfterTheConnectionDies(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	rec, _ := walRelay(t, b, nil, nil)
+	var ids []string
+	for round := 0; round < 5; round++ {
+		msgs := make([]wharf.Message, 200)
+		for i := range msgs {
+			msgs[i] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%9), Payload: []byte(fmt.Sprintf("%d-%d", round, i))}
+		}
+		ids = append(ids, enqueueWAL(t, b, msgs...)...)
+		var n int
+		require.Eventually(t, func() bool {
+			require.NoError(t, b.pool.QueryRow(context.Background(),
+				"SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", b.schema).Scan(&n))
+			return n == 1
+		}, 10*time.Second, 10*time.Millisecond, "no walsender streams the slot")
+	}
+	requireAllDelivered(t, rec, ids)
+	got := rec.snapshot()
+	requireKeyOrder(t, got)
+	for id, n := range deliveredIDs(got) {
+		require.Equal(t, 1, n, "message %s delivered %d times", id, n)
+	}
+}
+
+// A message whose delivery fails is retried from memory with a retry record
+// in the table, its key's later messages wait behind it, other keys go on;
+// a message that fails MaxAttempts times becomes a dead letter with its
+// content, and the key goes on after it. The slot is confirmed past them
+// only once they are settled.
+func TestWALRelayRetriesAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	var failMu sync.Mutex
+	fails := map[string]int{"slow-0": 3} // payload → failures left
+	rec, _ := walRelay(t, b, func(m *wharf.Message) error {
+		failMu.Lock()
+		defer failMu.Unlock()
+		if string(m.Payload) == "poison" {
+			return errors.New("poison")
+		}
+		if fails[string(m.Payload)] > 1 {
+			fails[string(m.Payload)]--
+			return errors.New("not yet")
+		}
+		return nil
+	}, func(cfg *wharf.Config) { cfg.MaxAttempts = 3 })
+	var all []wharf.Message
+	for i := 0; i < 5; i++ {
+		all = append(all, wharf.Message{Topic: "t", Key: "slow", Payload: []byte(fmt.Sprintf("slow-%d", i))})
+		all = append(all, wharf.Message{Topic: "t", Key: "other", Payload: []byte(fmt.Sprintf("other-%d", i))})
+	}
+	all = append(all, wharf.Message{Topic: "t", Key: "bad", Payload: []byte("poison"), Headers: map[string]string{"h": "v"}},
+		wharf.Message{Topic: "t", Key: "bad", Payload: []byte("after-poison")})
+	ids := enqueueWAL(t, b, all...)
+	good := append(append([]string{}, ids[:10]...), ids[11])
+	requireAllDelivered(t, rec, good)
+	got := rec.snapshot()
+	requireKeyOrder(t, got)
+
+	c, err := wharf.NewClient(b.pool, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+	var dead []wharf.DeadLetter
+	require.Eventually(t, func() bool {
+		dead, err = c.DeadLetters(context.Background(), wharf.DeadLetterFilter{})
+		require.NoError(t, err)
+		return len(dead) == 1
+	}, 10*time.Second, 50*time.Millisecond)
+	require.Equal(t, ids[10], dead[0].ID)
+	require.Equal(t, "poison", string(dead[0].Payload))
+	require.Equal(t, "bad", dead[0].Key)
+	require.Equal(t, map[string]string{"h": "v"}, dead[0].Headers)
+	require.Equal(t, 3, dead[0].Attempts)
+
+	// The retry record of the slow message was written while it failed
+	// and removed when it was delivered.
+	require.Eventually(t, func() bool {
+		var retries int
+		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".retries").Scan(&retries))
+		return retries == 0
+	}, 10*time.Second, 20*time.Millisecond, "retry records left")
+	var last string
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&last))
+	end, err := walstream.ParseLSN(last)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end-1024 }, 10*time.Second, 50*time.Millisecond)
+}
+
+// A logical message of the outbox's prefix that is not a Wharf content
+// cannot be delivered; it becomes a dead letter of topic wharf.undecodable
+// with the raw content, and the messages around it are delivered.
+func TestWALRelayDeadLettersUndecodableContent(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	rec, _ := walRelay(t, b, nil, nil)
+	before := enqueueWAL(t, b, wharf.Message{Topic: "t", Key: "k", Payload: []byte("before")})
+	_, err := b.pool.Exec(context.Background(), "SELECT pg_logical_emit_message(true, $1, '\\x0900000001ff'::bytea)", b.schema)
+	require.NoError(t, err)
+	after := enqueueWAL(t, b, wharf.Message{Topic: "t", Key: "k", Payload: []byte("after")})
+	requireAllDelivered(t, rec, append(before, after...))
+
+	c, err := wharf.NewClient(b.pool, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+	dead, err := c.DeadLetters(context.Background(), wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.Equal(t, "wharf.undecodable", dead[0].Topic)
+	require.Equal(t, []byte{0x09, 0, 0, 0, 1, 0xff}, dead[0].Payload)
+	require.Contains(t, dead[0].LastError, walmsg.ErrVersion.Error())
+}
+
+// DedupKey needs the table to look the key up in.
+func TestWALEnqueueRefusesDedupKey(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	c, err := wharf.NewClient(b.pool, &wharf.Config{Schema: b.schema})
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = wharf.EnqueueWAL(context.Background(), c, tx, wharf.Message{Topic: "t", Payload: []byte("x"), DedupKey: "d"})
+	require.ErrorContains(t, err, "DedupKey works only in an outbox in table mode")
+}
+
+// Two relays of one WAL outbox: one streams the slot, the other stands by
+// and delivers nothing; when the first stops, the other takes every lane
+// and the slot, and delivers what comes next, not what was delivered before.
+func TestWALRelayStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	batch := func(tag string) []string {
+		msgs := make([]wharf.Message, 200)
+		for i := range msgs {
+			msgs[i] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%11), Payload: []byte(fmt.Sprintf("%s-%d", tag, i))}
+		}
+		return enqueueWAL(t, b, msgs...)
+	}
+	first := batch("first")
+	recA, stopA := walRelay(t, b, nil, func(cfg *wharf.Config) { cfg.RelayID = "relay-a" })
+	requireAllDelivered(t, recA, first)
+	recB, _ := walRelay(t, b, nil, func(cfg *wharf.Config) { cfg.RelayID = "relay-b" })
+	second := batch("second")
+	requireAllDelivered(t, recA, second)
+	require.Empty(t, recB.snapshot(), "the standby delivered while the other relay streams")
+	require.Equal(t, 64, leasedLanes(t, b, "relay-a"))
+
+	stopA()
+	third := batch("third")
+	requireAllDelivered(t, recB, third)
+	require.Equal(t, 64, leasedLanes(t, b, "relay-b"))
+	got := deliveredIDs(recB.snapshot())
+	for _, id := range append(first, second...) {
+		require.Zero(t, got[id], "message %s delivered before the takeover came again", id)
+	}
+}

@@ -1,0 +1,632 @@
+package wharf
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/wharfhq/wharf/internal/walmsg"
+	"github.com/wharfhq/wharf/internal/walstream"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// walStore is the WAL outbox (being built: nothing in the public API selects
+// it yet). Producers write each enqueue call's messages as one transactional
+// logical decoding message (internal/walmsg); the store streams them from a
+// logical replication slot in commit order and keeps every message that is
+// not settled in memory, where the engine's fetches, loads and refills read
+// it. Nothing is deleted: the slot is confirmed up to the end of the longest
+// run of streamed transactions whose messages are all settled
+// (walstream.Progress). Leases, registration, retry records and dead letters
+// stay in the tables (the embedded pgStore), fenced as in the table outbox;
+// the relay holds every lane or none (Exclusive), and the slot itself admits
+// one stream at a time.
+//
+// A message's Seq is its id's seq: a position inside the WAL record that
+// carried it (walmsg.FirstSeq), growing in WAL order. Two transactions can
+// commit in the other order than they wrote their records, so a message can
+// reach the engine below its lane's cursor: the engine's late-commit rule,
+// as for the table outbox's rows.
+type walStore struct {
+	*pgStore
+	slot        string
+	publication string
+	prefix      string // the outbox's schema: the logical messages' prefix
+	// budget bounds the payload bytes of the messages held in memory (plus
+	// walRowOverhead each); past it the store stops reading the stream
+	// (walstream.Conn.Hold), and the walsender waits.
+	budget int64
+
+	mu       sync.Mutex
+	lanes    [wharfmigrate.Lanes]walLane
+	progress walstream.Progress
+	held     int64         // bytes held: payloads plus walRowOverhead per message
+	lastEnd  walstream.LSN // end of the last transaction taken: a stream started again skips up to it
+	conn     *walstream.Conn
+	err      error  // the stream's last failure, for the next fetch to report
+	wake     func() // the engine's wake-up (set by listen)
+	stopRun  context.CancelFunc
+	runDone  chan struct{}
+	settledN int64 // messages settled, for tests and stats
+}
+
+// walRowOverhead approximates a held message's memory besides its payload.
+const walRowOverhead = 256
+
+type walLane struct {
+	fence int64             // the fence of the requests the lane's messages were handed out under
+	rows  map[int64]*walRow // unsettled, by seq
+	queue []*walRow         // queue[head:]: not handed to the engine yet, by seq
+	head  int
+}
+
+type walRow struct {
+	fetchedRow
+	nonce   int64
+	tx      walstream.Tx
+	settled bool
+}
+
+func (s *walStore) listen(ctx context.Context, wake func()) {
+	s.mu.Lock()
+	s.wake = wake
+	s.mu.Unlock()
+	<-ctx.Done()
+}
+
+// startStream starts the goroutine that streams the slot, unless it runs.
+func (s *walStore) startStream() {
+	if s.stopRun != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopRun, s.runDone = cancel, make(chan struct{})
+	go func() {
+		defer close(s.runDone)
+		s.run(ctx)
+	}()
+}
+
+// stopStream ends the stream and forgets every message held: whoever streams
+// the slot next starts from its confirmed position. Results of messages
+// handed out before are ignored from here on (they arrive for rows that are
+// gone), which stays within at least once.
+func (s *walStore) stopStream() {
+	s.mu.Lock()
+	cancel, done := s.stopRun, s.runDone
+	s.stopRun, s.runDone = nil, nil
+	s.mu.Unlock()
+	if cancel == nil {
+		return
+	}
+	cancel()
+	<-done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.resetLocked()
+	s.err = nil
+}
+
+// resetLocked forgets every message held.
+func (s *walStore) resetLocked() {
+	for i := range s.lanes {
+		s.lanes[i] = walLane{fence: -1} // hands everything out again, whatever the next fence
+	}
+	s.progress = walstream.Progress{}
+	s.held, s.lastEnd = 0, 0
+}
+
+func (s *walStore) claimAlone(ctx context.Context) ([]laneLease, error) {
+	got, err := s.pgStore.claimAlone(ctx)
+	if err == nil && len(got) > 0 {
+		s.mu.Lock()
+		s.startStream()
+		s.mu.Unlock()
+	}
+	return got, err
+}
+
+func (s *walStore) claim(context.Context, int) ([]laneLease, error) {
+	return nil, errors.New("wharf: an outbox in WAL mode is streamed by one relay: lanes are claimed all at once (Exclusive)")
+}
+
+// leaseRound stops the stream once the relay owns no lane: another relay
+// may take the slot over.
+func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
+	lr, err := s.pgStore.leaseRound(ctx, ttl)
+	if err == nil && len(lr.renewed) == 0 {
+		s.stopStream()
+	}
+	return lr, err
+}
+
+func (s *walStore) releaseAll(ctx context.Context, lanes []int16) error {
+	s.stopStream()
+	return s.pgStore.releaseAll(ctx, lanes)
+}
+
+func (s *walStore) release(ctx context.Context, rel laneRelease) error {
+	s.stopStream()
+	return s.pgStore.release(ctx, rel)
+}
+
+func (s *walStore) unregister(ctx context.Context) error {
+	s.stopStream()
+	return s.pgStore.unregister(ctx)
+}
+
+// run streams the slot until ctx ends, starting again after a failure.
+func (s *walStore) run(ctx context.Context) {
+	retry := retryState{}
+	for ctx.Err() == nil {
+		err := s.stream(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		d := retry.fail(time.Now())
+		s.log.Error("wharf: WAL stream failed; starting it again", "slot", s.slot, "err", err, "retry_in", d.Round(time.Millisecond))
+		s.mu.Lock()
+		s.err = err
+		s.mu.Unlock()
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// stream reads the slot from its confirmed position. Transactions that end
+// at or before the last one taken are already held (or settled): a stream
+// started again after a failure skips them, so they are not delivered twice.
+func (s *walStore) stream(ctx context.Context) error {
+	conn, err := walstream.ConnectConfig(ctx, &s.pool.Config().ConnConfig.Config, walstream.Options{Prefix: s.prefix, StatusInterval: time.Second})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		s.mu.Lock()
+		s.conn = nil
+		s.mu.Unlock()
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = conn.Close(closeCtx)
+		cancel()
+	}()
+	if err := conn.Start(ctx, s.slot, s.publication, 0); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.conn = conn
+	conn.Confirm(s.progress.Confirmable())
+	s.mu.Unlock()
+
+	var (
+		begin walstream.Begin
+		inTx  bool
+		rows  []*walRow
+		bad   []badContent
+	)
+	for {
+		if s.full() {
+			if err := conn.Hold(ctx, 20*time.Millisecond); err != nil {
+				return err
+			}
+			continue
+		}
+		ev, err := conn.Receive(ctx)
+		if err != nil {
+			return err
+		}
+		switch ev := ev.(type) {
+		case walstream.Begin:
+			begin, inTx, rows, bad = ev, true, nil, nil
+		case walstream.Message:
+			if !ev.Transactional {
+				continue // not an outbox message: producers write transactional ones
+			}
+			recs, err := walmsg.Decode(ev.Content)
+			if err != nil {
+				bad = append(bad, badContent{lsn: ev.LSN, content: ev.Content, err: err})
+				continue
+			}
+			first := walmsg.FirstSeq(uint64(ev.LSN), len(recs))
+			for i := range recs {
+				rows = append(rows, newWALRow(&recs[i], first+int64(i), begin.CommitTime))
+			}
+		case walstream.Commit:
+			inTx = false
+			if ev.EndLSN <= s.lastEndLocked() {
+				continue
+			}
+			if len(bad) > 0 {
+				if err := s.deadLetterContents(ctx, bad, begin.CommitTime); err != nil {
+					return err
+				}
+			}
+			if err := s.take(ev.EndLSN, rows); err != nil {
+				return err
+			}
+		case walstream.Keepalive:
+			s.mu.Lock()
+			if !inTx && s.progress.Pending() == 0 {
+				// Nothing held: WAL up to here holds nothing of this outbox
+				// that is not settled, and other writes keep adding WAL the
+				// slot would otherwise retain.
+				conn.Confirm(ev.WALEnd)
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *walStore) lastEndLocked() walstream.LSN {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastEnd
+}
+
+func (s *walStore) full() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held >= s.budget
+}
+
+func newWALRow(rec *walmsg.Record, seq int64, committed time.Time) *walRow {
+	lane := int16(seq % wharfmigrate.Lanes)
+	if rec.Key != "" {
+		lane = walmsg.Lane(rec.Key)
+	}
+	return &walRow{nonce: rec.Nonce, fetchedRow: fetchedRow{lane: lane, Message: Message{
+		ID: FormatID(seq, rec.Nonce), Seq: seq, Topic: rec.Topic, Key: rec.Key,
+		Headers: rec.Headers, DeliverAt: rec.DeliverAt, Payload: rec.Payload, CreatedAt: committed,
+	}}}
+}
+
+// take adds a committed transaction's messages and wakes the engine.
+func (s *walStore) take(end walstream.LSN, rows []*walRow) error {
+	s.mu.Lock()
+	tx, err := s.progress.Add(end, len(rows))
+	if err != nil {
+		// The stream is in commit order and ends only grow, so this is a
+		// bug. Forget everything held and stream again from the slot's
+		// confirmed position: what was held is delivered again (at least
+		// once), nothing is skipped.
+		s.resetLocked()
+		s.mu.Unlock()
+		return fmt.Errorf("wharf: WAL stream out of order (a bug; streaming again from the slot's confirmed position): %w", err)
+	}
+	s.lastEnd = end
+	for _, r := range rows {
+		r.tx = tx
+		l := &s.lanes[r.lane]
+		if l.rows == nil {
+			l.rows = map[int64]*walRow{}
+		}
+		l.rows[r.Seq] = r
+		s.held += int64(len(r.Payload)) + walRowOverhead
+		// Messages arrive in commit order; their seqs are in WAL order, so
+		// a late one goes before the tail of what was not handed out yet.
+		i := len(l.queue)
+		for i > l.head && l.queue[i-1].Seq > r.Seq {
+			i--
+		}
+		l.queue = slices.Insert(l.queue, i, r)
+	}
+	if len(rows) == 0 && s.conn != nil {
+		s.conn.Confirm(s.progress.Confirmable())
+	}
+	wake := s.wake
+	s.mu.Unlock()
+	if wake != nil && len(rows) > 0 {
+		wake()
+	}
+	return nil
+}
+
+type badContent struct {
+	lsn     walstream.LSN
+	content []byte
+	err     error
+}
+
+// deadLetterContents keeps a logical message of the outbox's prefix that is
+// not a Wharf content (written around the enqueue API, or by a newer
+// format): it cannot be delivered, and dropping it would lose it, so it
+// becomes a dead letter of topic wharf.undecodable with the raw content as
+// its payload.
+func (s *walStore) deadLetterContents(ctx context.Context, bad []badContent, committed time.Time) error {
+	b := &pgx.Batch{}
+	for _, c := range bad {
+		seq := int64(c.lsn) - 1
+		s.log.Error("wharf: a logical message of the outbox's prefix is not a Wharf message; moved to the dead letters", "lsn", c.lsn.String(), "err", c.err)
+		b.Queue(`INSERT INTO `+s.schema+`.dead_letters (id, nonce, topic, payload, created_at, attempts, last_error)
+VALUES ($1, 0, 'wharf.undecodable', $2, $3, 0, $4) ON CONFLICT (id) DO NOTHING`, seq, c.content, committed, "at WAL position "+c.lsn.String()+": "+c.err.Error())
+	}
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return storeErr("move an undecodable WAL message to the dead letters", err)
+	}
+	return nil
+}
+
+// fetch hands out, per lane asked, the messages not handed out yet: every one
+// at or below the lane's cursor (late commits), then the next ones above it
+// up to the lane's limit and byte share. Loads and refills read the held
+// messages. Nothing here waits for the database.
+func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult) {
+	res = fetchResult{req: req, started: s.now()}
+	defer func() { res.finished = s.now() }()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		res.err, s.err = storeErr("stream the WAL", s.err), nil
+		return res
+	}
+	res.rows = make([]fetchedRow, 0, req.expectedRows())
+	for i, lane := range req.lanes {
+		l := &s.lanes[lane]
+		if l.fence != req.fences[i] {
+			// The lane was claimed again: every held message goes out again.
+			l.fence = req.fences[i]
+			l.queue, l.head = l.queue[:0], 0
+			for _, r := range l.rows {
+				l.queue = append(l.queue, r)
+			}
+			slices.SortFunc(l.queue, func(a, b *walRow) int { return cmpSeq(a.Seq, b.Seq) })
+		}
+		cursor, limit, budget := req.cursors[i], int(req.limits[i]), req.bytes[i]
+		var used int64
+		n := 0
+		for l.head < len(l.queue) {
+			r := l.queue[l.head]
+			if r.settled {
+				l.head++
+				continue
+			}
+			if r.Seq > cursor {
+				if n >= limit || used >= budget {
+					break
+				}
+				n++
+				used += int64(len(r.Payload))
+			}
+			res.rows = append(res.rows, r.fetchedRow)
+			l.queue[l.head] = nil
+			l.head++
+		}
+		if l.head > 0 && l.head >= len(l.queue)/2 {
+			l.queue = append(l.queue[:0], l.queue[l.head:]...)
+			l.head = 0
+		}
+	}
+	for _, ld := range req.loads {
+		l := &s.lanes[ld.lane]
+		for _, seq := range ld.seqs {
+			if r := l.rows[seq]; r != nil {
+				res.loadRows = append(res.loadRows, r.fetchedRow)
+			}
+		}
+	}
+	for _, rf := range req.refills {
+		var got []*walRow
+		for _, r := range s.lanes[rf.lane].rows {
+			if r.Seq >= rf.from && r.Seq <= rf.to && r.Key == rf.okey && (rf.topic == "" || r.Topic == rf.topic) {
+				got = append(got, r)
+			}
+		}
+		slices.SortFunc(got, func(a, b *walRow) int { return cmpSeq(a.Seq, b.Seq) })
+		for _, r := range got[:min(len(got), req.refillLimit)] {
+			res.refillRows = append(res.refillRows, r.fetchedRow)
+		}
+	}
+	return res
+}
+
+func cmpSeq(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// writeResults settles what was delivered or moved to the dead letters. An
+// acknowledgement of a message that never failed needs no write: nothing
+// of it is in a table. Retry records, the acknowledgements that clear one
+// and dead-letter moves are written fenced, as in the table outbox; only
+// after they committed are their messages settled.
+func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
+	res := opsResult{ops: ops, valid: map[int16]bool{}}
+	var db []op
+	for _, o := range ops {
+		if o.kind != opAck || o.attempts > 0 {
+			db = append(db, o)
+		}
+	}
+	if len(db) > 0 {
+		if err := s.writeTables(ctx, db, res.valid); err != nil {
+			res.err = storeErr("write results", err)
+			return res
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range ops {
+		if o.kind == opAck && o.attempts == 0 && s.lanes[o.lane].fence == o.fence && s.stopRun != nil {
+			res.valid[o.lane] = true // the lanes are the stream's while it runs
+		}
+		if o.kind == opRetry || !res.valid[o.lane] {
+			continue
+		}
+		l := &s.lanes[o.lane]
+		r := l.rows[o.seq]
+		if r == nil {
+			continue
+		}
+		delete(l.rows, o.seq)
+		r.settled = true
+		s.held -= int64(len(r.Payload)) + walRowOverhead
+		s.settledN++
+		if err := s.progress.Settle(r.tx); err != nil {
+			// Each held message settles once, so this is a bug; the slot
+			// stays where it is, which delivers again, never skips.
+			s.log.Error("wharf: settling a WAL message failed (a bug)", "err", err)
+		}
+	}
+	if s.conn != nil {
+		s.conn.Confirm(s.progress.Confirmable())
+	}
+	return res
+}
+
+// writeTables writes retry records, their removal on acknowledgement and
+// dead-letter moves in one fenced transaction; the dead letters' content
+// comes from the held messages.
+func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bool) error {
+	fences := map[int16]int64{}
+	var clear []int64
+	var retryLane, deadLane []int16
+	var retryID, deadID, deadNonce []int64
+	var retryAtt, deadAtt []int32
+	var retryAt []time.Time
+	var retryErr, deadErr, deadTopic []string
+	var deadKey, deadHeaders []*string
+	var deadPayload [][]byte
+	var deadDeliver []*time.Time
+	var deadCreated []time.Time
+	s.mu.Lock()
+	for _, o := range ops {
+		fences[o.lane] = o.fence
+		switch o.kind {
+		case opAck:
+			clear = append(clear, o.seq)
+		case opRetry:
+			retryLane = append(retryLane, o.lane)
+			retryID = append(retryID, o.seq)
+			retryAtt = append(retryAtt, int32(o.attempts))
+			retryAt = append(retryAt, o.nextAt)
+			retryErr = append(retryErr, o.err)
+		case opDead:
+			r := s.lanes[o.lane].rows[o.seq]
+			if r == nil {
+				continue
+			}
+			deadLane = append(deadLane, o.lane)
+			deadID = append(deadID, o.seq)
+			deadNonce = append(deadNonce, r.nonce)
+			deadTopic = append(deadTopic, r.Topic)
+			deadKey = append(deadKey, nonEmpty(r.Key))
+			var h *string
+			if len(r.Headers) > 0 {
+				b, _ := json.Marshal(r.Headers)
+				hs := string(b)
+				h = &hs
+			}
+			deadHeaders = append(deadHeaders, h)
+			deadPayload = append(deadPayload, r.Payload)
+			var d *time.Time
+			if !r.DeliverAt.IsZero() {
+				d = &r.DeliverAt
+			}
+			deadDeliver = append(deadDeliver, d)
+			deadCreated = append(deadCreated, r.CreatedAt)
+			deadAtt = append(deadAtt, int32(o.attempts))
+			deadErr = append(deadErr, o.err)
+		}
+	}
+	s.mu.Unlock()
+	lanes := make([]int16, 0, len(fences))
+	fs := make([]int64, 0, len(fences))
+	for l, f := range fences {
+		lanes = append(lanes, l)
+		fs = append(fs, f)
+	}
+	q := walQueries(s.schema)
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(q.fence, lanes, fs, s.owner)
+	if len(clear) > 0 {
+		b.Queue(q.clear, lanes, fs, s.owner, clear)
+	}
+	if len(retryID) > 0 {
+		b.Queue(s.q.retry, lanes, fs, s.owner, retryLane, retryID, retryAtt, retryAt, retryErr)
+	}
+	if len(deadID) > 0 {
+		b.Queue(q.dead, lanes, fs, s.owner, deadLane, deadID, deadNonce, deadTopic, deadKey, deadPayload, deadHeaders, deadDeliver, deadCreated, deadAtt, deadErr)
+	}
+	b.Queue("COMMIT")
+	got := map[int16]bool{}
+	br := s.pool.SendBatch(ctx, b)
+	err := func() error {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		var l int16
+		if _, err := pgx.ForEachRow(rows, []any{&l}, func() error { got[l] = true; return nil }); err != nil {
+			return err
+		}
+		for i := 2; i < b.Len()-1; i++ {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+		}
+		_, err = br.Exec()
+		return err
+	}()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	for l := range got {
+		valid[l] = true
+	}
+	return nil
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+type walQ struct{ fence, clear, dead string }
+
+// walQueries are the WAL outbox's writes to its tables; each locks the
+// caller's lanes whose fence still matches, as the table outbox's do.
+func walQueries(schema string) walQ {
+	const fenced = `WITH f AS (
+    SELECT l.lane FROM S.lanes l
+    JOIN unnest($1::smallint[], $2::bigint[]) AS mine(lane, fence) ON mine.lane = l.lane AND mine.fence = l.fence
+    WHERE l.owner = $3
+    ORDER BY l.lane
+    FOR SHARE OF l)`
+	r := func(s string) string { return strings.ReplaceAll(s, "S.", schema+".") }
+	return walQ{
+		fence: r(fenced + ` SELECT lane FROM f`),
+		clear: r(fenced + ` DELETE FROM S.retries WHERE id = ANY($4::bigint[]) AND lane IN (SELECT lane FROM f)`),
+		dead: r(fenced + `, ins AS (
+    INSERT INTO S.dead_letters (id, nonce, topic, key, payload, headers, deliver_at, created_at, attempts, last_error)
+    SELECT d.id, d.nonce, d.topic, d.key, d.payload, d.headers::jsonb, d.deliver_at, d.created_at, d.attempts, d.err
+    FROM unnest($4::smallint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::timestamptz[], $12::timestamptz[], $13::int[], $14::text[])
+        AS d(lane, id, nonce, topic, key, payload, headers, deliver_at, created_at, attempts, err)
+    WHERE d.lane IN (SELECT lane FROM f)
+    ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, last_error = excluded.last_error, failed_at = now()
+    RETURNING id
+)
+DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)`),
+	}
+}
