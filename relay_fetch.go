@@ -165,7 +165,7 @@ func (r *relay) onFetch(res fetchResult) {
 	}
 	r.publishMem()
 	r.stats.Held.Store(int64(r.stubs + r.heldUnkeyed()))
-	r.fetch.lastEmpty = len(res.rows) == 0
+	r.fetch.lastEmpty = len(res.rows) == 0 && !res.more
 	if r.fetch.lastEmpty {
 		r.fetch.emptyRun++
 	} else {

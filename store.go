@@ -121,7 +121,12 @@ type fetchResult struct {
 	// previous fetch (a failover to a standby that lost commits, a
 	// point-in-time restore): the engine must read every lane again.
 	rewound bool
-	err     error
+	// more is set when the store may hand out rows to the next fetch
+	// without anything new being committed (a WAL stream still catching
+	// up with the WAL end it started at): an empty fetch then does not
+	// mean the outbox is empty.
+	more bool
+	err  error
 }
 
 func (f *fetchResult) fenceOf(lane int16) int64 {

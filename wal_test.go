@@ -367,3 +367,38 @@ func TestWALRelayStandbyTakesOver(t *testing.T) {
 		require.Zero(t, got[id], "message %s delivered before the takeover came again", id)
 	}
 }
+
+// Drain returns once everything committed before it started is delivered:
+// the stream's first empty fetches, before it reached the WAL end it
+// started at, do not count as an empty outbox. An empty outbox drains at
+// once.
+func TestWALDrainDeliversTheBacklogAndReturns(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	var ids []string
+	for i := 0; i < 20; i++ {
+		msgs := make([]wharf.Message, 500)
+		for j := range msgs {
+			msgs[j] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", j%13), Payload: []byte(fmt.Sprintf("%d-%d", i, j))}
+		}
+		ids = append(ids, enqueueWAL(t, b, msgs...)...)
+	}
+	drain := func() *recorder {
+		c, rec := recordingClient(t, b, func(cfg *wharf.Config) { wharf.SetWALSlot(cfg, b.schema) })
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, c.Drain(ctx))
+		return rec
+	}
+	rec := drain()
+	got := deliveredIDs(rec.snapshot())
+	for _, id := range ids {
+		require.NotZero(t, got[id], "message %s not delivered when Drain returned", id)
+	}
+	requireKeyOrder(t, rec.snapshot())
+
+	start := time.Now()
+	rec = drain()
+	require.Empty(t, rec.snapshot())
+	require.Less(t, time.Since(start), 10*time.Second)
+}

@@ -54,7 +54,12 @@ type walStore struct {
 	wake     func() // the engine's wake-up (set by listen)
 	stopRun  context.CancelFunc
 	runDone  chan struct{}
-	settledN int64 // messages settled, for tests and stats
+	// target is the WAL flush position when the stream started (or the
+	// slot's confirmed position, if later); caughtUp is set once the
+	// stream passed it: until then an empty fetch does not mean an empty
+	// outbox (fetchResult.more), which Drain relies on.
+	target   walstream.LSN
+	caughtUp bool
 }
 
 // walRowOverhead approximates a held message's memory besides its payload.
@@ -120,7 +125,7 @@ func (s *walStore) resetLocked() {
 		s.lanes[i] = walLane{fence: -1} // hands everything out again, whatever the next fence
 	}
 	s.progress = walstream.Progress{}
-	s.held, s.lastEnd = 0, 0
+	s.held, s.lastEnd, s.caughtUp = 0, 0, false
 }
 
 func (s *walStore) claimAlone(ctx context.Context) ([]laneLease, error) {
@@ -198,10 +203,16 @@ func (s *walStore) stream(ctx context.Context) error {
 		_ = conn.Close(closeCtx)
 		cancel()
 	}()
+	target, from, err := s.walEnd(ctx)
+	if err != nil {
+		return err
+	}
 	if err := conn.Start(ctx, s.slot, s.publication, 0); err != nil {
 		return err
 	}
 	s.mu.Lock()
+	s.target = target
+	s.caughtUp = s.caughtUp || target <= from || target <= s.lastEnd
 	s.conn = conn
 	conn.Confirm(s.progress.Confirmable())
 	s.mu.Unlock()
@@ -254,6 +265,9 @@ func (s *walStore) stream(ctx context.Context) error {
 			}
 		case walstream.Keepalive:
 			s.mu.Lock()
+			if !inTx && ev.WALEnd >= s.target {
+				s.caughtUp = true
+			}
 			if !inTx && s.progress.Pending() == 0 {
 				// Nothing held: WAL up to here holds nothing of this outbox
 				// that is not settled, and other writes keep adding WAL the
@@ -263,6 +277,31 @@ func (s *walStore) stream(ctx context.Context) error {
 			s.mu.Unlock()
 		}
 	}
+}
+
+// walEnd returns the WAL end now and the slot's confirmed position. The
+// stream sends only flushed WAL, and commits made with synchronous_commit
+// off, and what follows them, can wait unflushed on an idle server, so the
+// WAL end is read in a transaction that commits with synchronous_commit on:
+// its commit flushes everything before it.
+func (s *walStore) walEnd(ctx context.Context) (end, confirmed walstream.LSN, err error) {
+	var e, c string
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text
+FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`, s.slot).Scan(&e, &c)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, 0, fmt.Errorf("wharf: replication slot %q: %w", s.slot, walstream.ErrSlotMissing)
+	}
+	if err != nil {
+		return 0, 0, storeErr("read the WAL end", err)
+	}
+	end, err1 := walstream.ParseLSN(e)
+	confirmed, err2 := walstream.ParseLSN(c)
+	return end, confirmed, errors.Join(err1, err2)
 }
 
 func (s *walStore) lastEndLocked() walstream.LSN {
@@ -302,6 +341,9 @@ func (s *walStore) take(end walstream.LSN, rows []*walRow) error {
 		return fmt.Errorf("wharf: WAL stream out of order (a bug; streaming again from the slot's confirmed position): %w", err)
 	}
 	s.lastEnd = end
+	if end >= s.target {
+		s.caughtUp = true
+	}
 	for _, r := range rows {
 		r.tx = tx
 		l := &s.lanes[r.lane]
@@ -367,6 +409,7 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 		res.err, s.err = storeErr("stream the WAL", s.err), nil
 		return res
 	}
+	res.more = !s.caughtUp
 	res.rows = make([]fetchedRow, 0, req.expectedRows())
 	for i, lane := range req.lanes {
 		l := &s.lanes[lane]
@@ -473,7 +516,6 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 		delete(l.rows, o.seq)
 		r.settled = true
 		s.held -= int64(len(r.Payload)) + walRowOverhead
-		s.settledN++
 		if err := s.progress.Settle(r.tx); err != nil {
 			// Each held message settles once, so this is a bug; the slot
 			// stays where it is, which delivers again, never skips.
