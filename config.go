@@ -117,11 +117,6 @@ type Config struct {
 	// that no decision depends on this machine's clock agreeing with the
 	// database's.
 	clock func() time.Time
-	// walSlot, when set, makes the relay stream the outbox's messages from
-	// this logical replication slot (and the publication of the same name)
-	// instead of reading the outbox table: WAL mode, being built, reached
-	// only by the tests so far.
-	walSlot string
 }
 
 // withDefaults returns a copy of c with defaults filled in and checks every
@@ -133,9 +128,6 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.clock == nil {
 		out.clock = time.Now
-	}
-	if out.walSlot != "" {
-		out.Exclusive = true // one stream per slot
 	}
 	if out.Schema == "" {
 		out.Schema = wharfmigrate.DefaultSchema

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -29,6 +30,8 @@ type Client struct {
 	pool  *pgxpool.Pool
 	q     queries
 	stats *Stats
+
+	mode atomic.Int32 // the outbox's mode, once known (walenqueue.go)
 
 	mu      sync.Mutex
 	relay   *relay
@@ -83,6 +86,11 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]s
 	if c.cfg.Tracer != nil {
 		msgs = c.traceEnqueue(ctx, msgs)
 	}
+	if wal, err := c.isWAL(ctx, pgxQueryRow(tx)); err != nil {
+		return nil, err
+	} else if wal {
+		return c.enqueueWAL(ctx, pgxQueryRow(tx), msgs)
+	}
 	n := len(msgs)
 	topics := make([]string, n)
 	keys := make([]*string, n)
@@ -124,6 +132,7 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]s
 	}
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
+		c.modeChanged(err)
 		return nil, wrapEnqueueErr(err)
 	}
 	inserted, err := scanEnqueued(rows, hasDedup)
@@ -146,6 +155,11 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...Message) 
 	}
 	if c.cfg.Tracer != nil {
 		msgs = c.traceEnqueue(ctx, msgs)
+	}
+	if wal, err := c.isWAL(ctx, sqlQueryRow(tx)); err != nil {
+		return nil, err
+	} else if wal {
+		return c.enqueueWAL(ctx, sqlQueryRow(tx), msgs)
 	}
 	type jm struct {
 		Topic     string            `json:"topic"`
@@ -181,6 +195,7 @@ func (c *Client) EnqueueSQLTx(ctx context.Context, tx *sql.Tx, msgs ...Message) 
 	}
 	rows, err := tx.QueryContext(ctx, q, string(doc))
 	if err != nil {
+		c.modeChanged(err)
 		return nil, wrapEnqueueErr(err)
 	}
 	inserted, err := scanEnqueued(sqlRows{rows}, hasDedup)

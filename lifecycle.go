@@ -70,6 +70,10 @@ func (c *Client) newRelay(ctx context.Context, drain bool) (*relay, error) {
 	if err := m.Check(ctx, c.pool); err != nil {
 		return nil, err
 	}
+	wal, err := c.isWAL(ctx, pgxQueryRow(c.pool))
+	if err != nil {
+		return nil, err
+	}
 	sinks, route := []Sink{sink}, func(string) int { return 0 }
 	if rt, ok := sink.(*Router); ok {
 		sinks, route = rt.split()
@@ -85,6 +89,9 @@ func (c *Client) newRelay(ctx context.Context, drain bool) (*relay, error) {
 		c.stopped = make(chan struct{})
 	}
 	r := newRelay(c, sinks, route, drain)
+	if wal {
+		r.streamWAL()
+	}
 	if len(sinks) == 1 {
 		r.route = nil
 	}

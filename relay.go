@@ -151,10 +151,6 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 	ps := &pgStore{pool: c.pool, q: c.q, schema: c.cfg.Schema, owner: c.cfg.RelayID,
 		incarnation: hex.EncodeToString(inc[:]), log: c.cfg.Logger, now: c.cfg.clock}
 	r.st = ps
-	if c.cfg.walSlot != "" {
-		r.st = &walStore{pgStore: ps, slot: c.cfg.walSlot, publication: c.cfg.walSlot, prefix: c.cfg.Schema,
-			budget: 2 * c.cfg.MaxBufferedBytes}
-	}
 	names := make([]string, len(sinks))
 	for i, s := range sinks {
 		names[i] = sinkName(s)
@@ -166,6 +162,16 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 	r.sinkRes = make(chan *sinkBatch, total)
 	r.fetch.emptyRun = 64 // no activity seen yet: poll at PollInterval
 	return r
+}
+
+// streamWAL makes the relay read an outbox in WAL mode: from the logical
+// replication slot named after the schema, holding every lane or none
+// (one stream per slot).
+func (r *relay) streamWAL() {
+	ps := r.st.(*pgStore)
+	r.st = &walStore{pgStore: ps, slot: r.cfg.Schema, publication: r.cfg.Schema, prefix: r.cfg.Schema,
+		budget: 2 * r.cfg.MaxBufferedBytes}
+	r.cfg.Exclusive = true
 }
 
 func (r *relay) requestStop() { r.stopMu.Do(func() { close(r.stopReq) }) }

@@ -32,7 +32,10 @@ func BenchmarkRelayDrain(b *testing.B) {
 	defer wharf.CheckInvariants(true)
 	for _, mode := range []string{"table", "wal"} {
 		b.Run(mode, func(b *testing.B) {
-			bundle := walDB(b)
+			bundle := logicalDB(b)
+			if mode == "wal" {
+				bundle = walDB(b)
+			}
 			ctx := context.Background()
 			c, err := wharf.NewClient(bundle.pool, &wharf.Config{Schema: bundle.schema})
 			require.NoError(b, err)
@@ -42,16 +45,8 @@ func BenchmarkRelayDrain(b *testing.B) {
 				for j := range msgs {
 					msgs[j] = wharf.Message{Topic: "bench", Key: fmt.Sprintf("k%d", (i+j)%1000), Payload: payload}
 				}
-				if mode == "wal" {
-					tx, err := bundle.pool.Begin(ctx)
-					require.NoError(b, err)
-					_, err = wharf.EnqueueWAL(ctx, c, tx, msgs...)
-					require.NoError(b, err)
-					require.NoError(b, tx.Commit(ctx))
-				} else {
-					_, err := c.Enqueue(ctx, msgs...)
-					require.NoError(b, err)
-				}
+				_, err := c.Enqueue(ctx, msgs...)
+				require.NoError(b, err)
 			}
 			if mode == "table" {
 				_, err := bundle.pool.Exec(ctx, "VACUUM ANALYZE "+bundle.schema+".outbox")
@@ -66,9 +61,6 @@ func BenchmarkRelayDrain(b *testing.B) {
 				}
 				return nil
 			}}
-			if mode == "wal" {
-				wharf.SetWALSlot(cfg, bundle.schema)
-			}
 			relay, err := wharf.NewClient(bundle.pool, cfg)
 			require.NoError(b, err)
 			b.ResetTimer()

@@ -20,10 +20,10 @@ import (
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
-// walDB gives a test a migrated schema on a cluster with wal_level=logical,
-// with a publication and a logical replication slot named after the schema:
-// an outbox in WAL mode. Everything is dropped at cleanup.
-func walDB(t testing.TB) *testBundle {
+// logicalDB gives a test a migrated schema (table mode) on a cluster with
+// wal_level=logical (the shared test server may run with replica), dropped
+// at cleanup with whatever WAL mode created.
+func logicalDB(t testing.TB) *testBundle {
 	t.Helper()
 	ctx := context.Background()
 	url, err := testdb.LogicalURL()
@@ -40,27 +40,28 @@ func walDB(t testing.TB) *testBundle {
 	require.NoError(t, err)
 	_, err = m.Up(ctx, pool)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "CREATE PUBLICATION "+schema)
-	require.NoError(t, err)
-	rc, err := walstream.Connect(ctx, url, walstream.Options{})
-	require.NoError(t, err)
-	_, err = rc.CreateSlot(ctx, schema, false)
-	require.NoError(t, err)
-	require.NoError(t, rc.Close(ctx))
 	t.Cleanup(func() {
-		ctx := context.Background()
-		// The relays have stopped; their walsenders end a moment later.
+		// The relays have stopped; their walsenders end a moment later,
+		// and the slot cannot be dropped before.
 		for i := 0; i < 50; i++ {
-			if _, err := pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", schema); err == nil {
+			if _, err := m.Down(context.Background(), pool, 0); err == nil {
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		_, _ = pool.Exec(ctx, "DROP PUBLICATION "+schema)
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 		pool.Close()
 	})
 	return &testBundle{pool: pool, schema: schema}
+}
+
+// walDB is logicalDB switched to WAL mode.
+func walDB(t testing.TB) *testBundle {
+	t.Helper()
+	b := logicalDB(t)
+	m, err := wharfmigrate.New(b.schema)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(context.Background(), b.pool))
+	return b
 }
 
 // walRelay starts a relay of b's outbox in WAL mode, recording what it
@@ -68,12 +69,7 @@ func walDB(t testing.TB) *testBundle {
 // gracefully (once).
 func walRelay(t *testing.T, b *testBundle, fail func(*wharf.Message) error, configure func(*wharf.Config)) (rec *recorder, stop func()) {
 	t.Helper()
-	c, rec := recordingClient(t, b, func(cfg *wharf.Config) {
-		wharf.SetWALSlot(cfg, b.schema)
-		if configure != nil {
-			configure(cfg)
-		}
-	})
+	c, rec := recordingClient(t, b, configure)
 	rec.fail = fail
 	require.NoError(t, c.Start(context.Background()))
 	stopped := false
@@ -87,7 +83,7 @@ func walRelay(t *testing.T, b *testBundle, fail func(*wharf.Message) error, conf
 	return rec, stop
 }
 
-// enqueueWAL commits msgs in one transaction of b's WAL outbox.
+// enqueueWAL commits msgs in one transaction (EnqueueTx) into b's outbox.
 func enqueueWAL(t *testing.T, b *testBundle, msgs ...wharf.Message) []string {
 	t.Helper()
 	ctx := context.Background()
@@ -95,7 +91,7 @@ func enqueueWAL(t *testing.T, b *testBundle, msgs ...wharf.Message) []string {
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	ids, err := wharf.EnqueueWAL(ctx, c, tx, msgs...)
+	ids, err := c.EnqueueTx(ctx, tx, msgs...)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	return ids
@@ -332,7 +328,7 @@ func TestWALEnqueueRefusesDedupKey(t *testing.T) {
 	tx, err := b.pool.Begin(context.Background())
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	_, err = wharf.EnqueueWAL(context.Background(), c, tx, wharf.Message{Topic: "t", Payload: []byte("x"), DedupKey: "d"})
+	_, err = c.EnqueueTx(context.Background(), tx, wharf.Message{Topic: "t", Payload: []byte("x"), DedupKey: "d"})
 	require.ErrorContains(t, err, "DedupKey works only in an outbox in table mode")
 }
 
@@ -384,7 +380,7 @@ func TestWALDrainDeliversTheBacklogAndReturns(t *testing.T) {
 		ids = append(ids, enqueueWAL(t, b, msgs...)...)
 	}
 	drain := func() *recorder {
-		c, rec := recordingClient(t, b, func(cfg *wharf.Config) { wharf.SetWALSlot(cfg, b.schema) })
+		c, rec := recordingClient(t, b, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		require.NoError(t, c.Drain(ctx))

@@ -279,7 +279,8 @@ func (s *walStore) stream(ctx context.Context) error {
 	}
 }
 
-// walEnd returns the WAL end now and the slot's confirmed position. The
+// walEnd returns the WAL end now (the insert position: every commit so far
+// ends at or before it) and the slot's confirmed position. The
 // stream sends only flushed WAL, and commits made with synchronous_commit
 // off, and what follows them, can wait unflushed on an idle server, so the
 // WAL end is read in a transaction that commits with synchronous_commit on:
@@ -290,7 +291,7 @@ func (s *walStore) walEnd(ctx context.Context) (end, confirmed walstream.LSN, er
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text
+		return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text
 FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`, s.slot).Scan(&e, &c)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

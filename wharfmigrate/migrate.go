@@ -364,6 +364,11 @@ CREATE TABLE IF NOT EXISTS `+m.schema+`.schema_migrations (
 		}
 	}
 	s := steps[0]
+	if !s.up && s.mg.Version == 1 {
+		if err := m.dropWALMode(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
 	body := s.mg.Down
 	if s.up {
 		body = s.mg.Up

@@ -1,10 +1,11 @@
 package walmsg
 
-import (
-	"math/bits"
+import "math/bits"
 
-	"github.com/wharfhq/wharf/wharfmigrate"
-)
+// Lanes is how many lanes an outbox has (wharfmigrate.Lanes, which a test of
+// that package checks; this package imports nothing of Wharf's, so that
+// wharfmigrate can build WAL contents with it).
+const Lanes = 64
 
 // Lane returns the lane of a keyed message: PostgreSQL's hashtext(key) & 63,
 // as the table outbox's generated lane column computes it, so that a key has
@@ -12,7 +13,7 @@ import (
 // keep their meaning). hashtext hashes the key's bytes with hash_bytes for
 // the deterministic collations an outbox's key column uses.
 func Lane(key string) int16 {
-	return int16(hashBytes([]byte(key)) & (wharfmigrate.Lanes - 1))
+	return int16(hashBytes([]byte(key)) & (Lanes - 1))
 }
 
 // hashBytes is PostgreSQL's hash_bytes (src/common/hashfn.c, Bob Jenkins'

@@ -1,0 +1,175 @@
+package wharfmigrate_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/walmsg"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// logical returns a pool on a cluster with wal_level=logical and a fresh
+// schema name; the schema is dropped at cleanup.
+func logical(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	schema := "wm_" + hex.EncodeToString(b[:])
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", schema)
+		_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+schema)
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+		pool.Close()
+	})
+	return pool, schema
+}
+
+func walObjects(t *testing.T, pool *pgxpool.Pool, schema string) (slot, pub bool) {
+	t.Helper()
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT
+    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND plugin = 'pgoutput'),
+    EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, schema).Scan(&slot, &pub))
+	return slot, pub
+}
+
+// SetWALMode switches an empty outbox: the slot and the publication exist,
+// rows in the outbox table are refused with an error that says why, the SQL
+// enqueue writes to the WAL and returns an id, a second call changes
+// nothing, and reverting the migrations removes the slot and the
+// publication with the schema.
+func TestSetWALMode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := logical(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	mode, err := m.Mode(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, wharfmigrate.ModeTable, mode)
+
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	mode, err = m.Mode(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, wharfmigrate.ModeWAL, mode)
+	slot, pub := walObjects(t, pool, schema)
+	require.True(t, slot && pub, "slot %v publication %v", slot, pub)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+
+	_, err = pool.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, payload) VALUES ('t', 'x')")
+	require.ErrorContains(t, err, "is in WAL mode")
+
+	var id, lsn string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT "+schema+".enqueue('orders', 'k1', '{\"a\":1}', '{\"h\":\"v\"}')::text, pg_current_wal_lsn()::text").Scan(&id, &lsn))
+	require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, id)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
+	require.Zero(t, n)
+	_, err = pool.Exec(ctx, "SELECT "+schema+".enqueue('orders', 'k1', '{}', '{}', NULL, 'dedup')")
+	require.ErrorContains(t, err, "dedup_key works only in an outbox in table mode")
+
+	_, err = m.Down(ctx, pool, 0)
+	require.NoError(t, err)
+	slot, pub = walObjects(t, pool, schema)
+	require.False(t, slot || pub, "slot %v publication %v left after migrate down", slot, pub)
+	require.False(t, schemaExists(t, pool, schema))
+}
+
+// The SQL enqueue writes the content the relay decodes (the Go encoder's
+// format), and returns the id the relay gives the message: the seq is the
+// last byte of the WAL record (walmsg.FirstSeq).
+func TestSQLEnqueueWritesTheRelaysFormat(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := logical(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	// Decoding reads flushed WAL only: commit with synchronous_commit on
+	// (the test clusters run with it off).
+	var id string
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SET LOCAL synchronous_commit = on`)
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(ctx, `SELECT `+schema+`.enqueue_bytes('orders', 'k1', '\x0102', '{"h":"v"}', '2030-01-02 03:04:05+00')::text`).Scan(&id))
+	require.NoError(t, tx.Commit(ctx))
+	var data []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1::name, NULL, NULL,
+    'proto_version', '1', 'publication_names', $1::text, 'messages', 'true') WHERE get_byte(data, 0) = 77`, schema).Scan(&data))
+	// pgoutput's message: 'M', flags, the record's end (8 bytes), the
+	// prefix (NUL-terminated), the content's length (4), the content.
+	require.Equal(t, byte(1), data[1], "not transactional")
+	end := binary.BigEndian.Uint64(data[2:10])
+	rest := data[10:]
+	nul := bytes.IndexByte(rest, 0)
+	require.Equal(t, schema, string(rest[:nul]))
+	content := rest[nul+5:]
+	recs, err := walmsg.Decode(content)
+	require.NoError(t, err)
+	require.Len(t, recs, 1)
+	r := recs[0]
+	require.Equal(t, "orders", r.Topic)
+	require.Equal(t, "k1", r.Key)
+	require.Equal(t, []byte{1, 2}, r.Payload)
+	require.Equal(t, map[string]string{"h": "v"}, r.Headers)
+	require.True(t, r.DeliverAt.Equal(time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)), "deliver_at %v", r.DeliverAt)
+	require.Equal(t, wharf.FormatID(walmsg.FirstSeq(end, 1), r.Nonce), id)
+}
+
+// A server without wal_level=logical, a non-empty outbox: refused with an
+// error that says what to do, and nothing left behind.
+func TestSetWALModeRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	pool, schema := logical(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "SELECT "+schema+".enqueue('t', 'k', '{}')")
+	require.NoError(t, err)
+	err = m.SetWALMode(ctx, pool)
+	require.ErrorContains(t, err, "holds messages: deliver them first (`wharf drain`)")
+	slot, pub := walObjects(t, pool, schema)
+	require.False(t, slot || pub, "slot %v publication %v left after a refused switch", slot, pub)
+	mode, err := m.Mode(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, wharfmigrate.ModeTable, mode)
+
+	c, err := pgembed.Start(ctx, pgembed.Options{Settings: map[string]string{"wal_level": "replica"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	rp, err := pgxpool.New(ctx, c.URL())
+	require.NoError(t, err)
+	defer rp.Close()
+	_, err = m.Up(ctx, rp)
+	require.NoError(t, err)
+	err = m.SetWALMode(ctx, rp)
+	require.ErrorIs(t, err, wharfmigrate.ErrWALLevel)
+	require.ErrorContains(t, err, "wal_level=replica: set wal_level = logical")
+}
+
+// walmsg computes lanes without importing this package.
+func TestLaneCountsAgree(t *testing.T) {
+	require.Equal(t, wharfmigrate.Lanes, walmsg.Lanes)
+}
