@@ -2,13 +2,16 @@ package wharf
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -126,6 +129,11 @@ func (c *Client) RetryDeadLetters(ctx context.Context, f DeadLetterFilter) (int,
 		return 0, err
 	}
 	sc := c.cfg.Schema
+	if wal, err := c.isWAL(ctx, pgxQueryRow(c.pool)); err != nil {
+		return 0, err
+	} else if wal {
+		return c.retryDeadLettersWAL(ctx, where, args)
+	}
 	tag, err := c.pool.Exec(ctx, `WITH moved AS (
     DELETE FROM `+sc+`.dead_letters WHERE `+where+`
     RETURNING id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at)
@@ -139,6 +147,60 @@ FROM moved ORDER BY id`, args...)
 		return 0, storeErr("retry dead letters", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// retryDeadLettersWAL is RetryDeadLetters for an outbox in WAL mode: the
+// dead letters go back into the WAL, in one transaction with their removal,
+// carrying their seqs so that they keep their ids (walmsg: a content's seq
+// field, 0 for new messages). Below their keys' later messages, the relay
+// delivers them as late commits, each key's in Seq order.
+func (c *Client) retryDeadLettersWAL(ctx context.Context, where string, args []any) (int, error) {
+	var n int
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `DELETE FROM `+c.cfg.Schema+`.dead_letters WHERE `+where+`
+RETURNING id, nonce, topic, coalesce(key, ''), payload, headers, deliver_at`, args...)
+		if err != nil {
+			return err
+		}
+		var recs []walmsg.Record
+		var r walmsg.Record
+		var headers []byte
+		var deliverAt pgtype.Timestamptz
+		if _, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Nonce, &r.Topic, &r.Key, &r.Payload, &headers, &deliverAt}, func() error {
+			rec := r
+			rec.Payload = append([]byte(nil), r.Payload...)
+			rec.Headers = nil
+			if len(headers) > 0 {
+				rec.Headers = decodeHeaders(headers)
+			}
+			rec.DeliverAt = time.Time{}
+			if deliverAt.Valid {
+				rec.DeliverAt = deliverAt.Time
+			}
+			recs = append(recs, rec)
+			return nil
+		}); err != nil {
+			return err
+		}
+		slices.SortFunc(recs, func(a, b walmsg.Record) int { return cmpSeq(a.Seq, b.Seq) })
+		for len(recs) > 0 {
+			chunk := recs[:min(len(recs), 1000)]
+			recs = recs[len(chunk):]
+			content, err := walmsg.Append(nil, chunk)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, c.walEnqueueSQL(), content); err != nil {
+				return err
+			}
+			n += len(chunk)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, storeErr("retry dead letters", err)
+	}
+	return n, nil
 }
 
 // PurgeDeadLetters deletes the selected dead letters for good and returns how
@@ -269,6 +331,24 @@ type Status struct {
 	Relays []RelayStatus
 	// Lanes are the 64 lanes' leases.
 	Lanes []LaneOwner
+	// WAL is set for an outbox in WAL mode (wharfmigrate.SetWALMode), whose
+	// messages are not rows: Messages and Scheduled count nothing there.
+	WAL *WALStatus
+}
+
+// WALStatus is the replication slot a WAL outbox's relay streams.
+type WALStatus struct {
+	Slot string
+	// Active is set while a relay streams the slot.
+	Active bool
+	// LagBytes is the WAL written since the slot's confirmed position: what
+	// a relay that starts now reads again or for the first time (every
+	// database's writes count, not only the outbox's messages).
+	LagBytes int64
+	// WALStatus is the server's word on the WAL the slot needs: reserved,
+	// extended, unreserved (about to be removed under
+	// max_slot_wal_keep_size) or lost (the slot is invalidated).
+	WALStatus string
 }
 
 // Due is how many messages are not scheduled for later.
@@ -306,7 +386,10 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 		if err := c.statusOldestDue(ctx, tx, s); err != nil {
 			return err
 		}
-		return c.statusLeases(ctx, tx, s)
+		if err := c.statusLeases(ctx, tx, s); err != nil {
+			return err
+		}
+		return c.statusWAL(ctx, tx, s)
 	})
 	if err != nil {
 		return nil, storeErr("status", err)
@@ -491,3 +574,19 @@ FROM `+sc+`.relays ORDER BY relay_id`)
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// statusWAL reads the slot of an outbox in WAL mode.
+func (c *Client) statusWAL(ctx context.Context, tx pgx.Tx, s *Status) error {
+	if wal, err := c.isWAL(ctx, pgxQueryRow(tx)); err != nil || !wal {
+		return err
+	}
+	w := &WALStatus{Slot: c.cfg.Schema}
+	err := tx.QueryRow(ctx, `SELECT active, coalesce(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn), 0)::bigint, coalesce(wal_status, '')
+FROM pg_replication_slots WHERE slot_name = $1`, w.Slot).Scan(&w.Active, &w.LagBytes, &w.WALStatus)
+	if errors.Is(err, pgx.ErrNoRows) {
+		w.WALStatus = "missing"
+		err = nil
+	}
+	s.WAL = w
+	return err
+}

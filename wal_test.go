@@ -243,10 +243,11 @@ func TestWALRelayRetriesAndDeadLetters(t *testing.T) {
 	b := walDB(t)
 	var failMu sync.Mutex
 	fails := map[string]int{"slow-0": 3} // payload → failures left
+	cured := false                       // the poison message is delivered from now on
 	rec, _ := walRelay(t, b, func(m *wharf.Message) error {
 		failMu.Lock()
 		defer failMu.Unlock()
-		if string(m.Payload) == "poison" {
+		if string(m.Payload) == "poison" && !cured {
 			return errors.New("poison")
 		}
 		if fails[string(m.Payload)] > 1 {
@@ -281,6 +282,25 @@ func TestWALRelayRetriesAndDeadLetters(t *testing.T) {
 	require.Equal(t, "bad", dead[0].Key)
 	require.Equal(t, map[string]string{"h": "v"}, dead[0].Headers)
 	require.Equal(t, 3, dead[0].Attempts)
+
+	// Sent again, the dead letter keeps its id and is delivered once the
+	// sink takes it.
+	failMu.Lock()
+	cured = true
+	failMu.Unlock()
+	n, err := c.RetryDeadLetters(context.Background(), wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	requireAllDelivered(t, rec, ids[10:11])
+	dead, err = c.DeadLetters(context.Background(), wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Empty(t, dead)
+	for _, m := range rec.snapshot() {
+		if m.ID == ids[10] {
+			require.Equal(t, "poison", string(m.Payload))
+			require.Equal(t, map[string]string{"h": "v"}, m.Headers)
+		}
+	}
 
 	// The retry record of the slow message was written while it failed
 	// and removed when it was delivered.
@@ -397,4 +417,28 @@ func TestWALDrainDeliversTheBacklogAndReturns(t *testing.T) {
 	rec = drain()
 	require.Empty(t, rec.snapshot())
 	require.Less(t, time.Since(start), 10*time.Second)
+}
+
+// A message scheduled for later is not delivered before its time, holds the
+// later messages of its key, and not other keys.
+func TestWALRelayScheduledMessages(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	rec, _ := walRelay(t, b, nil, nil)
+	var dbNow time.Time
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT now()").Scan(&dbNow))
+	at := dbNow.Add(1500 * time.Millisecond)
+	ids := enqueueWAL(t, b,
+		wharf.Message{Topic: "t", Key: "later", Payload: []byte("scheduled"), DeliverAt: at},
+		wharf.Message{Topic: "t", Key: "later", Payload: []byte("behind")},
+		wharf.Message{Topic: "t", Key: "now", Payload: []byte("free")})
+	requireAllDelivered(t, rec, ids[2:])
+	require.Len(t, rec.snapshot(), 1, "a message of the scheduled key went out early")
+	requireAllDelivered(t, rec, ids)
+	var deliveredAt time.Time
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT now()").Scan(&deliveredAt))
+	require.False(t, deliveredAt.Before(at), "delivered at %v, scheduled for %v", deliveredAt, at)
+	got := rec.snapshot()
+	require.Equal(t, "scheduled", string(got[1].Payload))
+	require.Equal(t, "behind", string(got[2].Payload))
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/internal/walstream"
@@ -171,15 +172,30 @@ func (s *walStore) unregister(ctx context.Context) error {
 func (s *walStore) run(ctx context.Context) {
 	retry := retryState{}
 	for ctx.Err() == nil {
+		began := time.Now()
 		err := s.stream(ctx)
 		if ctx.Err() != nil {
 			return
 		}
+		if time.Since(began) > 10*time.Second {
+			retry.ok() // it streamed: start the backoff over
+		}
 		d := retry.fail(time.Now())
-		s.log.Error("wharf: WAL stream failed; starting it again", "slot", s.slot, "err", err, "retry_in", d.Round(time.Millisecond))
-		s.mu.Lock()
-		s.err = err
-		s.mu.Unlock()
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.Is(err, walstream.ErrSlotMissing) || errors.As(err, &pgErr) && pgErr.Code == "42704":
+			err = fmt.Errorf("%w (create the slot and the publication with `wharf migrate up --mode wal`)", err)
+		case errors.Is(err, walstream.ErrSlotActive):
+			// The relay that held the lanes before has not closed its
+			// stream yet: a takeover, not a failure.
+			s.log.Warn("wharf: the replication slot is still streamed by another connection; waiting for it to close", "slot", s.slot, "retry_in", d.Round(time.Millisecond))
+		}
+		if !errors.Is(err, walstream.ErrSlotActive) {
+			s.log.Error("wharf: WAL stream failed; starting it again", "slot", s.slot, "err", err, "retry_in", d.Round(time.Millisecond))
+			s.mu.Lock()
+			s.err = err
+			s.mu.Unlock()
+		}
 		select {
 		case <-time.After(d):
 		case <-ctx.Done():
@@ -248,7 +264,11 @@ func (s *walStore) stream(ctx context.Context) error {
 			}
 			first := walmsg.FirstSeq(uint64(ev.LSN), len(recs))
 			for i := range recs {
-				rows = append(rows, newWALRow(&recs[i], first+int64(i), begin.CommitTime))
+				seq := first + int64(i)
+				if recs[i].Seq != 0 {
+					seq = recs[i].Seq // a dead letter sent again keeps its id
+				}
+				rows = append(rows, newWALRow(&recs[i], seq, begin.CommitTime))
 			}
 		case walstream.Commit:
 			inTx = false

@@ -153,7 +153,7 @@ func (m *Migrator) switchToWAL(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("wharfmigrate: %w", err)
 	}
 	if rows {
-		return fmt.Errorf("wharfmigrate: outbox %s holds messages: deliver them first (`wharf drain`), then switch it to WAL mode", m.schema)
+		return fmt.Errorf("wharfmigrate: outbox %s holds messages: deliver them first (`wharf relay --drain`), then switch it to WAL mode", m.schema)
 	}
 	if _, err := tx.Exec(ctx, m.walModeSQL()); err != nil {
 		return explainWALErr("switch to WAL mode", err)

@@ -149,7 +149,7 @@ func TestSetWALModeRefusals(t *testing.T) {
 	_, err = pool.Exec(ctx, "SELECT "+schema+".enqueue('t', 'k', '{}')")
 	require.NoError(t, err)
 	err = m.SetWALMode(ctx, pool)
-	require.ErrorContains(t, err, "holds messages: deliver them first (`wharf drain`)")
+	require.ErrorContains(t, err, "holds messages: deliver them first (`wharf relay --drain`)")
 	slot, pub := walObjects(t, pool, schema)
 	require.False(t, slot || pub, "slot %v publication %v left after a refused switch", slot, pub)
 	mode, err := m.Mode(ctx, pool)

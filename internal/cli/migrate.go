@@ -29,11 +29,21 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Use:   "migrate",
 		Short: "Create, upgrade or remove the outbox schema",
 	}
-	cmd.AddCommand(&cobra.Command{
+	var mode string
+	up := &cobra.Command{
 		Use:   "up",
 		Short: "Apply every pending migration",
-		Args:  noArgs,
+		Long: `Apply every pending migration. With --mode wal, also switch the outbox to WAL mode
+(messages kept in the WAL only, streamed by the relay from a logical replication slot
+named after the schema): it needs wal_level=logical, a role with REPLICATION (or
+superuser) and an empty outbox, and cannot be switched back to table mode.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch wharfmigrate.Mode(mode) {
+			case wharfmigrate.ModeTable, wharfmigrate.ModeWAL:
+			default:
+				return usageError{fmt.Errorf("--mode must be table or wal, got %q", mode)}
+			}
 			m, pool, err := g.migrator(cmd)
 			if err != nil {
 				return err
@@ -45,12 +55,27 @@ func newMigrateCmd(g *globals) *cobra.Command {
 			}
 			if len(done) == 0 {
 				fmt.Fprintf(g.stdout, "schema %s is up to date (version %d)\n", g.schema, m.Latest())
-				return nil
+			} else {
+				fmt.Fprintf(g.stdout, "schema %s migrated up: applied %v, now at version %d\n", g.schema, done, m.Latest())
 			}
-			fmt.Fprintf(g.stdout, "schema %s migrated up: applied %v, now at version %d\n", g.schema, done, m.Latest())
+			current, err := m.Mode(cmd.Context(), pool)
+			if err != nil {
+				return err
+			}
+			switch {
+			case wharfmigrate.Mode(mode) == wharfmigrate.ModeWAL && current == wharfmigrate.ModeTable:
+				if err := m.SetWALMode(cmd.Context(), pool); err != nil {
+					return err
+				}
+				fmt.Fprintf(g.stdout, "schema %s switched to WAL mode: relays stream the replication slot %s\n", g.schema, g.schema)
+			case wharfmigrate.Mode(mode) == wharfmigrate.ModeTable && current == wharfmigrate.ModeWAL && cmd.Flags().Changed("mode"):
+				return fmt.Errorf("schema %s is in WAL mode, and switching back to table mode is not supported: create a new schema (--schema) in table mode and move producers to it", g.schema)
+			}
 			return nil
 		},
-	})
+	}
+	up.Flags().StringVar(&mode, "mode", string(wharfmigrate.ModeTable), "where the outbox keeps messages: table (rows) or wal (the WAL only, streamed from a logical replication slot)")
+	cmd.AddCommand(up)
 	cmd.AddCommand(newMigrateDownCmd(g), newMigrateRolesCmd(g))
 	cmd.AddCommand(&cobra.Command{
 		Use:   "status",

@@ -148,6 +148,13 @@ func approx(c wharf.Count) string {
 func writeStatus(out io.Writer, st *wharf.Status) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "schema\t%s\n", st.Schema)
+	if st.WAL != nil {
+		state := "no relay streams it"
+		if st.WAL.Active {
+			state = "a relay streams it"
+		}
+		fmt.Fprintf(w, "mode\tWAL: slot %s, %s, %d bytes of WAL behind (%s)\n", st.WAL.Slot, state, st.WAL.LagBytes, st.WAL.WALStatus)
+	}
 	how := "counted"
 	if !st.Messages.Exact {
 		how = "estimated from a sample"
