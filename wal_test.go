@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/pgembed"
 	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/internal/walstream"
@@ -441,4 +442,85 @@ func TestWALRelayScheduledMessages(t *testing.T) {
 	got := rec.snapshot()
 	require.Equal(t, "scheduled", string(got[1].Payload))
 	require.Equal(t, "behind", string(got[2].Payload))
+}
+
+// Producers commit keyed messages (synchronous_commit on, so a crash loses
+// no acknowledged commit) while PostgreSQL is restarted and then crashed
+// under a running relay: every committed message is delivered, each key's
+// first deliveries in order.
+func TestWALRelaySurvivesPostgresRestartAndCrash(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgembed.Start(ctx, pgembed.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	cfg, err := pgxpool.ParseConfig(cluster.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	schema := "ww_restart"
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	b := &testBundle{pool: pool, schema: schema}
+	rec, _ := walRelay(t, b, nil, nil)
+
+	producer, err := wharf.NewClient(pool, &wharf.Config{Schema: schema})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var committed []string
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			msgs := make([]wharf.Message, 20)
+			for j := range msgs {
+				msgs[j] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", j%10), Payload: []byte(fmt.Sprintf("%d-%d", i, j))}
+			}
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			ids, err := producer.Enqueue(cctx, msgs...)
+			cancel()
+			if err != nil {
+				time.Sleep(50 * time.Millisecond) // the server is down: try again
+				continue
+			}
+			mu.Lock()
+			committed = append(committed, ids...)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	for _, mode := range []string{"fast", "immediate"} {
+		time.Sleep(time.Second)
+		require.NoError(t, cluster.StopServer(mode))
+		time.Sleep(300 * time.Millisecond)
+		require.NoError(t, cluster.StartServer(ctx))
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	<-done
+	mu.Lock()
+	ids := append([]string(nil), committed...)
+	mu.Unlock()
+	require.Greater(t, len(ids), 1000)
+	require.Eventually(t, func() bool {
+		got := deliveredIDs(rec.snapshot())
+		for _, id := range ids {
+			if got[id] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 60*time.Second, 50*time.Millisecond, "committed messages not delivered after the restarts")
+	requireKeyOrder(t, rec.snapshot())
 }

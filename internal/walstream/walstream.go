@@ -92,10 +92,12 @@ func Connect(ctx context.Context, url string, opts Options) (*Conn, error) {
 	return ConnectConfig(ctx, cfg, opts)
 }
 
-// Close reports the confirmed position once more, if it moved, and closes
-// the connection.
+// Close reports the confirmed position once more, if it moved and the
+// connection still works, and closes the connection.
 func (c *Conn) Close(ctx context.Context) error {
-	if c.streaming && LSN(c.confirmed.Load()) != c.sent {
+	// A connection that failed is being closed by pgconn in the background:
+	// writing to it then would race with that close.
+	if c.streaming && !c.pg.IsClosed() && LSN(c.confirmed.Load()) != c.sent {
 		_ = c.sendStatus()
 	}
 	return c.pg.Close(ctx)
