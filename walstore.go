@@ -207,7 +207,7 @@ func (s *walStore) run(ctx context.Context) {
 // at or before the last one taken are already held (or settled): a stream
 // started again after a failure skips them, so they are not delivered twice.
 func (s *walStore) stream(ctx context.Context) error {
-	conn, err := walstream.ConnectConfig(ctx, &s.pool.Config().ConnConfig.Config, walstream.Options{Prefix: s.prefix, StatusInterval: time.Second})
+	conn, err := walstream.ConnectConfig(ctx, &s.pool.Config().ConnConfig.Config, walstream.Options{Prefix: s.prefix, StatusInterval: 100 * time.Millisecond})
 	if err != nil {
 		return err
 	}
