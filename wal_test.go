@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -522,5 +523,53 @@ func TestWALRelaySurvivesPostgresRestartAndCrash(t *testing.T) {
 		}
 		return true
 	}, 60*time.Second, 50*time.Millisecond, "committed messages not delivered after the restarts")
+	requireKeyOrder(t, rec.snapshot())
+}
+
+// A backlog many times the relay's memory budget: the store stops reading
+// the stream while it holds twice MaxBufferedBytes (the walsender then
+// waits: what it sent stays far behind the WAL end), and goes on as
+// deliveries free room; everything arrives, keys in order.
+func TestWALRelayBacklogLargerThanItsMemory(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	ctx := context.Background()
+	var startLSN string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&startLSN))
+	payload := make([]byte, 2000)
+	var ids []string
+	for i := 0; i < 60; i++ {
+		msgs := make([]wharf.Message, 500)
+		for j := range msgs {
+			msgs[j] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", j%50), Payload: payload}
+		}
+		ids = append(ids, enqueueWAL(t, b, msgs...)...)
+	}
+	var total int64
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", startLSN).Scan(&total))
+	// 30,000 messages of 2,000 bytes (about 60 MB of WAL) against a budget
+	// of 2 × 1 MiB, delivered one at a time at about a millisecond each
+	// until the check. Between the walsender and the store, the sockets'
+	// buffers hold about 10 MB more on loopback (measured: 15 MB sent).
+	var fast atomic.Bool
+	rec, _ := walRelay(t, b, func(*wharf.Message) error {
+		if !fast.Load() {
+			time.Sleep(time.Millisecond)
+		}
+		return nil
+	},
+		func(cfg *wharf.Config) {
+			cfg.MaxBufferedBytes, cfg.MaxBuffered, cfg.FetchBatch, cfg.HandlerConcurrency = 1<<20, 500, 100, 1
+		})
+	require.Eventually(t, func() bool { return len(rec.snapshot()) > 200 }, 20*time.Second, 10*time.Millisecond)
+	time.Sleep(time.Second) // a relay that did not stop reading has read everything by now
+	var sent int64
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(sent_lsn, $2::pg_lsn)::bigint FROM pg_stat_replication r
+JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, b.schema, startLSN).Scan(&sent))
+	require.Less(t, sent, total/2, "the walsender sent %d of %d bytes while %d messages were delivered: the relay did not stop reading", sent, total, len(rec.snapshot()))
+	t.Logf("sent %d of %d bytes after %d deliveries", sent, total, len(rec.snapshot()))
+	fast.Store(true)
+	require.Eventually(t, func() bool { return len(deliveredIDs(rec.snapshot())) >= len(ids) }, time.Minute, 50*time.Millisecond)
+	requireAllDelivered(t, rec, ids)
 	requireKeyOrder(t, rec.snapshot())
 }
