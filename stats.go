@@ -40,6 +40,14 @@ type Stats struct {
 	Held          atomic.Int64 // messages kept as positions (held keys, scheduled, retrying)
 	LanesOwned    atomic.Int64
 	Uncovered     atomic.Int64 // lanes no live relay owns (as of the last lease round)
+	// WALLagBytes is, for an outbox in WAL mode, the WAL written past the
+	// slot's confirmed position, read by the relay that streams the slot at
+	// each lease round: what a relay starting now would read again or for
+	// the first time (every database's writes count). WALHeldBytes is what the relay holds in memory of what it
+	// streamed and has not settled (payloads plus a per-message estimate).
+	// Both are 0 for a table outbox.
+	WALLagBytes  atomic.Int64
+	WALHeldBytes atomic.Int64
 
 	FetchSeconds   Histogram // duration of one fetch round trip
 	FetchRows      Histogram // rows per fetch

@@ -71,7 +71,14 @@ func walDB(t testing.TB) *testBundle {
 // gracefully (once).
 func walRelay(t *testing.T, b *testBundle, fail func(*wharf.Message) error, configure func(*wharf.Config)) (rec *recorder, stop func()) {
 	t.Helper()
-	c, rec := recordingClient(t, b, configure)
+	_, rec, stop = walRelayClient(t, b, fail, configure)
+	return rec, stop
+}
+
+// walRelayClient is walRelay that returns the relay's client too.
+func walRelayClient(t *testing.T, b *testBundle, fail func(*wharf.Message) error, configure func(*wharf.Config)) (c *wharf.Client, rec *recorder, stop func()) {
+	t.Helper()
+	c, rec = recordingClient(t, b, configure)
 	rec.fail = fail
 	require.NoError(t, c.Start(context.Background()))
 	stopped := false
@@ -82,7 +89,7 @@ func walRelay(t *testing.T, b *testBundle, fail func(*wharf.Message) error, conf
 		}
 	}
 	t.Cleanup(stop)
-	return rec, stop
+	return c, rec, stop
 }
 
 // enqueueWAL commits msgs in one transaction (EnqueueTx) into b's outbox.
@@ -552,7 +559,7 @@ func TestWALRelayBacklogLargerThanItsMemory(t *testing.T) {
 	// until the check. Between the walsender and the store, the sockets'
 	// buffers hold about 10 MB more on loopback (measured: 15 MB sent).
 	var fast atomic.Bool
-	rec, _ := walRelay(t, b, func(*wharf.Message) error {
+	relay, rec, _ := walRelayClient(t, b, func(*wharf.Message) error {
 		if !fast.Load() {
 			time.Sleep(time.Millisecond)
 		}
@@ -568,8 +575,15 @@ func TestWALRelayBacklogLargerThanItsMemory(t *testing.T) {
 JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, b.schema, startLSN).Scan(&sent))
 	require.Less(t, sent, total/2, "the walsender sent %d of %d bytes while %d messages were delivered: the relay did not stop reading", sent, total, len(rec.snapshot()))
 	t.Logf("sent %d of %d bytes after %d deliveries", sent, total, len(rec.snapshot()))
+	// The metrics show it: what is held stays within the budget and one
+	// transaction (500 messages) more; the lag is most of the backlog.
+	held, lag := relay.Metrics().WALHeldBytes.Load(), relay.Metrics().WALLagBytes.Load()
+	require.Positive(t, held)
+	require.LessOrEqual(t, held, int64(2<<20+500*(2000+256)))
+	require.Greater(t, lag, total/2)
 	fast.Store(true)
 	require.Eventually(t, func() bool { return len(deliveredIDs(rec.snapshot())) >= len(ids) }, time.Minute, 50*time.Millisecond)
 	requireAllDelivered(t, rec, ids)
 	requireKeyOrder(t, rec.snapshot())
+	require.Eventually(t, func() bool { return relay.Metrics().WALHeldBytes.Load() == 0 }, 10*time.Second, 20*time.Millisecond)
 }

@@ -53,6 +53,7 @@ type walStore struct {
 	conn     *walstream.Conn
 	err      error  // the stream's last failure, for the next fetch to report
 	wake     func() // the engine's wake-up (set by listen)
+	stats    *Stats
 	stopRun  context.CancelFunc
 	runDone  chan struct{}
 	// target is the WAL flush position when the stream started (or the
@@ -127,6 +128,7 @@ func (s *walStore) resetLocked() {
 	}
 	s.progress = walstream.Progress{}
 	s.held, s.lastEnd, s.caughtUp = 0, 0, false
+	s.stats.WALHeldBytes.Store(0)
 }
 
 func (s *walStore) claimAlone(ctx context.Context) ([]laneLease, error) {
@@ -144,11 +146,20 @@ func (s *walStore) claim(context.Context, int) ([]laneLease, error) {
 }
 
 // leaseRound stops the stream once the relay owns no lane: another relay
-// may take the slot over.
+// may take the slot over. The relay that streams reads the slot's lag for
+// the metrics too.
 func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
 	lr, err := s.pgStore.leaseRound(ctx, ttl)
 	if err == nil && len(lr.renewed) == 0 {
 		s.stopStream()
+		s.stats.WALLagBytes.Store(0)
+	}
+	if err == nil && len(lr.renewed) > 0 {
+		var lag int64
+		if s.pool.QueryRow(ctx, `SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn), 0)::bigint
+FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&lag) == nil {
+			s.stats.WALLagBytes.Store(lag)
+		}
 	}
 	return lr, err
 }
@@ -385,6 +396,7 @@ func (s *walStore) take(end walstream.LSN, rows []*walRow) error {
 		s.conn.Confirm(s.progress.Confirmable())
 	}
 	wake := s.wake
+	s.stats.WALHeldBytes.Store(s.held)
 	s.mu.Unlock()
 	if wake != nil && len(rows) > 0 {
 		wake()
@@ -546,6 +558,7 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 	if s.conn != nil {
 		s.conn.Confirm(s.progress.Confirmable())
 	}
+	s.stats.WALHeldBytes.Store(s.held)
 	return res
 }
 

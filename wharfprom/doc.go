@@ -43,6 +43,8 @@
 //	wharf_messages_held                      gauge                        messages kept as positions (behind a held key, scheduled, waiting for a retry)
 //	wharf_lanes_owned                        gauge                        lanes this relay owns
 //	wharf_lanes_uncovered                    gauge                        lanes no live relay owns (as of this relay's last lease round)
+//	wharf_wal_lag_bytes                      gauge                        WAL mode: WAL past the slot's confirmed position (the streaming relay's)
+//	wharf_wal_held_bytes                     gauge                        WAL mode: streamed, unsettled messages held in memory
 //	wharf_lease_renewals_total               counter                      lane leases renewed (one per lane per lease round)
 //	wharf_lease_losses_total                 counter                      lanes lost to another relay before their lease was handed back
 //	wharf_database_errors_total              counter                      failed fetches, result writes and lease rounds

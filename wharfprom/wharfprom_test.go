@@ -79,6 +79,8 @@ func TestCollectorExportsTheStats(t *testing.T) {
 	s.Held.Store(14)
 	s.LanesOwned.Store(15)
 	s.Uncovered.Store(16)
+	s.WALLagBytes.Store(17)
+	s.WALHeldBytes.Store(18)
 	now := time.Unix(1_800_000_000, 0)
 	s.OldestDue.Store(now.Add(-90 * time.Second).UnixNano())
 	s.LastLoop.Store(now.Add(-2 * time.Second).UnixNano())
@@ -131,6 +133,8 @@ func TestCollectorExportsTheStats(t *testing.T) {
 		"wharf_messages_held":                     14,
 		"wharf_lanes_owned":                       15,
 		"wharf_lanes_uncovered":                   16,
+		"wharf_wal_lag_bytes":                     17,
+		"wharf_wal_held_bytes":                    18,
 		"wharf_oldest_due_message_age_seconds":    90,
 		"wharf_engine_last_loop_age_seconds":      2,
 		"wharf_database_last_success_age_seconds": 3,
