@@ -35,6 +35,7 @@ type demoFlags struct {
 	payloadBytes int
 	timeout      time.Duration
 	keep         bool
+	mode         string
 	relay        relayFlags
 }
 
@@ -61,7 +62,11 @@ Without a database URL it starts a throwaway PostgreSQL from the local server
 binaries (initdb/pg_ctl on PATH or under /usr/lib/postgresql/*/bin) and removes it
 afterwards. With a URL it works in a fresh schema wharf_demo_<random>, dropped at the
 end unless --keep is given. The file of steps 1 and 2 is in a new temporary
-directory, removed at the end unless --keep is given.`,
+directory, removed at the end unless --keep is given.
+
+With --mode wal the outbox is in WAL mode (messages in the WAL only, streamed from a
+logical replication slot): the server needs wal_level=logical, which the throwaway
+PostgreSQL has.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signalContext(cmd.Context())
@@ -80,6 +85,7 @@ directory, removed at the end unless --keep is given.`,
 	fl.IntVar(&f.payloadBytes, "payload-bytes", 200, "payload size in bytes in the throughput step")
 	fl.DurationVar(&f.timeout, "timeout", 5*time.Minute, "give up if a step's delivery takes longer")
 	fl.BoolVar(&f.keep, "keep", false, "keep the demo schema (only with a database URL) and the file the messages of steps 1 and 2 went to")
+	fl.StringVar(&f.mode, "mode", string(wharfmigrate.ModeTable), "where the demo outbox keeps messages: table or wal (see wharf migrate up --mode)")
 	f.relay.register(cmd, "null:")
 	return cmd
 }
@@ -92,6 +98,9 @@ func (f *demoFlags) validate() error {
 		if c.v < 1 {
 			return usageError{fmt.Errorf("%s must be at least 1, got %d", c.name, c.v)}
 		}
+	}
+	if f.mode != string(wharfmigrate.ModeTable) && f.mode != string(wharfmigrate.ModeWAL) {
+		return usageError{fmt.Errorf("--mode must be table or wal, got %q", f.mode)}
 	}
 	if f.payloadBytes < 2 {
 		return usageError{fmt.Errorf("--payload-bytes must be at least 2, got %d", f.payloadBytes)}
@@ -143,10 +152,25 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 	}
 	if dropSchema {
 		defer func() {
-			if _, err := pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			// Reverting every migration removes a WAL outbox's slot and
+			// publication too (a slot left behind would keep WAL forever).
+			// The relays have stopped; their walsenders end a moment later.
+			var err error
+			for i := 0; i < 50; i++ {
+				if _, err = m.Down(context.Background(), pool, 0); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
 				g.log.Warn("wharf: dropping the demo schema failed", "schema", schema, "err", err)
 			}
 		}()
+	}
+	if f.mode == string(wharfmigrate.ModeWAL) {
+		if err := m.SetWALMode(ctx, pool); err != nil {
+			return err
+		}
 	}
 	if schemaGiven {
 		// The demo's relays would deliver an application's messages to the
@@ -171,6 +195,9 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 		fmt.Fprintf(out, "database   PostgreSQL %s at %s, new schema %s (dropped at exit)\n", version, redactURL(g.databaseURL), schema)
 	default:
 		fmt.Fprintf(out, "database   PostgreSQL %s at %s, schema %s (kept)\n", version, redactURL(g.databaseURL), schema)
+	}
+	if f.mode == string(wharfmigrate.ModeWAL) {
+		fmt.Fprintf(out, "mode       WAL: messages are written to the WAL only and streamed from the replication slot %s\n", schema)
 	}
 
 	if err := runShowcase(ctx, g, f, pool, schema); err != nil {

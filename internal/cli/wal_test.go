@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -65,4 +66,29 @@ func TestMigrateUpWALModeAndRelay(t *testing.T) {
 	code, out, errOut = run(args("status")...)
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `mode\s+WAL: slot `+schema+`, no relay streams it, \d+ bytes of WAL behind \(reserved\)`, out)
+}
+
+// wharf demo --mode wal runs its three steps on a WAL outbox and leaves no
+// schema, slot or publication behind.
+func TestDemoInWALMode(t *testing.T) {
+	t.Parallel()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	code, out, errOut := run("demo", "--mode", "wal", "--database-url", url, "--messages", "2000", "--keys", "10")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^mode +WAL: messages are written to the WAL only and streamed from the replication slot wharf_demo_[0-9a-f]+$`, out)
+	require.Contains(t, out, "every key's messages arrived in enqueue order")
+	require.Contains(t, out, "key order  intact across 10 keys")
+	schema := regexp.MustCompile(`slot (wharf_demo_[0-9a-f]+)`).FindStringSubmatch(out)[1]
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	defer pool.Close()
+	var left bool
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)
+    OR EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1) OR EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&left))
+	require.False(t, left, "the demo left its schema, slot or publication behind")
+
+	code, _, errOut = run("demo", "--mode", "sideways", "--database-url", url)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--mode must be table or wal")
 }
