@@ -32,6 +32,20 @@ type queries struct {
 	laneOwners  string
 }
 
+// fenced locks the caller's lanes whose fence still matches, FOR SHARE, so
+// a takeover (UPDATE of the lane row) cannot commit between the check and
+// the write: a relay that lost a lane writes nothing for it. Every
+// statement that locks several lane rows locks them in lane order (the
+// sort runs below the row locking): the lease loop renews the same rows
+// while the completer writes, and two orders would deadlock. $1 are the
+// lanes, $2 their fences, $3 the relay id.
+const fenced = `f AS (
+    SELECT l.lane FROM S.lanes l
+    JOIN unnest($1::smallint[], $2::bigint[]) AS mine(lane, fence) ON mine.lane = l.lane AND mine.fence = l.fence
+    WHERE l.owner = $3
+    ORDER BY l.lane
+    FOR SHARE OF l)`
+
 func newQueries(schema string) queries {
 	r := strings.NewReplacer("S.", schema+".")
 	q := func(s string) string { return r.Replace(s) }
@@ -43,19 +57,6 @@ func newQueries(schema string) queries {
 	// the batch as one JSON document instead.
 	jsonSrc := insertCols + `SELECT e->>'topic', e->>'key', decode(e->>'payload', 'base64'), e->'headers', (e->>'deliver_at')::timestamptz, e->>'dedup_key'
 FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
-
-	// fenced locks the caller's lanes whose fence still matches, FOR SHARE, so
-	// a takeover (UPDATE of the lane row) cannot commit between the check and
-	// the write: a relay that lost a lane writes nothing for it. Every
-	// statement that locks several lane rows locks them in lane order (the
-	// sort runs below the row locking): the lease loop renews the same rows
-	// while the completer writes, and two orders would deadlock.
-	const fenced = `f AS (
-    SELECT l.lane FROM S.lanes l
-    JOIN unnest($1::smallint[], $2::bigint[]) AS mine(lane, fence) ON mine.lane = l.lane AND mine.fence = l.fence
-    WHERE l.owner = $3
-    ORDER BY l.lane
-    FOR SHARE OF l)`
 
 	const cols = `o.lane, o.id, o.nonce, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at`
 

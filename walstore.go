@@ -54,6 +54,7 @@ type walStore struct {
 	err      error  // the stream's last failure, for the next fetch to report
 	wake     func() // the engine's wake-up (set by listen)
 	stats    *Stats
+	wq       walQ // the writes to the tables
 	stopRun  context.CancelFunc
 	runDone  chan struct{}
 	// target is the WAL flush position when the stream started (or the
@@ -624,7 +625,7 @@ func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bo
 		lanes = append(lanes, l)
 		fs = append(fs, f)
 	}
-	q := walQueries(s.schema)
+	q := s.wq
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(q.fence, lanes, fs, s.owner)
@@ -684,17 +685,11 @@ type walQ struct{ fence, clear, dead string }
 // walQueries are the WAL outbox's writes to its tables; each locks the
 // caller's lanes whose fence still matches, as the table outbox's do.
 func walQueries(schema string) walQ {
-	const fenced = `WITH f AS (
-    SELECT l.lane FROM S.lanes l
-    JOIN unnest($1::smallint[], $2::bigint[]) AS mine(lane, fence) ON mine.lane = l.lane AND mine.fence = l.fence
-    WHERE l.owner = $3
-    ORDER BY l.lane
-    FOR SHARE OF l)`
 	r := func(s string) string { return strings.ReplaceAll(s, "S.", schema+".") }
 	return walQ{
-		fence: r(fenced + ` SELECT lane FROM f`),
-		clear: r(fenced + ` DELETE FROM S.retries WHERE id = ANY($4::bigint[]) AND lane IN (SELECT lane FROM f)`),
-		dead: r(fenced + `, ins AS (
+		fence: r(`WITH ` + fenced + ` SELECT lane FROM f`),
+		clear: r(`WITH ` + fenced + ` DELETE FROM S.retries WHERE id = ANY($4::bigint[]) AND lane IN (SELECT lane FROM f)`),
+		dead: r(`WITH ` + fenced + `, ins AS (
     INSERT INTO S.dead_letters (id, nonce, topic, key, payload, headers, deliver_at, created_at, attempts, last_error)
     SELECT d.id, d.nonce, d.topic, d.key, d.payload, d.headers::jsonb, d.deliver_at, d.created_at, d.attempts, d.err
     FROM unnest($4::smallint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::timestamptz[], $12::timestamptz[], $13::int[], $14::text[])
