@@ -439,15 +439,18 @@ func parseXid(s string) (uint64, error) { return strconv.ParseUint(s, 10, 64) }
 // writeResults writes a group of delivery results in one round trip and one
 // transaction: removals of delivered rows, retry records, dead-letter moves.
 // Each statement is fenced; the result says which lanes were still ours.
-//
-// If the transaction fails for a reason other than the connection (a
-// statement PostgreSQL refuses), one bad result must not hold back the
-// others: the acknowledgements are written alone first, then each retry and
-// dead-letter move on its own, with its error text replaced if that text was
-// the problem.
 func (s *pgStore) writeResults(ctx context.Context, ops []op) opsResult {
+	return writeIsolated(ctx, ops, s.writeTx)
+}
+
+// writeIsolated writes ops with write, in one transaction. If it fails for a
+// reason other than the connection (a statement PostgreSQL refuses), one bad
+// result must not hold back the others: the acknowledgements are written
+// alone first, then each retry and dead-letter move on its own, with its
+// error text replaced if that text was the problem.
+func writeIsolated(ctx context.Context, ops []op, write func(context.Context, []op, map[int16]bool) error) opsResult {
 	res := opsResult{ops: ops, valid: map[int16]bool{}}
-	err := s.writeTx(ctx, ops, res.valid)
+	err := write(ctx, ops, res.valid)
 	if err == nil {
 		return res
 	}
@@ -464,7 +467,7 @@ func (s *pgStore) writeResults(ctx context.Context, ops []op) opsResult {
 		}
 	}
 	if len(acks) > 0 {
-		if err := s.writeTx(ctx, acks, res.valid); err != nil {
+		if err := write(ctx, acks, res.valid); err != nil {
 			res.err = storeErr("write acknowledgements", err)
 			return res
 		}
@@ -474,10 +477,10 @@ func (s *pgStore) writeResults(ctx context.Context, ops []op) opsResult {
 			continue
 		}
 		one := ops[i : i+1]
-		err := s.writeTx(ctx, one, res.valid)
+		err := write(ctx, one, res.valid)
 		if err != nil && errors.As(err, &pgErr) {
 			ops[i].err = fmt.Sprintf("wharf: the delivery error could not be stored (%s); see the relay's log", pgErr.Code)
-			err = s.writeTx(ctx, one, res.valid)
+			err = write(ctx, one, res.valid)
 		}
 		if err != nil {
 			res.err = storeErr("write results", err)
@@ -487,18 +490,25 @@ func (s *pgStore) writeResults(ctx context.Context, ops []op) opsResult {
 	return res
 }
 
-func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) error {
+// opGroups are a write's results as the statements take them: one record
+// per message and statement, since an upsert cannot affect a row twice
+// (SQLSTATE 21000). A write that failed is queued again ahead of newer
+// results, so a message that failed again meanwhile has two retry records;
+// the later one wins. A message acknowledged in the same write keeps no
+// retry record.
+type opGroups struct {
+	lanes                              []int16 // every lane of the write, with its fence
+	fences                             []int64
+	ackLane, retryLane, deadLane       []int16
+	ackID, retryID, deadID, clearRetry []int64
+	retryAtt, deadAtt                  []int32
+	retryAt                            []time.Time
+	retryErr, deadErr                  []string
+}
+
+func groupOps(ops []op) *opGroups {
+	g := &opGroups{}
 	fences := map[int16]int64{}
-	var ackLane, retryLane, deadLane []int16
-	var ackID, retryID, deadID, clearRetry []int64
-	var retryAtt, deadAtt []int32
-	var retryAt []time.Time
-	var retryErr, deadErr []string
-	// One record per message and statement: an upsert cannot affect a row
-	// twice (SQLSTATE 21000), and a write that failed is queued again ahead
-	// of newer results, so a message that failed again meanwhile has two
-	// retry records here; the later one wins. A message acknowledged in the
-	// same write keeps no retry record.
 	// The maps cost only writes that hold failures: a write of
 	// acknowledgements alone (the hot path) builds none.
 	var acked map[int64]bool
@@ -518,43 +528,50 @@ func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) e
 		fences[o.lane] = o.fence
 		switch o.kind {
 		case opAck:
-			ackLane = append(ackLane, o.lane)
-			ackID = append(ackID, o.seq)
+			g.ackLane = append(g.ackLane, o.lane)
+			g.ackID = append(g.ackID, o.seq)
 			if o.attempts > 0 {
-				clearRetry = append(clearRetry, o.seq)
+				g.clearRetry = append(g.clearRetry, o.seq)
 			}
 		case opRetry:
 			if acked[o.seq] {
 				continue
 			}
 			if i, ok := retryAtIdx[o.seq]; ok {
-				retryLane[i], retryAtt[i], retryAt[i], retryErr[i] = o.lane, int32(o.attempts), o.nextAt, o.err
+				g.retryLane[i], g.retryAtt[i], g.retryAt[i], g.retryErr[i] = o.lane, int32(o.attempts), o.nextAt, o.err
 				continue
 			}
-			retryAtIdx[o.seq] = len(retryID)
-			retryLane = append(retryLane, o.lane)
-			retryID = append(retryID, o.seq)
-			retryAtt = append(retryAtt, int32(o.attempts))
-			retryAt = append(retryAt, o.nextAt)
-			retryErr = append(retryErr, o.err)
+			retryAtIdx[o.seq] = len(g.retryID)
+			g.retryLane = append(g.retryLane, o.lane)
+			g.retryID = append(g.retryID, o.seq)
+			g.retryAtt = append(g.retryAtt, int32(o.attempts))
+			g.retryAt = append(g.retryAt, o.nextAt)
+			g.retryErr = append(g.retryErr, o.err)
 		case opDead:
 			if i, ok := deadAtIdx[o.seq]; ok {
-				deadLane[i], deadAtt[i], deadErr[i] = o.lane, int32(o.attempts), o.err
+				g.deadLane[i], g.deadAtt[i], g.deadErr[i] = o.lane, int32(o.attempts), o.err
 				continue
 			}
-			deadAtIdx[o.seq] = len(deadID)
-			deadLane = append(deadLane, o.lane)
-			deadID = append(deadID, o.seq)
-			deadAtt = append(deadAtt, int32(o.attempts))
-			deadErr = append(deadErr, o.err)
+			deadAtIdx[o.seq] = len(g.deadID)
+			g.deadLane = append(g.deadLane, o.lane)
+			g.deadID = append(g.deadID, o.seq)
+			g.deadAtt = append(g.deadAtt, int32(o.attempts))
+			g.deadErr = append(g.deadErr, o.err)
 		}
 	}
-	lanes := make([]int16, 0, len(fences))
-	fs := make([]int64, 0, len(fences))
 	for l, f := range fences {
-		lanes = append(lanes, l)
-		fs = append(fs, f)
+		g.lanes = append(g.lanes, l)
+		g.fences = append(g.fences, f)
 	}
+	return g
+}
+
+func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) error {
+	g := groupOps(ops)
+	lanes, fs := g.lanes, g.fences
+	ackLane, ackID, clearRetry := g.ackLane, g.ackID, g.clearRetry
+	retryLane, retryID, retryAtt, retryAt, retryErr := g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr
+	deadLane, deadID, deadAtt, deadErr := g.deadLane, g.deadID, g.deadAtt, g.deadErr
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(hotPathSettings)

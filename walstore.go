@@ -528,9 +528,14 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 		}
 	}
 	if len(db) > 0 {
-		if err := s.writeTables(ctx, db, res.valid); err != nil {
-			res.err = storeErr("write results", err)
+		w := writeIsolated(ctx, db, s.writeTables)
+		if w.err != nil {
+			res.err = w.err
 			return res
+		}
+		res.isolated = w.isolated
+		for l := range w.valid {
+			res.valid[l] = true
 		}
 	}
 	s.mu.Lock()
@@ -564,67 +569,52 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 }
 
 // writeTables writes retry records, their removal on acknowledgement and
-// dead-letter moves in one fenced transaction; the dead letters' content
-// comes from the held messages.
+// dead-letter moves in one fenced transaction (grouped as the table
+// outbox's, groupOps); the dead letters' content comes from the held
+// messages. A dead letter whose message is no longer held (the stream was
+// started over) is left out: it is streamed and tried again.
 func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bool) error {
-	fences := map[int16]int64{}
-	var clear []int64
-	var retryLane, deadLane []int16
-	var retryID, deadID, deadNonce []int64
-	var retryAtt, deadAtt []int32
-	var retryAt []time.Time
-	var retryErr, deadErr, deadTopic []string
+	g := groupOps(ops)
+	lanes, fs := g.lanes, g.fences
+	clear := g.clearRetry
+	retryLane, retryID, retryAtt, retryAt, retryErr := g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr
+	var deadLane []int16
+	var deadID, deadNonce []int64
+	var deadAtt []int32
+	var deadErr, deadTopic []string
 	var deadKey, deadHeaders []*string
 	var deadPayload [][]byte
 	var deadDeliver []*time.Time
 	var deadCreated []time.Time
 	s.mu.Lock()
-	for _, o := range ops {
-		fences[o.lane] = o.fence
-		switch o.kind {
-		case opAck:
-			clear = append(clear, o.seq)
-		case opRetry:
-			retryLane = append(retryLane, o.lane)
-			retryID = append(retryID, o.seq)
-			retryAtt = append(retryAtt, int32(o.attempts))
-			retryAt = append(retryAt, o.nextAt)
-			retryErr = append(retryErr, o.err)
-		case opDead:
-			r := s.lanes[o.lane].rows[o.seq]
-			if r == nil {
-				continue
-			}
-			deadLane = append(deadLane, o.lane)
-			deadID = append(deadID, o.seq)
-			deadNonce = append(deadNonce, r.nonce)
-			deadTopic = append(deadTopic, r.Topic)
-			deadKey = append(deadKey, nonEmpty(r.Key))
-			var h *string
-			if len(r.Headers) > 0 {
-				b, _ := json.Marshal(r.Headers)
-				hs := string(b)
-				h = &hs
-			}
-			deadHeaders = append(deadHeaders, h)
-			deadPayload = append(deadPayload, r.Payload)
-			var d *time.Time
-			if !r.DeliverAt.IsZero() {
-				d = &r.DeliverAt
-			}
-			deadDeliver = append(deadDeliver, d)
-			deadCreated = append(deadCreated, r.CreatedAt)
-			deadAtt = append(deadAtt, int32(o.attempts))
-			deadErr = append(deadErr, o.err)
+	for i, seq := range g.deadID {
+		r := s.lanes[g.deadLane[i]].rows[seq]
+		if r == nil {
+			continue
 		}
+		deadLane = append(deadLane, g.deadLane[i])
+		deadID = append(deadID, seq)
+		deadNonce = append(deadNonce, r.nonce)
+		deadTopic = append(deadTopic, r.Topic)
+		deadKey = append(deadKey, nonEmpty(r.Key))
+		var h *string
+		if len(r.Headers) > 0 {
+			b, _ := json.Marshal(r.Headers)
+			hs := string(b)
+			h = &hs
+		}
+		deadHeaders = append(deadHeaders, h)
+		deadPayload = append(deadPayload, r.Payload)
+		var d *time.Time
+		if !r.DeliverAt.IsZero() {
+			d = &r.DeliverAt
+		}
+		deadDeliver = append(deadDeliver, d)
+		deadCreated = append(deadCreated, r.CreatedAt)
+		deadAtt = append(deadAtt, g.deadAtt[i])
+		deadErr = append(deadErr, g.deadErr[i])
 	}
 	s.mu.Unlock()
-	lanes := make([]int16, 0, len(fences))
-	fs := make([]int64, 0, len(fences))
-	for l, f := range fences {
-		lanes = append(lanes, l)
-		fs = append(fs, f)
-	}
 	q := s.wq
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")

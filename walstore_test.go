@@ -1,0 +1,84 @@
+package wharf
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/walstream"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// One write can hold two results of one message (a failed write is queued
+// again ahead of newer results): two retry records, or two dead-letter
+// moves. The WAL store writes each message once, the later result winning,
+// in one transaction, and settles a dead-lettered message once. (Its first
+// version sent both, PostgreSQL refused the upsert, and the relay retried
+// the write forever: a failing sink stalled the relay's stop.)
+func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	schema := "wi_" + hex.EncodeToString(rb[:])
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	t.Cleanup(func() {
+		_, _ = m.Down(context.Background(), pool, 0)
+		pool.Close()
+	})
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := &pgStore{pool: pool, q: newQueries(schema), schema: schema, owner: "r1", incarnation: "i1", log: log, now: time.Now}
+	require.NoError(t, ps.register(ctx, 10*time.Second))
+	leases, err := ps.claimAlone(ctx)
+	require.NoError(t, err)
+	require.Len(t, leases, wharfmigrate.Lanes)
+	ws := &walStore{pgStore: ps, slot: schema, publication: schema, prefix: schema, budget: 1 << 20, stats: newStats(), wq: walQueries(schema)}
+	row := &walRow{nonce: 7, fetchedRow: fetchedRow{lane: 5, Message: Message{ID: FormatID(43, 7), Seq: 43, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}}
+	require.NoError(t, ws.take(100, []*walRow{row}))
+	fence := leases[5].fence
+	require.Equal(t, int16(5), leases[5].lane)
+	ws.lanes[5].fence = fence
+
+	now := time.Now()
+	res := ws.writeResults(ctx, []op{
+		{kind: opRetry, lane: 5, fence: fence, seq: 42, attempts: 1, nextAt: now, err: "first"},
+		{kind: opRetry, lane: 5, fence: fence, seq: 42, attempts: 2, nextAt: now, err: "second"},
+	})
+	require.NoError(t, res.err)
+	require.False(t, res.isolated, "the write was refused and split")
+	require.True(t, res.valid[5])
+	var attempts int
+	var last string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT attempts, last_error FROM "+schema+".retries WHERE id = 42").Scan(&attempts, &last))
+	require.Equal(t, 2, attempts)
+	require.Equal(t, "second", last)
+
+	res = ws.writeResults(ctx, []op{
+		{kind: opDead, lane: 5, fence: fence, seq: 43, attempts: 3, err: "dead once"},
+		{kind: opDead, lane: 5, fence: fence, seq: 43, attempts: 4, err: "dead twice"},
+	})
+	require.NoError(t, res.err)
+	require.False(t, res.isolated)
+	require.NoError(t, pool.QueryRow(ctx, "SELECT attempts, last_error FROM "+schema+".dead_letters WHERE id = 43").Scan(&attempts, &last))
+	require.Equal(t, 4, attempts)
+	require.Equal(t, "dead twice", last)
+	require.Zero(t, ws.progress.Pending(), "the dead-lettered message was not settled")
+	require.Equal(t, walstream.LSN(100), ws.progress.Confirmable())
+	require.Zero(t, ws.held)
+}
