@@ -170,7 +170,7 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 func (r *relay) streamWAL() {
 	ps := r.st.(*pgStore)
 	r.st = &walStore{pgStore: ps, slot: r.cfg.Schema, publication: r.cfg.Schema, prefix: r.cfg.Schema,
-		budget: 2 * r.cfg.MaxBufferedBytes, stats: r.stats, wq: walQueries(r.cfg.Schema)}
+		budget: r.cfg.MaxBufferedBytes, stats: r.stats, wq: walQueries(r.cfg.Schema)}
 	r.cfg.Exclusive = true
 }
 

@@ -66,7 +66,7 @@ type walStore struct {
 }
 
 // walRowOverhead approximates a held message's memory besides its payload.
-const walRowOverhead = 256
+const walRowOverhead = 512
 
 type walLane struct {
 	fence int64             // the fence of the requests the lane's messages were handed out under

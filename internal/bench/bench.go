@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wharfhq/wharf/internal/walstream"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -216,6 +217,9 @@ type env struct {
 	// runSteady runs one steady run of a sweep: steady, or a stand-in in
 	// the tests of the sweep's logic.
 	runSteady func(context.Context, steadySpec) (*Result, error)
+	// walStart and walTarget bound the WAL a pre-fill of an outbox in WAL
+	// mode wrote (drain).
+	walStart, walTarget walstream.LSN
 }
 
 // Run measures what opts.Mode says and returns the result. The schema it
@@ -311,19 +315,40 @@ func (e *env) createSchema(ctx context.Context, schema string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("--schema: %w", err)
 	}
+	wal := e.o.OutboxMode == "wal"
 	drop := func() {
 		if e.o.Keep {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if _, err := e.ctl.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		var err error
+		if wal {
+			// Reverting the migrations removes the slot and the
+			// publication too; the relays' walsenders end a moment after
+			// the relays.
+			for i := 0; i < 50; i++ {
+				if _, err = m.Down(ctx, e.ctl, 0); err == nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		} else {
+			_, err = e.ctl.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+		}
+		if err != nil {
 			e.o.Logger.Warn("wharf bench: dropping the schema failed", "schema", schema, "err", err)
 		}
 	}
 	if _, err := m.Up(ctx, e.ctl); err != nil {
 		drop()
 		return nil, err
+	}
+	if wal {
+		if err := m.SetWALMode(ctx, e.ctl); err != nil {
+			drop()
+			return nil, err
+		}
 	}
 	return drop, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 // databaseURL is set by TestMain (main_test.go), which also lets the test
@@ -429,4 +430,41 @@ func TestTrackerPerSecondP99(t *testing.T) {
 	require.InDelta(t, 400, lat.P99, 5, "the whole run's p99 is the stall's")
 	require.Equal(t, 10, lat.Seconds, "seconds of the window only")
 	require.InDelta(t, 5, lat.P99PerSecond, 0.1)
+}
+
+// A drain of an outbox in WAL mode: pre-filled through the enqueue path,
+// finished when the slot is confirmed past the pre-fill, every message
+// delivered once; the report says which outbox it measured.
+func TestDrainWALOutbox(t *testing.T) {
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	o := smokeOptions(ModeDrain)
+	o.DatabaseURL = url
+	o.OutboxMode = "wal"
+	o.Messages = 20000
+	r, err := Run(context.Background(), o)
+	require.NoError(t, err)
+	require.EqualValues(t, 20000, r.Delivered)
+	require.Zero(t, r.Redelivered)
+	require.Positive(t, r.ProcessingRate)
+	require.Positive(t, r.ProducerRate)
+	sum, _ := report(t, r)
+	require.Contains(t, sum, "pre-fill (Enqueue)")
+	require.Contains(t, sum, "WAL mode")
+
+	for _, c := range []struct {
+		mode   Mode
+		outbox string
+		limits bool
+		want   string
+	}{
+		{ModeSteady, "wal", false, "--outbox-mode wal works with --mode drain only so far"},
+		{ModeDrain, "wal", true, "--limits measures the table outbox's removal limit"},
+		{ModeDrain, "heap", false, `--outbox-mode must be table or wal, got "heap"`},
+	} {
+		o := smokeOptions(c.mode)
+		o.OutboxMode, o.Limits, o.Rate = c.outbox, c.limits, 1000
+		_, err := Run(context.Background(), o)
+		require.ErrorContains(t, err, c.want)
+	}
 }

@@ -6,13 +6,22 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/walstream"
 )
 
 // drain pre-fills the outbox with COPY and times the relays emptying it.
 func (e *env) drain(ctx context.Context, schema string) (*Result, error) {
 	o := e.o
 	res := &Result{Relays: o.Relays, Messages: int64(o.Messages)}
-	rate, err := e.copyFill(ctx, pgx.Identifier{schema, "outbox"}, int64(o.Messages))
+	var rate float64
+	var err error
+	if o.OutboxMode == "wal" {
+		rate, e.walTarget, err = e.walFill(ctx, schema, int64(o.Messages))
+	} else {
+		rate, err = e.copyFill(ctx, pgx.Identifier{schema, "outbox"}, int64(o.Messages))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pre-filling the outbox: %w", err)
 	}
@@ -34,7 +43,11 @@ func (e *env) drain(ctx context.Context, schema string) (*Result, error) {
 	res.Samples = samples
 	res.VerdictReason = "n/a: drain mode has no target rate"
 	res.LatencyNote = "n/a (drain: the messages were pre-filled, so commit → ack measures queueing, not the relay)"
-	res.note("producer_rate is the COPY pre-fill's rate (one COPY); the outbox is then VACUUM (ANALYZE)d and CHECKPOINTed, and drain_seconds runs from the relays' start to an empty outbox")
+	if o.OutboxMode == "wal" {
+		res.note("outbox in WAL mode: producer_rate is the pre-fill's rate (one connection, Enqueue of %d messages per call, one logical message each); drain_seconds runs from the relays' start until the slot's confirmed position passes the WAL end after the pre-fill (the relay reports it every 100 ms, so up to that much is added); processed in the samples is estimated from the confirmed position's progress through the pre-fill's WAL", walFillBatch)
+	} else {
+		res.note("producer_rate is the COPY pre-fill's rate (one COPY); the outbox is then VACUUM (ANALYZE)d and CHECKPOINTed, and drain_seconds runs from the relays' start to an empty outbox")
+	}
 	res.note("wal_bytes_per_msg and commits_per_msg cover the drain only (the relays' reads, removals and leases), not the pre-fill")
 	if !o.InProcess {
 		res.note("drain_seconds includes starting the relay processes")
@@ -92,7 +105,7 @@ func (e *env) drainOutbox(ctx context.Context, schema string, total int64, origi
 			if o.InProcess && tr.acked.Load() < total {
 				continue
 			}
-			empty, err := e.outboxEmpty(ctx, schema)
+			empty, err := e.drained(ctx, schema)
 			if err != nil {
 				return nil, err
 			}
@@ -127,4 +140,73 @@ func (e *env) drainOutbox(ctx context.Context, schema string, total int64, origi
 		res.Delivered = total
 	}
 	return sm.samples, nil
+}
+
+// walFillBatch is how many messages the WAL pre-fill enqueues per call.
+const walFillBatch = 1000
+
+// walFill pre-fills an outbox in WAL mode through the enqueue path (there is
+// no table to COPY into) and returns its rate and the WAL end after it.
+func (e *env) walFill(ctx context.Context, schema string, n int64) (float64, walstream.LSN, error) {
+	start := time.Now()
+	c, err := wharf.NewClient(e.ctl, &wharf.Config{Schema: schema})
+	if err != nil {
+		return 0, 0, err
+	}
+	var begin string
+	if err := e.ctl.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&begin); err != nil {
+		return 0, 0, err
+	}
+	if e.walStart, err = walstream.ParseLSN(begin); err != nil {
+		return 0, 0, err
+	}
+	kr := &keyer{o: e.o}
+	payload := makePayload(e.o.PayloadBytes)
+	msgs := make([]wharf.Message, 0, walFillBatch)
+	for i := int64(0); i < n; {
+		msgs = msgs[:0]
+		for ; i < n && len(msgs) < walFillBatch; i++ {
+			msgs = append(msgs, wharf.Message{Topic: topic, Key: kr.key(i), Payload: payload})
+		}
+		if _, err := c.Enqueue(ctx, msgs...); err != nil {
+			return 0, 0, err
+		}
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	var end string
+	if err := e.ctl.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&end); err != nil {
+		return 0, 0, err
+	}
+	lsn, err := walstream.ParseLSN(end)
+	return rate, lsn, err
+}
+
+// drained reports whether the relays delivered everything: the outbox
+// table is empty, or, in WAL mode, the slot is confirmed past the WAL end
+// after the pre-fill (the relay confirms only what is settled).
+func (e *env) drained(ctx context.Context, schema string) (bool, error) {
+	if e.o.OutboxMode != "wal" {
+		return e.outboxEmpty(ctx, schema)
+	}
+	done, err := e.walDone(ctx, schema)
+	return done >= 1, err
+}
+
+// walDone is the fraction of the pre-fill's WAL the slot is confirmed past.
+func (e *env) walDone(ctx context.Context, schema string) (float64, error) {
+	var s string
+	if err := e.ctl.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", schema).Scan(&s); err != nil {
+		return 0, err
+	}
+	lsn, err := walstream.ParseLSN(s)
+	if err != nil {
+		return 0, err
+	}
+	if lsn >= e.walTarget {
+		return 1, nil
+	}
+	if lsn <= e.walStart {
+		return 0, nil
+	}
+	return float64(lsn-e.walStart) / float64(e.walTarget-e.walStart), nil
 }

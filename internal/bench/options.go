@@ -54,6 +54,9 @@ var Modes = []Mode{ModeDrain, ModeBaseline, ModeSteady, ModeSweep, ModeSoak}
 type Options struct {
 	// Mode is what to measure. Required.
 	Mode Mode
+	// OutboxMode is where the bench's outbox keeps messages: table (the
+	// default) or wal (wharfmigrate.SetWALMode; drain mode only so far).
+	OutboxMode string
 	// DatabaseURL is the PostgreSQL to measure. Required (the CLI starts a
 	// throwaway cluster when none is given).
 	DatabaseURL string
@@ -199,6 +202,19 @@ func (o Options) withDefaults() (Options, error) {
 	if o.RelayStderr == nil {
 		o.RelayStderr = io.Discard
 	}
+	switch o.OutboxMode {
+	case "", "table":
+		o.OutboxMode = "table"
+	case "wal":
+		if o.Mode != ModeDrain {
+			return o, fmt.Errorf("--outbox-mode wal works with --mode drain only so far, got --mode %s", o.Mode)
+		}
+		if o.Limits {
+			return o, errors.New("--limits measures the table outbox's removal limit; leave it out with --outbox-mode wal")
+		}
+	default:
+		return o, fmt.Errorf("--outbox-mode must be table or wal, got %q", o.OutboxMode)
+	}
 	switch o.Mode {
 	case ModeDrain, ModeBaseline, ModeSteady, ModeSweep, ModeSoak:
 	case "":
@@ -268,6 +284,7 @@ func (o Options) withDefaults() (Options, error) {
 // database URL is left out: it may hold a password.
 type Settings struct {
 	Mode           Mode     `json:"mode"`
+	OutboxMode     string   `json:"outbox_mode"`
 	Schema         string   `json:"schema"`
 	Messages       int      `json:"messages"`
 	Duration       string   `json:"duration"`
@@ -300,7 +317,7 @@ func (o Options) settings() Settings {
 		si = o.SampleInterval.String()
 	}
 	return Settings{
-		Mode: o.Mode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
+		Mode: o.Mode, OutboxMode: o.OutboxMode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
 		Rate: o.Rate, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
 		MaxP99: o.MaxP99.String(), P99Floor: o.P99Floor.String(), Limits: o.Limits || o.Mode == ModeBaseline,
 		Producers: o.Producers, ProducerBatch: o.ProducerBatch, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,

@@ -65,7 +65,12 @@ func (r *Result) rows() []row {
 	add("relays", relaysText(r))
 	switch r.Mode {
 	case ModeDrain:
-		add("pre-fill (COPY)", rate(r.ProducerRate))
+		if r.Settings.OutboxMode == "wal" {
+			add("outbox", "WAL mode (messages in the WAL only, streamed from a logical replication slot)")
+			add("pre-fill (Enqueue)", rate(r.ProducerRate))
+		} else {
+			add("pre-fill (COPY)", rate(r.ProducerRate))
+		}
 	case ModeBaseline:
 		add("producer rate (flat out)", rate(r.ProducerRate))
 	default:

@@ -217,6 +217,15 @@ func (s *sampler) measure(ctx context.Context, phase string, interval bool) (Sam
 			h = s.tr.takeInterval()
 		}
 	default:
+		if s.fixedProduced > 0 && s.e.o.OutboxMode == "wal" { // no rows: the slot's progress
+			done, err := s.e.walDone(ctx, s.schema)
+			if err != nil {
+				return x, nil, err
+			}
+			x.Processed = int64(done * float64(x.Produced))
+			x.Backlog = x.Produced - x.Processed
+			break
+		}
 		if s.fixedProduced > 0 { // drain: a large backlog, not worth scanning
 			n, err := s.e.outboxRemoved(ctx, s.schema)
 			if err != nil {

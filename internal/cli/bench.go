@@ -84,6 +84,7 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
 	o := &f.opts
 	fl := cmd.Flags()
 	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady, sweep or soak")
+	fl.StringVar(&o.OutboxMode, "outbox-mode", "table", "where the bench's outbox keeps messages: table, or wal (drain only; needs wal_level=logical)")
 	fl.IntVar(&o.Messages, "messages", 200000, "drain: messages to pre-fill")
 	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady, soak and each sweep step: how long the producers run after the warm-up")
 	fl.DurationVar(&o.Warmup, "warmup", 5*time.Second, "steady, soak and sweep: warm-up before --duration, excluded from the rates, slope and latency (0 = none)")
