@@ -438,14 +438,19 @@ func TestTrackerPerSecondP99(t *testing.T) {
 func TestDrainWALOutbox(t *testing.T) {
 	url, err := testdb.LogicalURL()
 	require.NoError(t, err)
+	t.Setenv(RelayHelperEnv, "1")
 	o := smokeOptions(ModeDrain)
 	o.DatabaseURL = url
 	o.OutboxMode = "wal"
 	o.Messages = 20000
+	o.RelayCommand = []string{os.Args[0]}
+	var stderr bytes.Buffer
+	o.RelayStderr = &stderr
 	r, err := Run(context.Background(), o)
-	require.NoError(t, err)
+	require.NoError(t, err, stderr.String())
 	require.EqualValues(t, 20000, r.Delivered)
-	require.Zero(t, r.Redelivered)
+	require.Equal(t, 1, r.Relays)
+	require.Positive(t, r.RelayPeakRSSBytes)
 	require.Positive(t, r.ProcessingRate)
 	require.Positive(t, r.ProducerRate)
 	sum, _ := report(t, r)
