@@ -18,8 +18,9 @@ import (
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
-// walStore is the WAL outbox (being built: nothing in the public API selects
-// it yet). Producers write each enqueue call's messages as one transactional
+// walStore is the outbox in WAL mode (wharfmigrate.SetWALMode; the relay
+// picks it when the outbox's mode is WAL, relay.streamWAL). Producers write
+// each enqueue call's messages as one transactional
 // logical decoding message (internal/walmsg); the store streams them from a
 // logical replication slot in commit order and keeps every message that is
 // not settled in memory, where the engine's fetches, loads and refills read
