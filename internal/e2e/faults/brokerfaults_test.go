@@ -228,7 +228,7 @@ func (c *kafkaCollector) streams() ([][]delivery, error) {
 					id = string(h.Value)
 				}
 			}
-			seq, _, err := wharf.ParseID(id)
+			seq, nonce, err := wharf.ParseID(id)
 			if err != nil {
 				seq = -1 // counted as a message that never committed
 			}
@@ -237,7 +237,7 @@ func (c *kafkaCollector) streams() ([][]delivery, error) {
 			}
 			c.next[r.Topic][r.Partition] = kgo.NewOffset().At(r.Offset + 1)
 			sk := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
-			c.got[sk] = append(c.got[sk], delivery{seq: seq, topic: strings.TrimPrefix(r.Topic, "wf."), key: string(r.Key)})
+			c.got[sk] = append(c.got[sk], delivery{seq: seq, nonce: nonce, topic: strings.TrimPrefix(r.Topic, "wf."), key: string(r.Key)})
 		})
 		if n == 0 {
 			break
@@ -363,12 +363,12 @@ func newRabbit(t *testing.T) *rabbit {
 	must(t, err, "consume")
 	go func() {
 		for d := range msgs {
-			seq, _, err := wharf.ParseID(d.MessageId)
+			seq, nonce, err := wharf.ParseID(d.MessageId)
 			if err != nil {
 				seq = -1 // counted as a message that never committed
 			}
 			key, _ := d.Headers["wharf-key"].(string)
-			r.add(delivery{seq: seq, topic: d.Type, key: key})
+			r.add(delivery{seq: seq, nonce: nonce, topic: d.Type, key: key})
 			_ = d.Ack(false)
 		}
 	}()

@@ -136,11 +136,11 @@ func (c *natsCollector) streams() ([][]delivery, error) {
 		if err != nil {
 			return nil, err
 		}
-		seq, _, err := wharf.ParseID(m.Header.Get("Nats-Msg-Id"))
+		seq, nonce, err := wharf.ParseID(m.Header.Get("Nats-Msg-Id"))
 		if err != nil {
 			return nil, fmt.Errorf("stream message %d: %w", c.next, err)
 		}
-		c.got = append(c.got, delivery{seq: seq, topic: strings.TrimPrefix(m.Subject, "wf."), key: m.Header.Get("Wharf-Key")})
+		c.got = append(c.got, delivery{seq: seq, nonce: nonce, topic: strings.TrimPrefix(m.Subject, "wf."), key: m.Header.Get("Wharf-Key")})
 		c.next++
 	}
 	return [][]delivery{c.got}, nil
@@ -178,13 +178,13 @@ func (c *redisCollector) streams() ([][]delivery, error) {
 		}
 		for _, x := range xs {
 			id, _ := x.Values["id"].(string)
-			seq, _, err := wharf.ParseID(id)
+			seq, nonce, err := wharf.ParseID(id)
 			if err != nil {
 				return nil, fmt.Errorf("redis entry %s: %w", x.ID, err)
 			}
 			tp, _ := x.Values["topic"].(string)
 			key, _ := x.Values["key"].(string)
-			c.got[topic] = append(c.got[topic], delivery{seq: seq, topic: tp, key: key})
+			c.got[topic] = append(c.got[topic], delivery{seq: seq, nonce: nonce, topic: tp, key: key})
 			c.last[topic] = x.ID
 		}
 		out = append(out, c.got[topic])
@@ -253,12 +253,12 @@ func newWebhook(t *testing.T) *webhook {
 			rw.WriteHeader(http.StatusInternalServerError)
 			return
 		}
-		seq, _, err := wharf.ParseID(r.Header.Get("webhook-id"))
+		seq, nonce, err := wharf.ParseID(r.Header.Get("webhook-id"))
 		if err != nil {
 			rw.WriteHeader(http.StatusBadRequest)
 			return
 		}
-		w.add(delivery{seq: seq, topic: r.Header.Get("wharf-topic"), key: r.Header.Get("wharf-key")})
+		w.add(delivery{seq: seq, nonce: nonce, topic: r.Header.Get("wharf-topic"), key: r.Header.Get("wharf-key")})
 		rw.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(w.srv.Close)

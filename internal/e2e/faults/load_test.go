@@ -67,7 +67,7 @@ type load struct {
 	stopCh    chan struct{}
 	wg        sync.WaitGroup
 	mu        sync.Mutex
-	rolled    map[int64]bool
+	rolled    map[int64]int64 // seq → nonce of the rolled-back messages
 	committed atomic.Int64
 	errors    atomic.Int64
 	lastErr   atomic.Value
@@ -80,7 +80,7 @@ const poisonMark = `"poison":true`
 func startLoad(t *testing.T, o *outbox, pool *pgxpool.Pool, shape loadShape) *load {
 	t.Helper()
 	shape.defaults()
-	l := &load{o: o, shape: shape, stopCh: make(chan struct{}), rolled: map[int64]bool{}}
+	l := &load{o: o, shape: shape, stopCh: make(chan struct{}), rolled: map[int64]int64{}}
 	if pool == nil {
 		pool = o.pool
 	}
@@ -98,12 +98,12 @@ func (l *load) stop() {
 	l.wg.Wait()
 }
 
-func (l *load) rolledBack() map[int64]bool {
+func (l *load) rolledBack() map[int64]int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[int64]bool, len(l.rolled))
-	for k := range l.rolled {
-		out[k] = true
+	out := make(map[int64]int64, len(l.rolled))
+	for k, v := range l.rolled {
+		out[k] = v
 	}
 	return out
 }
@@ -197,10 +197,11 @@ func (l *load) oneTx(pool *pgxpool.Pool, msgs []wharf.Message, poison []bool, ro
 		return err
 	}
 	seqs := make([]int64, len(ids))
+	nonces := make([]int64, len(ids))
 	topics := make([]string, len(ids))
 	ks := make([]string, len(ids))
 	for i, id := range ids {
-		if seqs[i], _, err = wharf.ParseID(id); err != nil {
+		if seqs[i], nonces[i], err = wharf.ParseID(id); err != nil {
 			return err
 		}
 		topics[i], ks[i] = msgs[i].Topic, msgs[i].Key
@@ -210,8 +211,8 @@ func (l *load) oneTx(pool *pgxpool.Pool, msgs []wharf.Message, poison []bool, ro
 			return err
 		}
 		l.mu.Lock()
-		for _, s := range seqs {
-			l.rolled[s] = true
+		for i, s := range seqs {
+			l.rolled[s] = nonces[i]
 		}
 		l.mu.Unlock()
 		return nil
