@@ -168,12 +168,10 @@ RETURNING id, nonce, topic, coalesce(key, ''), payload, headers, deliver_at`, ar
 		var deliverAt pgtype.Timestamptz
 		if _, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Nonce, &r.Topic, &r.Key, &r.Payload, &headers, &deliverAt}, func() error {
 			rec := r
-			rec.Payload = append([]byte(nil), r.Payload...)
-			rec.Headers = nil
+			rec.Payload = append([]byte(nil), r.Payload...) // the row's buffer is reused
 			if len(headers) > 0 {
 				rec.Headers = decodeHeaders(headers)
 			}
-			rec.DeliverAt = time.Time{}
 			if deliverAt.Valid {
 				rec.DeliverAt = deliverAt.Time
 			}

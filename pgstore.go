@@ -568,32 +568,35 @@ func groupOps(ops []op) *opGroups {
 
 func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) error {
 	g := groupOps(ops)
-	lanes, fs := g.lanes, g.fences
-	ackLane, ackID, clearRetry := g.ackLane, g.ackID, g.clearRetry
-	retryLane, retryID, retryAtt, retryAt, retryErr := g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr
-	deadLane, deadID, deadAtt, deadErr := g.deadLane, g.deadID, g.deadAtt, g.deadErr
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(hotPathSettings)
-	if len(ackID) > 0 {
-		b.Queue(s.q.ack, lanes, fs, s.owner, ackLane, ackID, clearRetry)
+	if len(g.ackID) > 0 {
+		b.Queue(s.q.ack, g.lanes, g.fences, s.owner, g.ackLane, g.ackID, g.clearRetry)
 	}
-	if len(retryID) > 0 {
-		b.Queue(s.q.retry, lanes, fs, s.owner, retryLane, retryID, retryAtt, retryAt, retryErr)
+	if len(g.retryID) > 0 {
+		b.Queue(s.q.retry, g.lanes, g.fences, s.owner, g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr)
 	}
-	if len(deadID) > 0 {
-		b.Queue(s.q.dead, lanes, fs, s.owner, deadLane, deadID, deadAtt, deadErr)
+	if len(g.deadID) > 0 {
+		b.Queue(s.q.dead, g.lanes, g.fences, s.owner, g.deadLane, g.deadID, g.deadAtt, g.deadErr)
 	}
 	b.Queue("COMMIT")
+	return sendFenced(ctx, s.pool, b, 2, valid)
+}
+
+// sendFenced runs b in one round trip: its first skip statements (BEGIN,
+// settings), then fenced statements that each return lanes still the
+// caller's, then COMMIT. Those lanes go into valid once it committed.
+func sendFenced(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, skip int, valid map[int16]bool) error {
 	got := map[int16]bool{}
-	br := s.pool.SendBatch(ctx, b)
+	br := pool.SendBatch(ctx, b)
 	err := func() error {
-		for i := 0; i < 2; i++ {
+		for i := 0; i < skip; i++ {
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
 		}
-		for i := 2; i < b.Len()-1; i++ {
+		for i := skip; i < b.Len()-1; i++ {
 			rows, err := br.Query()
 			if err != nil {
 				return err

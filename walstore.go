@@ -576,9 +576,6 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 // started over) is left out: it is streamed and tried again.
 func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bool) error {
 	g := groupOps(ops)
-	lanes, fs := g.lanes, g.fences
-	clear := g.clearRetry
-	retryLane, retryID, retryAtt, retryAt, retryErr := g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr
 	var deadLane []int16
 	var deadID, deadNonce []int64
 	var deadAtt []int32
@@ -616,52 +613,22 @@ func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bo
 		deadErr = append(deadErr, g.deadErr[i])
 	}
 	s.mu.Unlock()
-	q := s.wq
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(q.fence, lanes, fs, s.owner)
-	if len(clear) > 0 {
-		b.Queue(q.clear, lanes, fs, s.owner, clear)
+	if len(g.clearRetry) > 0 {
+		b.Queue(s.wq.clear, g.lanes, g.fences, s.owner, g.clearRetry)
 	}
-	if len(retryID) > 0 {
-		b.Queue(s.q.retry, lanes, fs, s.owner, retryLane, retryID, retryAtt, retryAt, retryErr)
+	if len(g.retryID) > 0 {
+		b.Queue(s.q.retry, g.lanes, g.fences, s.owner, g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr)
 	}
 	if len(deadID) > 0 {
-		b.Queue(q.dead, lanes, fs, s.owner, deadLane, deadID, deadNonce, deadTopic, deadKey, deadPayload, deadHeaders, deadDeliver, deadCreated, deadAtt, deadErr)
+		b.Queue(s.wq.dead, g.lanes, g.fences, s.owner, deadLane, deadID, deadNonce, deadTopic, deadKey, deadPayload, deadHeaders, deadDeliver, deadCreated, deadAtt, deadErr)
+	}
+	if b.Len() == 1 {
+		b.Queue(s.wq.fence, g.lanes, g.fences, s.owner) // only dead letters no longer held: still learn the lanes
 	}
 	b.Queue("COMMIT")
-	got := map[int16]bool{}
-	br := s.pool.SendBatch(ctx, b)
-	err := func() error {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		var l int16
-		if _, err := pgx.ForEachRow(rows, []any{&l}, func() error { got[l] = true; return nil }); err != nil {
-			return err
-		}
-		for i := 2; i < b.Len()-1; i++ {
-			if _, err := br.Exec(); err != nil {
-				return err
-			}
-		}
-		_, err = br.Exec()
-		return err
-	}()
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	for l := range got {
-		valid[l] = true
-	}
-	return nil
+	return sendFenced(ctx, s.pool, b, 1, valid)
 }
 
 func nonEmpty(s string) *string {
@@ -674,12 +641,16 @@ func nonEmpty(s string) *string {
 type walQ struct{ fence, clear, dead string }
 
 // walQueries are the WAL outbox's writes to its tables; each locks the
-// caller's lanes whose fence still matches, as the table outbox's do.
+// caller's lanes whose fence still matches, as the table outbox's do, and
+// returns them (sendFenced).
 func walQueries(schema string) walQ {
 	r := func(s string) string { return strings.ReplaceAll(s, "S.", schema+".") }
 	return walQ{
 		fence: r(`WITH ` + fenced + ` SELECT lane FROM f`),
-		clear: r(`WITH ` + fenced + ` DELETE FROM S.retries WHERE id = ANY($4::bigint[]) AND lane IN (SELECT lane FROM f)`),
+		clear: r(`WITH ` + fenced + `, c AS (
+    DELETE FROM S.retries WHERE id = ANY($4::bigint[]) AND lane IN (SELECT lane FROM f)
+)
+SELECT lane FROM f`),
 		dead: r(`WITH ` + fenced + `, ins AS (
     INSERT INTO S.dead_letters (id, nonce, topic, key, payload, headers, deliver_at, created_at, attempts, last_error)
     SELECT d.id, d.nonce, d.topic, d.key, d.payload, d.headers::jsonb, d.deliver_at, d.created_at, d.attempts, d.err
@@ -688,7 +659,9 @@ func walQueries(schema string) walQ {
     WHERE d.lane IN (SELECT lane FROM f)
     ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, last_error = excluded.last_error, failed_at = now()
     RETURNING id
+), c AS (
+    DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)
 )
-DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)`),
+SELECT lane FROM f`),
 	}
 }
