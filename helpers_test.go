@@ -18,6 +18,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/walstream"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -29,6 +30,16 @@ func TestMain(m *testing.M) { testdb.Main(m, &databaseURL) }
 type testBundle struct {
 	pool   *pgxpool.Pool
 	schema string
+
+	mu        sync.Mutex
+	committed walstream.LSN // a WAL position past every commitMessages
+}
+
+// committedTo is a WAL position past every commit of commitMessages.
+func (b *testBundle) committedTo() walstream.LSN {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.committed
 }
 
 // setupDB gives a test its own freshly migrated schema, dropped at cleanup, so
