@@ -43,10 +43,15 @@ type Stats struct {
 	// WALLagBytes is, for an outbox in WAL mode, the WAL written past the
 	// slot's confirmed position, read by the relay that streams the slot at
 	// each lease round: what a relay starting now would read again or for
-	// the first time (every database's writes count). WALHeldBytes is what the relay holds in memory of what it
-	// streamed and has not settled (payloads plus a per-message estimate).
-	// Both are 0 for a table outbox.
+	// the first time (every database's writes count). WALLag (a
+	// time.Duration) is, at the same round, the age of the oldest commit
+	// the relay streamed and has not settled, on the database's clock; 0
+	// when it holds nothing unsettled (WAL it has not streamed yet shows in
+	// the bytes only). WALHeldBytes is what the relay holds in memory of
+	// what it streamed and has not settled (payloads plus a per-message
+	// estimate). All are 0 for a table outbox.
 	WALLagBytes  atomic.Int64
+	WALLag       atomic.Int64
 	WALHeldBytes atomic.Int64
 
 	FetchSeconds   Histogram // duration of one fetch round trip

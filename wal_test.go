@@ -104,7 +104,8 @@ func TestWALEnqueueRefusesDedupKey(t *testing.T) {
 // A backlog many times the relay's memory budget: the store stops reading
 // the stream while it holds twice MaxBufferedBytes (the walsender then
 // waits: what it sent stays far behind the WAL end), and goes on as
-// deliveries free room; everything arrives, keys in order.
+// deliveries free room; everything arrives, keys in order. The lag metrics
+// show it while it lasts and fall back when it is over.
 func TestWALRelayBacklogLargerThanItsMemory(t *testing.T) {
 	t.Parallel()
 	b := walDB(t)
@@ -120,6 +121,7 @@ func TestWALRelayBacklogLargerThanItsMemory(t *testing.T) {
 		}
 		ids = append(ids, commitMessages(t, b, msgs...)...)
 	}
+	committedBy := time.Now()
 	var total int64
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", startLSN).Scan(&total))
 	// 30,000 messages of 2,000 bytes (about 60 MB of WAL) against a budget
@@ -149,9 +151,15 @@ JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, b.s
 	require.Positive(t, held)
 	require.LessOrEqual(t, held, int64(2<<20+500*(2000+256)))
 	require.Greater(t, lag, total/2)
+	// The oldest unsettled message was committed before committedBy; the
+	// lag in time is read at each lease round (every 200 ms here).
+	require.GreaterOrEqual(t, time.Duration(relay.Metrics().WALLag.Load()), time.Since(committedBy)-time.Second,
+		"the lag in time does not show how long the oldest message waits")
 	fast.Store(true)
 	require.Eventually(t, func() bool { return len(deliveredIDs(rec.snapshot())) >= len(ids) }, time.Minute, 50*time.Millisecond)
 	requireAllDelivered(t, rec, ids)
 	requireKeyOrder(t, rec.snapshot())
 	require.Eventually(t, func() bool { return relay.Metrics().WALHeldBytes.Load() == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return relay.Metrics().WALLag.Load() == 0 }, 10*time.Second, 20*time.Millisecond,
+		"a relay holding nothing unsettled still shows a lag in time")
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/internal/walstream"
@@ -149,18 +150,31 @@ func (s *walStore) claim(context.Context, int) ([]laneLease, error) {
 
 // leaseRound stops the stream once the relay owns no lane: another relay
 // may take the slot over. The relay that streams reads the slot's lag for
-// the metrics too.
+// the metrics too: in bytes, and in time as the age of the oldest commit it
+// streamed and has not settled, on the database's clock (commit times are
+// the server's).
 func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
 	lr, err := s.pgStore.leaseRound(ctx, ttl)
 	if err == nil && len(lr.renewed) == 0 {
 		s.stopStream()
 		s.stats.WALLagBytes.Store(0)
+		s.stats.WALLag.Store(0)
 	}
 	if err == nil && len(lr.renewed) > 0 {
-		var lag int64
-		if s.pool.QueryRow(ctx, `SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn), 0)::bigint
-FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&lag) == nil {
-			s.stats.WALLagBytes.Store(lag)
+		s.mu.Lock()
+		oldest := s.progress.Oldest()
+		s.mu.Unlock()
+		var since pgtype.Timestamptz
+		if !oldest.IsZero() {
+			since = pgtype.Timestamptz{Time: oldest, Valid: true}
+		}
+		var bytes int64
+		var age float64
+		if s.pool.QueryRow(ctx, `SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn), 0)::bigint,
+       coalesce(greatest(extract(epoch FROM now() - $2::timestamptz), 0), 0)::float8
+FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &age) == nil {
+			s.stats.WALLagBytes.Store(bytes)
+			s.stats.WALLag.Store(int64(age * float64(time.Second)))
 		}
 	}
 	return lr, err
@@ -293,7 +307,7 @@ func (s *walStore) stream(ctx context.Context) error {
 					return err
 				}
 			}
-			if err := s.take(ev.EndLSN, rows); err != nil {
+			if err := s.take(ev.EndLSN, begin.CommitTime, rows); err != nil {
 				return err
 			}
 		case walstream.Keepalive:
@@ -362,9 +376,9 @@ func newWALRow(rec *walmsg.Record, seq int64, committed time.Time) *walRow {
 }
 
 // take adds a committed transaction's messages and wakes the engine.
-func (s *walStore) take(end walstream.LSN, rows []*walRow) error {
+func (s *walStore) take(end walstream.LSN, committed time.Time, rows []*walRow) error {
 	s.mu.Lock()
-	tx, err := s.progress.Add(end, len(rows))
+	tx, err := s.progress.Add(end, committed, len(rows))
 	if err != nil {
 		// The stream is in commit order and ends only grow, so this is a
 		// bug. Forget everything held and stream again from the slot's

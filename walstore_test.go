@@ -50,7 +50,7 @@ func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 	require.Len(t, leases, wharfmigrate.Lanes)
 	ws := &walStore{pgStore: ps, slot: schema, publication: schema, prefix: schema, budget: 1 << 20, stats: newStats(), wq: walQueries(schema)}
 	row := &walRow{nonce: 7, fetchedRow: fetchedRow{lane: 5, Message: Message{ID: FormatID(43, 7), Seq: 43, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}}
-	require.NoError(t, ws.take(100, []*walRow{row}))
+	require.NoError(t, ws.take(100, row.CreatedAt, []*walRow{row}))
 	fence := leases[5].fence
 	require.Equal(t, int16(5), leases[5].lane)
 	ws.lanes[5].fence = fence

@@ -117,7 +117,7 @@ type collector struct {
 	latency, fetchSeconds, fetchRows, removal *prometheus.Desc
 	inFlight, buffered, bufferedBytes, held   *prometheus.Desc
 	lanesOwned, uncovered                     *prometheus.Desc
-	walLag, walHeld                           *prometheus.Desc
+	walLag, walLagSeconds, walHeld            *prometheus.Desc
 	renewals, losses, dbErrors, rewinds       *prometheus.Desc
 	oldestDue, backlog, loopAge, dbSuccessAge *prometheus.Desc
 
@@ -165,6 +165,7 @@ func newCollector(c *wharf.Client, o options) *collector {
 		lanesOwned:    desc("wharf_lanes_owned", "Lanes this relay owns."),
 		uncovered:     desc("wharf_lanes_uncovered", "Lanes no live relay owns, as of this relay's last lease round."),
 		walLag:        desc("wharf_wal_lag_bytes", "WAL mode: WAL written past the slot's confirmed position, read by the relay that streams the slot at each lease round; 0 for a table outbox or a standby."),
+		walLagSeconds: desc("wharf_wal_lag_seconds", "WAL mode: age of the oldest commit the relay streamed and has not settled (database clock), read at each lease round; 0 when it holds nothing unsettled, for a table outbox or a standby."),
 		walHeld:       desc("wharf_wal_held_bytes", "WAL mode: bytes of streamed, unsettled messages held in memory; 0 for a table outbox."),
 
 		renewals: desc("wharf_lease_renewals_total", "Lane leases renewed (one per lane per lease round)."),
@@ -183,7 +184,7 @@ func (k *collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{
 		k.info, k.delivered, k.failures, k.dead, k.duplicates, k.resent, k.failedPublishes,
 		k.sinkFailed, k.sinkSeconds, k.latency, k.fetchSeconds, k.fetchRows, k.removal,
-		k.inFlight, k.buffered, k.bufferedBytes, k.held, k.lanesOwned, k.uncovered, k.walLag, k.walHeld,
+		k.inFlight, k.buffered, k.bufferedBytes, k.held, k.lanesOwned, k.uncovered, k.walLag, k.walLagSeconds, k.walHeld,
 		k.renewals, k.losses, k.dbErrors, k.rewinds, k.oldestDue, k.backlog, k.loopAge, k.dbSuccessAge,
 	}
 }
@@ -234,6 +235,7 @@ func (k *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(k.lanesOwned, float64(s.LanesOwned.Load()))
 	gauge(k.uncovered, float64(s.Uncovered.Load()))
 	gauge(k.walLag, float64(s.WALLagBytes.Load()))
+	gauge(k.walLagSeconds, time.Duration(s.WALLag.Load()).Seconds())
 	gauge(k.walHeld, float64(s.WALHeldBytes.Load()))
 
 	counter(k.renewals, s.LeaseRenewals.Load())

@@ -44,6 +44,7 @@
 //	wharf_lanes_owned                        gauge                        lanes this relay owns
 //	wharf_lanes_uncovered                    gauge                        lanes no live relay owns (as of this relay's last lease round)
 //	wharf_wal_lag_bytes                      gauge                        WAL mode: WAL past the slot's confirmed position (the streaming relay's)
+//	wharf_wal_lag_seconds                    gauge                        WAL mode: age of the oldest commit streamed and not settled (database clock)
 //	wharf_wal_held_bytes                     gauge                        WAL mode: streamed, unsettled messages held in memory
 //	wharf_lease_renewals_total               counter                      lane leases renewed (one per lane per lease round)
 //	wharf_lease_losses_total                 counter                      lanes lost to another relay before their lease was handed back

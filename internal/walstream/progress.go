@@ -1,6 +1,9 @@
 package walstream
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Progress tells how far a slot may be confirmed: to the end of the longest
 // run of streamed transactions, in the order the stream delivered them
@@ -22,14 +25,16 @@ type Progress struct {
 type Tx uint64
 
 type progressTx struct {
-	end  LSN // the commit's end: where a confirmation past it points
-	open int // messages not settled yet
+	end       LSN       // the commit's end: where a confirmation past it points
+	committed time.Time // the commit's time (the server's clock)
+	open      int       // messages not settled yet
 }
 
 // Add registers the next transaction of the stream, ending at end (its
-// Commit's EndLSN), with messages messages to settle. A transaction with
-// none (all its messages belonged to other outboxes) is settled at once.
-func (p *Progress) Add(end LSN, messages int) (Tx, error) {
+// Commit's EndLSN) and committed at committed, with messages messages to
+// settle. A transaction with none (all its messages belonged to other
+// outboxes) is settled at once.
+func (p *Progress) Add(end LSN, committed time.Time, messages int) (Tx, error) {
 	if messages < 0 {
 		return 0, fmt.Errorf("walstream: a transaction of %d messages", messages)
 	}
@@ -37,7 +42,7 @@ func (p *Progress) Add(end LSN, messages int) (Tx, error) {
 		return 0, fmt.Errorf("walstream: transaction ending at %s added after one ending at or past it: transactions must be added in stream order", end)
 	}
 	tx := p.first + Tx(p.Pending())
-	p.txs = append(p.txs, progressTx{end: end, open: messages})
+	p.txs = append(p.txs, progressTx{end: end, committed: committed, open: messages})
 	p.advance()
 	return tx, nil
 }
@@ -74,6 +79,15 @@ func (p *Progress) advance() {
 // Confirmable is the position the slot may be confirmed up to: the end of
 // the last transaction of the settled run (0 before any).
 func (p *Progress) Confirmable() LSN { return p.confirmable }
+
+// Oldest is the commit time of the oldest transaction with a message not
+// settled yet; zero when every transaction added is settled.
+func (p *Progress) Oldest() time.Time {
+	if p.Pending() == 0 {
+		return time.Time{}
+	}
+	return p.txs[p.head].committed
+}
 
 // Pending is how many transactions are not yet passed: the oldest of them
 // still has an unsettled message.

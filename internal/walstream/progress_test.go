@@ -3,17 +3,18 @@ package walstream
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
 func TestProgressConfirmsOnlyASettledPrefix(t *testing.T) {
 	var p Progress
-	a, err := p.Add(100, 2)
+	a, err := p.Add(100, time.Time{}, 2)
 	require.NoError(t, err)
-	b, err := p.Add(200, 1)
+	b, err := p.Add(200, time.Time{}, 1)
 	require.NoError(t, err)
-	_, err = p.Add(300, 0) // nothing of this outbox: settled at once, but behind b
+	_, err = p.Add(300, time.Time{}, 0) // nothing of this outbox: settled at once, but behind b
 	require.NoError(t, err)
 	require.Equal(t, LSN(0), p.Confirmable())
 
@@ -25,30 +26,30 @@ func TestProgressConfirmsOnlyASettledPrefix(t *testing.T) {
 	require.Equal(t, LSN(300), p.Confirmable(), "a, b and the empty one are settled")
 	require.Equal(t, 0, p.Pending())
 
-	_, err = p.Add(400, 0)
+	_, err = p.Add(400, time.Time{}, 0)
 	require.NoError(t, err)
 	require.Equal(t, LSN(400), p.Confirmable(), "an empty transaction with nothing before it passes at once")
 }
 
 func TestProgressRefusesWhatCannotHappen(t *testing.T) {
 	var p Progress
-	a, err := p.Add(100, 1)
+	a, err := p.Add(100, time.Time{}, 1)
 	require.NoError(t, err)
-	_, err = p.Add(100, 1)
+	_, err = p.Add(100, time.Time{}, 1)
 	require.ErrorContains(t, err, "must be added in stream order")
-	_, err = p.Add(200, -1)
+	_, err = p.Add(200, time.Time{}, -1)
 	require.ErrorContains(t, err, "a transaction of -1 messages")
 	require.ErrorContains(t, p.Settle(a+5), "not pending")
 	require.NoError(t, p.Settle(a))
 	require.ErrorContains(t, p.Settle(a), "not pending", "a passed transaction")
-	b, err := p.Add(300, 1)
+	b, err := p.Add(300, time.Time{}, 1)
 	require.NoError(t, err)
-	_, err = p.Add(400, 2)
+	_, err = p.Add(400, time.Time{}, 2)
 	require.NoError(t, err)
 	require.NoError(t, p.Settle(b+1))
 	require.NoError(t, p.Settle(b+1))
 	require.ErrorContains(t, p.Settle(b+1), "settled more often than it has messages")
-	_, err = p.Add(250, 1)
+	_, err = p.Add(250, time.Time{}, 1)
 	require.ErrorContains(t, err, "must be added in stream order")
 }
 
@@ -69,7 +70,7 @@ func TestProgressAgreesWithAModel(t *testing.T) {
 			if len(unsettled) == 0 || rng.IntN(3) == 0 {
 				end += LSN(1 + rng.IntN(50))
 				n := rng.IntN(4)
-				tx, err := p.Add(end, n)
+				tx, err := p.Add(end, time.Time{}, n)
 				require.NoError(t, err)
 				require.Equal(t, Tx(len(model)), tx)
 				model = append(model, mtx{end, n})
@@ -105,7 +106,7 @@ func BenchmarkProgressPassOneAtATime(b *testing.B) {
 	for b.Loop() {
 		var p Progress
 		for i := range queue {
-			if _, err := p.Add(LSN(i+1), 1); err != nil {
+			if _, err := p.Add(LSN(i+1), time.Time{}, 1); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -119,4 +120,24 @@ func BenchmarkProgressPassOneAtATime(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*queue), "ns/tx")
+}
+
+// Oldest is the commit time of the oldest transaction holding an unsettled
+// message: transactions settled, or with no message, do not count.
+func TestProgressOldestUnsettledCommit(t *testing.T) {
+	var p Progress
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	require.True(t, p.Oldest().IsZero())
+	_, err := p.Add(100, t0, 0)
+	require.NoError(t, err)
+	require.True(t, p.Oldest().IsZero(), "a transaction without messages is settled")
+	a, err := p.Add(200, t0.Add(time.Second), 1)
+	require.NoError(t, err)
+	b, err := p.Add(300, t0.Add(2*time.Second), 1)
+	require.NoError(t, err)
+	require.Equal(t, t0.Add(time.Second), p.Oldest())
+	require.NoError(t, p.Settle(b))
+	require.Equal(t, t0.Add(time.Second), p.Oldest(), "a is still open")
+	require.NoError(t, p.Settle(a))
+	require.True(t, p.Oldest().IsZero())
 }
