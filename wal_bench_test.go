@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -19,8 +21,10 @@ import (
 // transaction) with one relay into a handler that only counts, from the
 // outbox table and from the WAL, on the same cluster (wal_level=logical) in
 // the same run. It reports messages per second from the relay's start to
-// the last delivery, and the time to the first delivery (registration and
-// the first lease round); b.N is ignored (run it with -benchtime 1x).
+// the last delivery, the time to the first delivery (registration and
+// the first lease round), the peak of the process's live heap objects and
+// of what the WAL store counts as held (sampled every 10 ms); b.N is
+// ignored (run it with -benchtime 1x).
 func BenchmarkRelayDrain(b *testing.B) {
 	n := 200_000
 	if v := os.Getenv("WHARF_BENCH_MESSAGES"); v != "" {
@@ -63,19 +67,34 @@ func BenchmarkRelayDrain(b *testing.B) {
 			}}
 			relay, err := wharf.NewClient(bundle.pool, cfg)
 			require.NoError(b, err)
+			runtime.GC()
 			b.ResetTimer()
 			start := time.Now()
 			require.NoError(b, relay.Start(ctx))
-			select {
-			case <-done:
-			case <-time.After(10 * time.Minute):
-				b.Fatalf("%d of %d delivered", got.Load(), n)
+			var peakHeap, peakHeld uint64
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		wait:
+			for {
+				select {
+				case <-done:
+					break wait
+				case <-tick.C:
+					metrics.Read(sample)
+					peakHeap = max(peakHeap, sample[0].Value.Uint64())
+					peakHeld = max(peakHeld, uint64(relay.Metrics().WALHeldBytes.Load()))
+				case <-time.After(10 * time.Minute):
+					b.Fatalf("%d of %d delivered", got.Load(), n)
+				}
 			}
 			elapsed := time.Since(start)
 			b.StopTimer()
 			require.NoError(b, relay.Stop(ctx))
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "msg/s")
 			b.ReportMetric(float64(time.Unix(0, first.Load()).Sub(start).Milliseconds()), "ms-to-first")
+			b.ReportMetric(float64(peakHeap)/(1<<20), "peak-heap-MiB")
+			b.ReportMetric(float64(peakHeld)/(1<<20), "peak-held-MiB")
 			b.ReportMetric(0, "ns/op")
 		})
 	}

@@ -44,13 +44,17 @@ type walStore struct {
 	prefix      string // the outbox's schema: the logical messages' prefix
 	// budget bounds the payload bytes of the messages held in memory (plus
 	// walRowOverhead each); past it the store stops reading the stream
-	// (walstream.Conn.Hold), and the walsender waits.
+	// (walstream.Conn.Hold), and the walsender waits. It also stops
+	// reading while what it holds and has not handed to the engine reaches
+	// a quarter of the budget (readAhead): a fetch asks for at most that
+	// much, and reading further ahead only takes memory.
 	budget int64
 
 	mu       sync.Mutex
 	lanes    [wharfmigrate.Lanes]walLane
 	progress walstream.Progress
 	held     int64         // bytes held: payloads plus walRowOverhead per message
+	queued   int64         // the part of held in the lanes' queues, not handed to the engine
 	lastEnd  walstream.LSN // end of the last transaction taken: a stream started again skips up to it
 	conn     *walstream.Conn
 	err      error  // the stream's last failure, for the next fetch to report
@@ -67,8 +71,13 @@ type walStore struct {
 	caughtUp bool
 }
 
-// walRowOverhead approximates a held message's memory besides its payload.
+// walRowOverhead approximates a held message's memory besides its payload
+// (measured: about 600 bytes with the engine's copy, 200-byte payloads).
 const walRowOverhead = 512
+
+// readAhead is the budget's share the store reads ahead of the engine's
+// fetches: 1/readAhead.
+const readAhead = 4
 
 type walLane struct {
 	fence int64             // the fence of the requests the lane's messages were handed out under
@@ -82,7 +91,11 @@ type walRow struct {
 	nonce   int64
 	tx      walstream.Tx
 	settled bool
+	queued  bool // in its lane's queue, not handed to the engine (counted in walStore.queued)
 }
+
+// size is what the row counts for in walStore.held and queued.
+func (r *walRow) size() int64 { return int64(len(r.Payload)) + walRowOverhead }
 
 func (s *walStore) listen(ctx context.Context, wake func()) {
 	s.mu.Lock()
@@ -130,7 +143,7 @@ func (s *walStore) resetLocked() {
 		s.lanes[i] = walLane{fence: -1} // hands everything out again, whatever the next fence
 	}
 	s.progress = walstream.Progress{}
-	s.held, s.lastEnd, s.caughtUp = 0, 0, false
+	s.held, s.queued, s.lastEnd, s.caughtUp = 0, 0, 0, false
 	s.stats.WALHeldBytes.Store(0)
 }
 
@@ -361,7 +374,7 @@ func (s *walStore) lastEndLocked() walstream.LSN {
 func (s *walStore) full() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.held >= s.budget
+	return s.held >= s.budget || s.queued >= s.budget/readAhead
 }
 
 func newWALRow(rec *walmsg.Record, seq int64, committed time.Time) *walRow {
@@ -399,7 +412,9 @@ func (s *walStore) take(end walstream.LSN, committed time.Time, rows []*walRow) 
 			l.rows = map[int64]*walRow{}
 		}
 		l.rows[r.Seq] = r
-		s.held += int64(len(r.Payload)) + walRowOverhead
+		s.held += r.size()
+		s.queued += r.size()
+		r.queued = true
 		// Messages arrive in commit order; their seqs are in WAL order, so
 		// a late one goes before the tail of what was not handed out yet.
 		i := len(l.queue)
@@ -468,6 +483,10 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 			l.queue, l.head = l.queue[:0], 0
 			for _, r := range l.rows {
 				l.queue = append(l.queue, r)
+				if !r.queued {
+					r.queued = true
+					s.queued += r.size()
+				}
 			}
 			slices.SortFunc(l.queue, func(a, b *walRow) int { return cmpSeq(a.Seq, b.Seq) })
 		}
@@ -488,6 +507,8 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 				used += int64(len(r.Payload))
 			}
 			res.rows = append(res.rows, r.fetchedRow)
+			r.queued = false
+			s.queued -= r.size()
 			l.queue[l.head] = nil
 			l.head++
 		}
@@ -569,7 +590,11 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 		}
 		delete(l.rows, o.seq)
 		r.settled = true
-		s.held -= int64(len(r.Payload)) + walRowOverhead
+		s.held -= r.size()
+		if r.queued {
+			r.queued = false
+			s.queued -= r.size()
+		}
 		if err := s.progress.Settle(r.tx); err != nil {
 			// Each held message settles once, so this is a bug; the slot
 			// stays where it is, which delivers again, never skips.

@@ -82,3 +82,41 @@ func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 	require.Equal(t, walstream.LSN(100), ws.progress.Confirmable())
 	require.Zero(t, ws.held)
 }
+
+// The store reads ahead of the engine's fetches by at most a quarter of its
+// budget: what it holds and has not handed out counts, what the engine has
+// taken does not (it still counts in what is held), and a lane claimed again
+// puts everything it holds back in the queue, counted once.
+func TestWALStoreReadsAheadAQuarterOfItsBudget(t *testing.T) {
+	ws := &walStore{pgStore: &pgStore{now: time.Now}, budget: 1 << 20, stats: newStats()}
+	rows := func(from int64, n int) []*walRow {
+		out := make([]*walRow, n)
+		for i := range out {
+			seq := from + int64(i)
+			out[i] = &walRow{fetchedRow: fetchedRow{lane: 3, Message: Message{Seq: seq, Key: "k", Payload: make([]byte, 1000)}}}
+		}
+		return out
+	}
+	const size = 1000 + walRowOverhead
+	require.NoError(t, ws.take(1000, time.Now(), rows(1, 100)))
+	require.False(t, ws.full())
+	require.NoError(t, ws.take(2000, time.Now(), rows(101, 100)))
+	require.Equal(t, int64(200*size), ws.held)
+	require.Less(t, ws.held, ws.budget)
+	require.True(t, ws.full(), "%d bytes queued, past a quarter of the budget", ws.queued)
+
+	fetch := func(fence int64, limit int32) []fetchedRow {
+		res := ws.fetch(context.Background(), fetchRequest{lanes: []int16{3}, cursors: []int64{0}, limits: []int32{limit},
+			bytes: []int64{1 << 30}, fences: []int64{fence}})
+		require.NoError(t, res.err)
+		return res.rows
+	}
+	require.Len(t, fetch(1, 150), 150)
+	require.Equal(t, int64(50*size), ws.queued)
+	require.Equal(t, int64(200*size), ws.held, "handed out, not settled: still held")
+	require.False(t, ws.full())
+
+	require.Empty(t, fetch(2, 0), "a limit of 0 hands nothing out")
+	require.Equal(t, int64(200*size), ws.queued, "claimed again: all 200 queued, the 50 not handed out counted once")
+	require.True(t, ws.full())
+}
