@@ -45,10 +45,37 @@ type outbox struct {
 // still there).
 func newOutbox(t *testing.T, url string) *outbox {
 	t.Helper()
+	return migrateOutbox(t, url, "table")
+}
+
+// newWALOutbox is newOutbox in WAL mode (`wharf migrate up --mode wal`) on
+// url, a cluster with wal_level=logical; the slot and the publication are
+// dropped at cleanup, after the relays (started later) have stopped.
+func newWALOutbox(t *testing.T, url string) *outbox {
+	t.Helper()
+	o := migrateOutbox(t, url, "wal")
+	t.Cleanup(func() {
+		for i := 0; i < 100; i++ { // a killed relay's walsender ends a moment later
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := o.pool.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", o.schema)
+			cancel()
+			if err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_, _ = o.pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+o.schema)
+	})
+	return o
+}
+
+// migrateOutbox migrates a fresh schema at url in mode (table or wal).
+func migrateOutbox(t *testing.T, url, mode string) *outbox {
+	t.Helper()
 	schema := randName("wf_")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, wharfBin, "migrate", "up", "--schema", schema, "--database-url", url)
+	cmd := exec.CommandContext(ctx, wharfBin, "migrate", "up", "--mode", mode, "--schema", schema, "--database-url", url)
 	cmd.Env = testdb.CleanEnv()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("wharf migrate up: %v\n%s", err, out)

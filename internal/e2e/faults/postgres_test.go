@@ -44,6 +44,18 @@ func startCluster(t *testing.T, settings map[string]string) *pgembed.Cluster {
 // port. Producers and relays reconnect by themselves; every message whose
 // transaction committed arrives, none whose transaction did not.
 func TestPostgresRestartUnderLoad(t *testing.T) {
+	postgresRestartUnderLoad(t, newOutbox, "")
+}
+
+// The same for an outbox in WAL mode: the slot survives the restart and the
+// crash, and the relay streams again from its confirmed position.
+func TestWALPostgresRestartUnderLoad(t *testing.T) {
+	postgresRestartUnderLoad(t, newWALOutbox, ", WAL mode")
+}
+
+// postgresRestartUnderLoad runs the restart scenario on outboxes made by
+// newOutbox; suffix ends the scenarios' names.
+func postgresRestartUnderLoad(t *testing.T, newOutbox func(*testing.T, string) *outbox, suffix string) {
 	c := startCluster(t, nil)
 	outage := pick(3*time.Second, 30*time.Second)
 	restarts := pick(1, 3)
@@ -72,9 +84,9 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 					time.Sleep(3 * time.Second)
 				}
 			}
-			name := fmt.Sprintf("PostgreSQL %s restart x%d, %s down", mode, restarts, outage)
+			name := fmt.Sprintf("PostgreSQL %s restart x%d, %s down%s", mode, restarts, outage, suffix)
 			if mode == "immediate" {
-				name = fmt.Sprintf("PostgreSQL crash (immediate) x%d, %s down", restarts, outage)
+				name = fmt.Sprintf("PostgreSQL crash (immediate) x%d, %s down%s", restarts, outage, suffix)
 			}
 			verify(t, name, o, l, col, cleared, 90*time.Second)
 			for _, r := range rs {

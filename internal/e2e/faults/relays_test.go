@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 // Three relays append to one file while producers commit; one relay after
@@ -18,7 +20,21 @@ import (
 // global delivery order) and the verifier checks first deliveries per key
 // over all of it, tolerating one torn line per kill.
 func TestRelayKill9UnderLoad(t *testing.T) {
-	o := newOutbox(t, databaseURL)
+	relayKill9UnderLoad(t, newOutbox(t, databaseURL), "")
+}
+
+// The same in WAL mode: one of the three relays streams the slot and the
+// others stand by; a killed streamer's lanes and slot go to a standby after
+// the lease TTL.
+func TestWALRelayKill9UnderLoad(t *testing.T) {
+	url, err := testdb.LogicalURL()
+	must(t, err, "start a cluster with wal_level=logical")
+	relayKill9UnderLoad(t, newWALOutbox(t, url), ", WAL mode")
+}
+
+// relayKill9UnderLoad runs the kill -9 scenario on o; suffix ends the
+// scenario's name.
+func relayKill9UnderLoad(t *testing.T, o *outbox, suffix string) {
 	path := filepath.Join(t.TempDir(), "shared.jsonl")
 	col := &fileCollector{paths: []string{path}}
 	relays := make([]*relay, 3)
@@ -43,7 +59,7 @@ func TestRelayKill9UnderLoad(t *testing.T) {
 	}
 	revive(t, relays)
 	// Recovery counts from the last kill: its lanes wait for the 3 s lease.
-	verify(t, fmt.Sprintf("relay kill -9 x%d (3 relays, shared file)", kills), o, l, col, lastKill, 90*time.Second)
+	verify(t, fmt.Sprintf("relay kill -9 x%d (3 relays, shared file%s)", kills, suffix), o, l, col, lastKill, 90*time.Second)
 	for _, r := range relays {
 		r.stop(t, 20*time.Second)
 	}
