@@ -175,6 +175,9 @@ RETURNS bytea LANGUAGE sql IMMUTABLE AS $fn$ SELECT {{content}} $fn$;
 -- writes to the WAL fails on an outbox in table mode.
 CREATE FUNCTION {{schema}}.enqueue_wal(content bytea) RETURNS pg_lsn
 LANGUAGE sql AS $fn$ SELECT pg_logical_emit_message(true, '{{schema}}', content) $fn$;
+-- Only roles granted it may enqueue, as only roles granted INSERT on the
+-- outbox table may in table mode (the producer role of wharf migrate roles).
+REVOKE EXECUTE ON FUNCTION {{schema}}.enqueue_wal(bytea) FROM PUBLIC;
 
 CREATE FUNCTION {{schema}}.refuse_rows() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -112,16 +113,28 @@ func TestSQLEnqueueWritesTheRelaysFormat(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.QueryRow(ctx, `SELECT `+schema+`.enqueue_bytes('orders', 'k1', '\x0102', '{"h":"v"}', '2030-01-02 03:04:05+00')::text`).Scan(&id))
 	require.NoError(t, tx.Commit(ctx))
-	var data []byte
-	require.NoError(t, pool.QueryRow(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1::name, NULL, NULL,
-    'proto_version', '1', 'publication_names', $1::text, 'messages', 'true') WHERE get_byte(data, 0) = 77`, schema).Scan(&data))
 	// pgoutput's message: 'M', flags, the record's end (8 bytes), the
-	// prefix (NUL-terminated), the content's length (4), the content.
+	// prefix (NUL-terminated), the content's length (4), the content. The
+	// slot decodes every logical message of the database, other tests'
+	// too: this outbox's is the one with its prefix.
+	var data, rest []byte
+	var nul int
+	rows, err := pool.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1::name, NULL, NULL,
+    'proto_version', '1', 'publication_names', $1::text, 'messages', 'true') WHERE get_byte(data, 0) = 77`, schema)
+	require.NoError(t, err)
+	var found int
+	var d []byte
+	_, err = pgx.ForEachRow(rows, []any{&d}, func() error {
+		if r := d[10:]; bytes.HasPrefix(r, append([]byte(schema), 0)) {
+			data, rest, nul = bytes.Clone(d), bytes.Clone(r), len(schema)
+			found++
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, found, "logical messages of prefix %s", schema)
 	require.Equal(t, byte(1), data[1], "not transactional")
 	end := binary.BigEndian.Uint64(data[2:10])
-	rest := data[10:]
-	nul := bytes.IndexByte(rest, 0)
-	require.Equal(t, schema, string(rest[:nul]))
 	content := rest[nul+5:]
 	recs, err := walmsg.Decode(content)
 	require.NoError(t, err)

@@ -69,6 +69,11 @@ var (
 		`GRANT EXECUTE ON FUNCTION {S}.enqueue(text, text, jsonb, jsonb, timestamptz, text) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.enqueue_bytes(text, text, bytea, jsonb, timestamptz, text) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.message_id(bigint, bigint) TO {R}`,
+		// In WAL mode enqueueing is emitting through enqueue_wal, which only
+		// the roles granted it may call (SetWALMode revokes it from PUBLIC).
+		`DO $wharf$ BEGIN IF to_regprocedure('{S}.enqueue_wal(bytea)') IS NOT NULL THEN
+    GRANT EXECUTE ON FUNCTION {S}.enqueue_wal(bytea) TO {R};
+END IF; END $wharf$`,
 	}
 	relayGrants = []string{
 		`GRANT USAGE ON SCHEMA {S} TO {R}`,
@@ -85,6 +90,16 @@ var (
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.retries TO {R}`,
 		// Moves failed messages here (upsert); never deletes them.
 		`GRANT SELECT, INSERT, UPDATE ON {S}.dead_letters TO {R}`,
+		// In WAL mode the relay streams the outbox's replication slot, which
+		// takes the REPLICATION attribute; only a superuser can give it.
+		`DO $wharf$ BEGIN
+IF to_regprocedure('{S}.enqueue_wal(bytea)') IS NOT NULL AND NOT (SELECT rolreplication FROM pg_roles WHERE rolname = '{R}') THEN
+    BEGIN
+        ALTER ROLE {R} REPLICATION;
+    EXCEPTION WHEN insufficient_privilege THEN
+        RAISE EXCEPTION 'outbox {S} is in WAL mode: the relay role {R} needs the REPLICATION attribute to stream its slot, and only a superuser can give it: run this as a superuser, or have one give it first (CREATE ROLE {R} REPLICATION, or ALTER ROLE {R} REPLICATION)' USING ERRCODE = '42501';
+    END;
+END IF; END $wharf$`,
 	}
 )
 

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -43,7 +44,13 @@ func roleNames(t *testing.T, admin *pgxpool.Pool) (producer, relay string) {
 // poolAs connects to the test database as role.
 func poolAs(t *testing.T, role, password string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	return poolAtAs(t, databaseURL, role, password)
+}
+
+// poolAtAs connects to url as role.
+func poolAtAs(t *testing.T, url, role, password string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.ConnConfig.User = role
 	cfg.ConnConfig.Password = password
@@ -146,6 +153,9 @@ func TestRolesEndToEnd(t *testing.T) {
 	require.Equal(t, 1, got[first[0]])
 	require.Len(t, got, 23) // 20 + the deduplicated one + the two SQL ones
 	mu.Unlock()
+	var replication bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT rolreplication FROM pg_roles WHERE rolname = $1`, relay).Scan(&replication))
+	require.False(t, replication, "a table outbox's relay role needs no REPLICATION")
 	var left, dead int
 	require.NoError(t, admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+schema+`.outbox), (SELECT count(*) FROM `+schema+`.dead_letters)`).Scan(&left, &dead))
 	require.Equal(t, 0, left, "delivered rows are deleted")
@@ -158,6 +168,110 @@ func TestRolesEndToEnd(t *testing.T) {
 	} {
 		requireDenied(t, rp, strings.ReplaceAll(sql, "S.", schema+"."))
 	}
+}
+
+// On an outbox in WAL mode the roles get what that mode needs as well: the
+// producer may emit (Go client and SQL enqueue) and still read nothing, the
+// relay gets REPLICATION and streams, delivers and dead-letters end to end.
+func TestRolesWALMode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, schema := logical(t)
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, admin)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, admin))
+	producer, relay := roleNames(t, admin)
+	opts := wharfmigrate.RoleOptions{Producer: producer, Relay: relay, ProducerPassword: "pw-" + producer, RelayPassword: "pw-" + relay}
+	require.NoError(t, m.CreateRoles(ctx, admin, opts))
+
+	pp := poolAtAs(t, url, producer, opts.ProducerPassword)
+	pc, err := wharf.NewClient(pp, &wharf.Config{Schema: schema})
+	require.NoError(t, err)
+	var msgs []wharf.Message
+	for i := range 20 {
+		msgs = append(msgs, wharf.Message{Topic: "orders", Key: fmt.Sprint(i % 3), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+	}
+	msgs = append(msgs, wharf.Message{Topic: "poison", Payload: []byte(`{}`)})
+	ids, err := pc.Enqueue(ctx, msgs...)
+	require.NoError(t, err, "the producer emits")
+	var sqlID string
+	require.NoError(t, pp.QueryRow(ctx, `SELECT `+schema+`.enqueue('orders', 'sql', '{"via":"sql"}'::jsonb)::text`).Scan(&sqlID),
+		"the producer enqueues from SQL")
+	for _, sql := range []string{`SELECT * FROM S.dead_letters`, `SELECT * FROM S.retries`, `UPDATE S.lanes SET owner = 'me'`} {
+		requireDenied(t, pp, strings.ReplaceAll(sql, "S.", schema+"."))
+	}
+	// Another role with the schema's USAGE (here the relay's) may not.
+	requireDenied(t, poolAtAs(t, url, relay, opts.RelayPassword), `SELECT `+schema+`.enqueue('orders', 'k', '{}'::jsonb)`)
+
+	var replication bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT rolreplication FROM pg_roles WHERE rolname = $1`, relay).Scan(&replication))
+	require.True(t, replication, "the relay role streams the slot: it needs REPLICATION")
+	rp := poolAtAs(t, url, relay, opts.RelayPassword)
+	var mu sync.Mutex
+	got := map[string]int{}
+	rc, err := wharf.NewClient(rp, &wharf.Config{
+		Schema: schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MaxAttempts: 2, RetryBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		Handler: func(_ context.Context, msg *wharf.Message) error {
+			if msg.Topic == "poison" {
+				return errors.New("cannot handle poison")
+			}
+			mu.Lock()
+			got[msg.ID]++
+			mu.Unlock()
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, rc.Drain(dctx), "the relay role streams the slot to the end")
+	mu.Lock()
+	for _, id := range append(ids[:20], sqlID) {
+		require.Equal(t, 1, got[id], "message %s delivered once", id)
+	}
+	mu.Unlock()
+	var dead int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.dead_letters`).Scan(&dead))
+	require.Equal(t, 1, dead, "the failing message is dead-lettered")
+}
+
+// A schema owner who is not a superuser cannot give the relay role
+// REPLICATION: CreateRoles on a WAL outbox fails with one line that says
+// so and how to go on, and grants nothing.
+func TestRolesWALModeNeedsASuperuserForReplication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, schema := logical(t)
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	owner, _ := roleNames(t, admin)
+	producer, relay := roleNames(t, admin)
+	_, err = admin.Exec(ctx, "CREATE ROLE "+owner+" LOGIN CREATEROLE REPLICATION PASSWORD 'pw'")
+	require.NoError(t, err)
+	var db string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	_, err = admin.Exec(ctx, "GRANT CREATE ON DATABASE "+db+" TO "+owner)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "REVOKE CREATE ON DATABASE "+db+" FROM "+owner) })
+	op := poolAtAs(t, url, owner, "pw")
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, op)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, op))
+
+	err = m.CreateRoles(ctx, op, wharfmigrate.RoleOptions{Producer: producer, Relay: relay})
+	require.ErrorContains(t, err, "the relay role "+relay+" needs the REPLICATION attribute to stream its slot, and only a superuser can give it")
+	require.NotContains(t, err.Error(), "\n", "one line")
+	t.Log(err)
+	var n int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2)", producer, relay).Scan(&n))
+	require.Zero(t, n, "a failed CreateRoles leaves no role behind")
 }
 
 // privileges lists what role may do on every table, column group and
