@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/pgembed"
 	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/internal/walstream"
 	"github.com/wharfhq/wharf/wharfmigrate"
@@ -162,4 +164,62 @@ JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, b.s
 	require.Eventually(t, func() bool { return relay.Metrics().WALHeldBytes.Load() == 0 }, 10*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return relay.Metrics().WALLag.Load() == 0 }, 10*time.Second, 20*time.Millisecond,
 		"a relay holding nothing unsettled still shows a lag in time")
+}
+
+// PostgreSQL saves a logical slot's confirmed position only at checkpoints:
+// after a crash the slot starts from an older one. The relay records how far
+// it settled in a table (wal_progress, WAL-logged like any write) and skips
+// what ends at or before it, so a crash does not deliver again everything
+// since the last checkpoint; what was committed and not delivered before the
+// crash is delivered after it.
+func TestWALRelayAfterPostgresCrashSkipsWhatWasSettled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster, err := pgembed.Start(ctx, pgembed.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	cfg, err := pgxpool.ParseConfig(cluster.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on" // every commit survives the crash
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := &testBundle{pool: pool, schema: "ww_crash"}
+	layouts[1].migrate(t, pool, b.schema)
+
+	var delivered []string
+	for i := 0; i < 20; i++ {
+		delivered = append(delivered, commitMessages(t, b, keyed(fmt.Sprintf("a%d", i), 100, 7)...)...)
+	}
+	recA, stopA := runRelay(t, b, nil, nil)
+	requireAllDelivered(t, recA, delivered)
+	end := b.committedTo()
+	var settled string
+	require.Eventually(t, func() bool {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT settled::text FROM "+b.schema+".wal_progress").Scan(&settled))
+		lsn, err := walstream.ParseLSN(settled)
+		require.NoError(t, err)
+		return lsn >= end
+	}, 10*time.Second, 20*time.Millisecond, "the relay did not record the settled position")
+	stopA()
+	pending := commitMessages(t, b, keyed("pending", 300, 7)...)
+
+	require.NoError(t, cluster.StopServer("immediate"))
+	require.NoError(t, cluster.StartServer(ctx))
+	var slotAt string
+	require.Eventually(t, func() bool { // the pool's connections died with the server
+		return pool.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", b.schema).Scan(&slotAt) == nil
+	}, 10*time.Second, 20*time.Millisecond)
+	t.Logf("after the crash the slot is confirmed to %s; recorded settled %s, last delivered commit %s", slotAt, settled, end)
+
+	recB, _ := runRelay(t, b, nil, nil)
+	after := commitMessages(t, b, keyed("after", 100, 7)...)
+	requireAllDelivered(t, recB, append(pending, after...))
+	got := deliveredIDs(recB.snapshot())
+	again := 0
+	for _, id := range delivered {
+		again += got[id]
+	}
+	require.Zero(t, again, "%d of the %d messages settled before the crash were delivered again", again, len(delivered))
+	requireKeyOrder(t, recB.snapshot())
 }

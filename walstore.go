@@ -56,13 +56,18 @@ type walStore struct {
 	held     int64         // bytes held: payloads plus walRowOverhead per message
 	queued   int64         // the part of held in the lanes' queues, not handed to the engine
 	lastEnd  walstream.LSN // end of the last transaction taken: a stream started again skips up to it
-	conn     *walstream.Conn
-	err      error  // the stream's last failure, for the next fetch to report
-	wake     func() // the engine's wake-up (set by listen)
-	stats    *Stats
-	wq       walQ // the writes to the tables
-	stopRun  context.CancelFunc
-	runDone  chan struct{}
+	// confirmed is the furthest position confirmed to the slot; recorded
+	// the furthest written to <schema>.wal_progress, which outlives a
+	// crash of PostgreSQL (the slot's own position is saved only at
+	// checkpoints): a stream started later skips up to it too.
+	confirmed, recorded walstream.LSN
+	conn                *walstream.Conn
+	err                 error  // the stream's last failure, for the next fetch to report
+	wake                func() // the engine's wake-up (set by listen)
+	stats               *Stats
+	wq                  walQ // the writes to the tables
+	stopRun             context.CancelFunc
+	runDone             chan struct{}
 	// target is the WAL flush position when the stream started (or the
 	// slot's confirmed position, if later); caughtUp is set once the
 	// stream passed it: until then an empty fetch does not mean an empty
@@ -165,7 +170,7 @@ func (s *walStore) claim(context.Context, int) ([]laneLease, error) {
 // may take the slot over. The relay that streams reads the slot's lag for
 // the metrics too: in bytes, and in time as the age of the oldest commit it
 // streamed and has not settled, on the database's clock (commit times are
-// the server's).
+// the server's); and records how far it confirmed (recordSettled).
 func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
 	lr, err := s.pgStore.leaseRound(ctx, ttl)
 	if err == nil && len(lr.renewed) == 0 {
@@ -189,23 +194,35 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &ag
 			s.stats.WALLagBytes.Store(bytes)
 			s.stats.WALLag.Store(int64(age * float64(time.Second)))
 		}
+		if err := s.recordSettled(ctx); err != nil {
+			s.log.Warn("wharf: recording the settled WAL position failed; a crash of PostgreSQL would deliver more again", "err", err)
+		}
 	}
 	return lr, err
 }
 
 func (s *walStore) releaseAll(ctx context.Context, lanes []int16) error {
-	s.stopStream()
+	s.stopAndRecord(ctx)
 	return s.pgStore.releaseAll(ctx, lanes)
 }
 
 func (s *walStore) release(ctx context.Context, rel laneRelease) error {
-	s.stopStream()
+	s.stopAndRecord(ctx)
 	return s.pgStore.release(ctx, rel)
 }
 
 func (s *walStore) unregister(ctx context.Context) error {
-	s.stopStream()
+	s.stopAndRecord(ctx)
 	return s.pgStore.unregister(ctx)
+}
+
+// stopAndRecord stops the stream and records how far it was settled, for
+// whoever streams next.
+func (s *walStore) stopAndRecord(ctx context.Context) {
+	s.stopStream()
+	if err := s.recordSettled(ctx); err != nil {
+		s.log.Warn("wharf: recording the settled WAL position failed; a crash of PostgreSQL would deliver more again", "err", err)
+	}
 }
 
 // run streams the slot until ctx ends, starting again after a failure.
@@ -259,7 +276,7 @@ func (s *walStore) stream(ctx context.Context) error {
 		_ = conn.Close(closeCtx)
 		cancel()
 	}()
-	target, from, err := s.walEnd(ctx)
+	target, from, settled, err := s.walEnd(ctx)
 	if err != nil {
 		return err
 	}
@@ -268,9 +285,10 @@ func (s *walStore) stream(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.target = target
+	s.lastEnd = max(s.lastEnd, settled)
 	s.caughtUp = s.caughtUp || target <= from || target <= s.lastEnd
 	s.conn = conn
-	conn.Confirm(s.progress.Confirmable())
+	s.confirmLocked(max(s.progress.Confirmable(), settled))
 	s.mu.Unlock()
 
 	var (
@@ -332,37 +350,67 @@ func (s *walStore) stream(ctx context.Context) error {
 				// Nothing held: WAL up to here holds nothing of this outbox
 				// that is not settled, and other writes keep adding WAL the
 				// slot would otherwise retain.
-				conn.Confirm(ev.WALEnd)
+				s.confirmLocked(ev.WALEnd)
 			}
 			s.mu.Unlock()
 		}
 	}
 }
 
+// confirmLocked confirms the slot up to lsn (never back).
+func (s *walStore) confirmLocked(lsn walstream.LSN) {
+	s.confirmed = max(s.confirmed, lsn)
+	if s.conn != nil {
+		s.conn.Confirm(s.confirmed)
+	}
+}
+
+// recordSettled writes the furthest position confirmed to wal_progress,
+// when it moved. The write needs no fence: a position any relay confirmed
+// is settled, and the row only grows.
+func (s *walStore) recordSettled(ctx context.Context) error {
+	s.mu.Lock()
+	lsn := s.confirmed
+	s.mu.Unlock()
+	if lsn <= s.recorded {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, s.wq.recordSettled, lsn.String()); err != nil {
+		return storeErr("record the settled WAL position", err)
+	}
+	s.recorded = lsn
+	return nil
+}
+
 // walEnd returns the WAL end now (the insert position: every commit so far
-// ends at or before it) and the slot's confirmed position. The
+// ends at or before it), the slot's confirmed position and the settled
+// position recorded in wal_progress. The
 // stream sends only flushed WAL, and commits made with synchronous_commit
 // off, and what follows them, can wait unflushed on an idle server, so the
 // WAL end is read in a transaction that commits with synchronous_commit on:
 // its commit flushes everything before it.
-func (s *walStore) walEnd(ctx context.Context) (end, confirmed walstream.LSN, err error) {
-	var e, c string
+func (s *walStore) walEnd(ctx context.Context) (end, confirmed, settled walstream.LSN, err error) {
+	var e, c, st string
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text
-FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`, s.slot).Scan(&e, &c)
+		return tx.QueryRow(ctx, s.wq.walEnd, s.slot).Scan(&e, &c, &st)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, 0, fmt.Errorf("wharf: replication slot %q: %w", s.slot, walstream.ErrSlotMissing)
+		return 0, 0, 0, fmt.Errorf("wharf: replication slot %q: %w", s.slot, walstream.ErrSlotMissing)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return 0, 0, 0, fmt.Errorf("wharf: outbox %s has no wal_progress table (WAL mode from an earlier build): run `wharf migrate up --mode wal` again to add it", s.schema)
 	}
 	if err != nil {
-		return 0, 0, storeErr("read the WAL end", err)
+		return 0, 0, 0, storeErr("read the WAL end", err)
 	}
 	end, err1 := walstream.ParseLSN(e)
 	confirmed, err2 := walstream.ParseLSN(c)
-	return end, confirmed, errors.Join(err1, err2)
+	settled, err3 := walstream.ParseLSN(st)
+	return end, confirmed, settled, errors.Join(err1, err2, err3)
 }
 
 func (s *walStore) lastEndLocked() walstream.LSN {
@@ -424,7 +472,7 @@ func (s *walStore) take(end walstream.LSN, committed time.Time, rows []*walRow) 
 		l.queue = slices.Insert(l.queue, i, r)
 	}
 	if len(rows) == 0 && s.conn != nil {
-		s.conn.Confirm(s.progress.Confirmable())
+		s.confirmLocked(s.progress.Confirmable())
 	}
 	wake := s.wake
 	s.stats.WALHeldBytes.Store(s.held)
@@ -602,7 +650,7 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 		}
 	}
 	if s.conn != nil {
-		s.conn.Confirm(s.progress.Confirmable())
+		s.confirmLocked(s.progress.Confirmable())
 	}
 	s.stats.WALHeldBytes.Store(s.held)
 	return res
@@ -677,11 +725,11 @@ func nonEmpty(s string) *string {
 	return &s
 }
 
-type walQ struct{ fence, clear, dead string }
+type walQ struct{ fence, clear, dead, walEnd, recordSettled string }
 
-// walQueries are the WAL outbox's writes to its tables; each locks the
-// caller's lanes whose fence still matches, as the table outbox's do, and
-// returns them (sendFenced).
+// walQueries are the WAL outbox's queries of its tables. The writes of
+// results lock the caller's lanes whose fence still matches, as the table
+// outbox's do, and return them (sendFenced).
 func walQueries(schema string) walQ {
 	r := func(s string) string { return strings.ReplaceAll(s, "S.", schema+".") }
 	return walQ{
@@ -702,5 +750,8 @@ SELECT lane FROM f`),
     DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)
 )
 SELECT lane FROM f`),
+		walEnd: r(`SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, (SELECT settled::text FROM S.wal_progress)
+FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`),
+		recordSettled: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn)`),
 	}
 }

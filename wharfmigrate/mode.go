@@ -89,7 +89,11 @@ func (m *Migrator) SetWALMode(ctx context.Context, conn Conn) error {
 		return nil
 	})
 	if errors.Is(err, errAlready) {
-		return nil
+		// An outbox switched by an earlier build lacks the progress table.
+		return m.inTx(ctx, conn, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, strings.ReplaceAll(progressTableSQL, "{{schema}}", m.schema))
+			return err
+		})
 	}
 	if err == nil {
 		err = m.inTx(ctx, conn, func(tx pgx.Tx) error {
@@ -123,6 +127,19 @@ func (m *Migrator) SetWALMode(ctx context.Context, conn Conn) error {
 }
 
 var errAlready = errors.New("already in WAL mode")
+
+// progressTableSQL creates the table where the relay records the end of the
+// longest run of streamed transactions whose messages are all settled.
+// PostgreSQL saves a logical slot's confirmed position only at checkpoints,
+// so after a crash the slot starts from an older one; the relay skips what
+// ends at or before the recorded position.
+const progressTableSQL = `
+CREATE TABLE IF NOT EXISTS {{schema}}.wal_progress (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    settled pg_lsn NOT NULL
+);
+INSERT INTO {{schema}}.wal_progress (settled) VALUES ('0/0') ON CONFLICT DO NOTHING;
+`
 
 func (m *Migrator) inTx(ctx context.Context, conn Conn, f func(pgx.Tx) error) error {
 	tx, err := conn.Begin(ctx)
@@ -179,6 +196,7 @@ LANGUAGE sql AS $fn$ SELECT pg_logical_emit_message(true, '{{schema}}', content)
 -- outbox table may in table mode (the producer role of wharf migrate roles).
 REVOKE EXECUTE ON FUNCTION {{schema}}.enqueue_wal(bytea) FROM PUBLIC;
 
+{{progress}}
 CREATE FUNCTION {{schema}}.refuse_rows() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
     RAISE EXCEPTION 'outbox {{schema}} is in WAL mode: enqueue with Wharf (EnqueueTx, Enqueue or {{schema}}.enqueue), which writes to the WAL; a row in this table would never be delivered'
@@ -218,7 +236,8 @@ BEGIN
 END
 $fn$;
 `
-	return strings.NewReplacer("{{schema}}", m.schema, "{{content}}", walmsg.ContentSQL).Replace(body)
+	return strings.NewReplacer("{{schema}}", m.schema, "{{content}}", walmsg.ContentSQL).Replace(
+		strings.ReplaceAll(body, "{{progress}}", progressTableSQL))
 }
 
 // dropWALMode removes what SetWALMode created outside the schema (the slot
@@ -235,7 +254,8 @@ func (m *Migrator) dropWALMode(ctx context.Context, tx pgx.Tx) error {
 DROP FUNCTION IF EXISTS `+m.schema+`.enqueue_wal(bytea);
 DROP FUNCTION IF EXISTS `+m.schema+`.wal_content(bigint, bigint, text, text, timestamptz, jsonb, bytea);
 DROP TRIGGER IF EXISTS outbox_wal_mode ON `+m.schema+`.outbox;
-DROP FUNCTION IF EXISTS `+m.schema+`.refuse_rows()`)
+DROP FUNCTION IF EXISTS `+m.schema+`.refuse_rows();
+DROP TABLE IF EXISTS `+m.schema+`.wal_progress`)
 	if err != nil {
 		return fmt.Errorf("wharfmigrate: remove WAL mode: %w", err)
 	}

@@ -90,6 +90,10 @@ END IF; END $wharf$`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.retries TO {R}`,
 		// Moves failed messages here (upsert); never deletes them.
 		`GRANT SELECT, INSERT, UPDATE ON {S}.dead_letters TO {R}`,
+		// In WAL mode the relay records how far the stream is settled.
+		`DO $wharf$ BEGIN IF to_regclass('{S}.wal_progress') IS NOT NULL THEN
+    GRANT SELECT, UPDATE ON {S}.wal_progress TO {R};
+END IF; END $wharf$`,
 		// In WAL mode the relay streams the outbox's replication slot, which
 		// takes the REPLICATION attribute; only a superuser can give it.
 		`DO $wharf$ BEGIN
@@ -123,6 +127,8 @@ func roleStatements(schema, role, password string, passwordSQL func(string) stri
 	for _, t := range tables {
 		out = append(out, fmt.Sprintf("REVOKE ALL ON %s.%s FROM %s", schema, t, role))
 	}
+	// The WAL mode's table exists only in WAL mode.
+	out = append(out, fmt.Sprintf("DO $wharf$ BEGIN IF to_regclass('%[1]s.wal_progress') IS NOT NULL THEN REVOKE ALL ON %[1]s.wal_progress FROM %[2]s; END IF; END $wharf$", schema, role))
 	out = append(out, fmt.Sprintf("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA %s FROM %s", schema, role))
 	r := strings.NewReplacer("{S}", schema, "{R}", role)
 	for _, g := range grants {
