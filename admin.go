@@ -347,6 +347,12 @@ type WALStatus struct {
 	// extended, unreserved (about to be removed under
 	// max_slot_wal_keep_size) or lost (the slot is invalidated).
 	WALStatus string
+	// OldestUnsettled is, while a relay streams the slot, the age of the
+	// oldest commit it holds unsettled, from what it recorded at its last
+	// lease round (the database's clock); 0 when it holds none or no relay
+	// streams. RecordedAgo is how long ago that was recorded.
+	OldestUnsettled time.Duration
+	RecordedAgo     time.Duration
 }
 
 // Due is how many messages are not scheduled for later.
@@ -585,6 +591,24 @@ FROM pg_replication_slots WHERE slot_name = $1`, w.Slot).Scan(&w.Active, &w.LagB
 		w.WALStatus = "missing"
 		err = nil
 	}
+	if err != nil {
+		return err
+	}
 	s.WAL = w
-	return err
+	var progress bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.cfg.Schema+".wal_progress").Scan(&progress); err != nil || !progress {
+		return err // no table: switched by an earlier build (`wharf migrate up --mode wal` adds it)
+	}
+	var oldest, ago pgtype.Float8
+	if err := tx.QueryRow(ctx, `SELECT extract(epoch FROM now() - oldest_unsettled)::float8, extract(epoch FROM now() - recorded_at)::float8
+FROM `+c.cfg.Schema+`.wal_progress`).Scan(&oldest, &ago); err != nil {
+		return err
+	}
+	if w.Active && oldest.Valid {
+		w.OldestUnsettled = time.Duration(max(0, oldest.Float64) * float64(time.Second))
+	}
+	if ago.Valid {
+		w.RecordedAgo = time.Duration(max(0, ago.Float64) * float64(time.Second))
+	}
+	return nil
 }

@@ -157,6 +157,12 @@ JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, b.s
 	// lag in time is read at each lease round (every 200 ms here).
 	require.GreaterOrEqual(t, time.Duration(relay.Metrics().WALLag.Load()), time.Since(committedBy)-time.Second,
 		"the lag in time does not show how long the oldest message waits")
+	// So does status, from any process: what the relay records each round.
+	st, err := relay.Status(ctx)
+	require.NoError(t, err)
+	require.True(t, st.WAL.Active)
+	require.GreaterOrEqual(t, st.WAL.OldestUnsettled, time.Since(committedBy)-time.Second)
+	require.Less(t, st.WAL.RecordedAgo, time.Second)
 	fast.Store(true)
 	require.Eventually(t, func() bool { return len(deliveredIDs(rec.snapshot())) >= len(ids) }, time.Minute, 50*time.Millisecond)
 	requireAllDelivered(t, rec, ids)
@@ -164,6 +170,11 @@ JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, b.s
 	require.Eventually(t, func() bool { return relay.Metrics().WALHeldBytes.Load() == 0 }, 10*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return relay.Metrics().WALLag.Load() == 0 }, 10*time.Second, 20*time.Millisecond,
 		"a relay holding nothing unsettled still shows a lag in time")
+	require.Eventually(t, func() bool {
+		st, err := relay.Status(ctx)
+		require.NoError(t, err)
+		return st.WAL.OldestUnsettled == 0
+	}, 10*time.Second, 20*time.Millisecond, "status still shows an unsettled commit")
 }
 
 // PostgreSQL saves a logical slot's confirmed position only at checkpoints:

@@ -56,18 +56,18 @@ type walStore struct {
 	held     int64         // bytes held: payloads plus walRowOverhead per message
 	queued   int64         // the part of held in the lanes' queues, not handed to the engine
 	lastEnd  walstream.LSN // end of the last transaction taken: a stream started again skips up to it
-	// confirmed is the furthest position confirmed to the slot; recorded
-	// the furthest written to <schema>.wal_progress, which outlives a
+	// confirmed is the furthest position confirmed to the slot; the relay
+	// writes it to <schema>.wal_progress (recordProgress), which outlives a
 	// crash of PostgreSQL (the slot's own position is saved only at
 	// checkpoints): a stream started later skips up to it too.
-	confirmed, recorded walstream.LSN
-	conn                *walstream.Conn
-	err                 error  // the stream's last failure, for the next fetch to report
-	wake                func() // the engine's wake-up (set by listen)
-	stats               *Stats
-	wq                  walQ // the writes to the tables
-	stopRun             context.CancelFunc
-	runDone             chan struct{}
+	confirmed walstream.LSN
+	conn      *walstream.Conn
+	err       error  // the stream's last failure, for the next fetch to report
+	wake      func() // the engine's wake-up (set by listen)
+	stats     *Stats
+	wq        walQ // the writes to the tables
+	stopRun   context.CancelFunc
+	runDone   chan struct{}
 	// target is the WAL flush position when the stream started (or the
 	// slot's confirmed position, if later); caughtUp is set once the
 	// stream passed it: until then an empty fetch does not mean an empty
@@ -170,7 +170,7 @@ func (s *walStore) claim(context.Context, int) ([]laneLease, error) {
 // may take the slot over. The relay that streams reads the slot's lag for
 // the metrics too: in bytes, and in time as the age of the oldest commit it
 // streamed and has not settled, on the database's clock (commit times are
-// the server's); and records how far it confirmed (recordSettled).
+// the server's); and records how far it confirmed (recordProgress).
 func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
 	lr, err := s.pgStore.leaseRound(ctx, ttl)
 	if err == nil && len(lr.renewed) == 0 {
@@ -194,7 +194,7 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &ag
 			s.stats.WALLagBytes.Store(bytes)
 			s.stats.WALLag.Store(int64(age * float64(time.Second)))
 		}
-		if err := s.recordSettled(ctx); err != nil {
+		if err := s.recordProgress(ctx, oldest); err != nil {
 			s.log.Warn("wharf: recording the settled WAL position failed; a crash of PostgreSQL would deliver more again", "err", err)
 		}
 	}
@@ -220,7 +220,7 @@ func (s *walStore) unregister(ctx context.Context) error {
 // whoever streams next.
 func (s *walStore) stopAndRecord(ctx context.Context) {
 	s.stopStream()
-	if err := s.recordSettled(ctx); err != nil {
+	if err := s.recordProgress(ctx, time.Time{}); err != nil {
 		s.log.Warn("wharf: recording the settled WAL position failed; a crash of PostgreSQL would deliver more again", "err", err)
 	}
 }
@@ -365,20 +365,21 @@ func (s *walStore) confirmLocked(lsn walstream.LSN) {
 	}
 }
 
-// recordSettled writes the furthest position confirmed to wal_progress,
-// when it moved. The write needs no fence: a position any relay confirmed
-// is settled, and the row only grows.
-func (s *walStore) recordSettled(ctx context.Context) error {
+// recordProgress writes the furthest position confirmed to wal_progress,
+// and the commit time of the oldest message held unsettled (zero: none, or
+// the stream stopped) for status. The write needs no fence: a position any
+// relay confirmed is settled, and the position only grows.
+func (s *walStore) recordProgress(ctx context.Context, oldest time.Time) error {
 	s.mu.Lock()
 	lsn := s.confirmed
 	s.mu.Unlock()
-	if lsn <= s.recorded {
-		return nil
+	var at pgtype.Timestamptz
+	if !oldest.IsZero() {
+		at = pgtype.Timestamptz{Time: oldest, Valid: true}
 	}
-	if _, err := s.pool.Exec(ctx, s.wq.recordSettled, lsn.String()); err != nil {
+	if _, err := s.pool.Exec(ctx, s.wq.recordProgress, lsn.String(), at); err != nil {
 		return storeErr("record the settled WAL position", err)
 	}
-	s.recorded = lsn
 	return nil
 }
 
@@ -725,7 +726,7 @@ func nonEmpty(s string) *string {
 	return &s
 }
 
-type walQ struct{ fence, clear, dead, walEnd, recordSettled string }
+type walQ struct{ fence, clear, dead, walEnd, recordProgress string }
 
 // walQueries are the WAL outbox's queries of its tables. The writes of
 // results lock the caller's lanes whose fence still matches, as the table
@@ -752,6 +753,6 @@ SELECT lane FROM f`),
 SELECT lane FROM f`),
 		walEnd: r(`SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, (SELECT settled::text FROM S.wal_progress)
 FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`),
-		recordSettled: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn)`),
+		recordProgress: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn), oldest_unsettled = $2, recorded_at = now()`),
 	}
 }

@@ -132,12 +132,16 @@ var errAlready = errors.New("already in WAL mode")
 // longest run of streamed transactions whose messages are all settled.
 // PostgreSQL saves a logical slot's confirmed position only at checkpoints,
 // so after a crash the slot starts from an older one; the relay skips what
-// ends at or before the recorded position.
+// ends at or before the recorded position. The streaming relay also records
+// the commit time of the oldest message it holds unsettled, for status.
 const progressTableSQL = `
 CREATE TABLE IF NOT EXISTS {{schema}}.wal_progress (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     settled pg_lsn NOT NULL
 );
+ALTER TABLE {{schema}}.wal_progress
+    ADD COLUMN IF NOT EXISTS oldest_unsettled timestamptz,
+    ADD COLUMN IF NOT EXISTS recorded_at timestamptz;
 INSERT INTO {{schema}}.wal_progress (settled) VALUES ('0/0') ON CONFLICT DO NOTHING;
 `
 

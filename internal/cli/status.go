@@ -153,7 +153,11 @@ func writeStatus(out io.Writer, st *wharf.Status) error {
 		if st.WAL.Active {
 			state = "a relay streams it"
 		}
-		fmt.Fprintf(w, "mode\tWAL: slot %s, %s, %d bytes of WAL behind (%s)\n", st.WAL.Slot, state, st.WAL.LagBytes, st.WAL.WALStatus)
+		lag := ""
+		if st.WAL.Active {
+			lag = fmt.Sprintf(", oldest unsettled commit %s old", st.WAL.OldestUnsettled.Round(time.Millisecond))
+		}
+		fmt.Fprintf(w, "mode\tWAL: slot %s, %s, %d bytes of WAL behind%s (%s)\n", st.WAL.Slot, state, st.WAL.LagBytes, lag, st.WAL.WALStatus)
 	}
 	how := "counted"
 	if !st.Messages.Exact {
