@@ -86,6 +86,13 @@ type StartState struct {
 	// Checkpointed says whether the CHECKPOINT ran (it needs superuser or
 	// pg_checkpoint).
 	Checkpointed bool `json:"checkpointed"`
+	// SlotLagBytes is, for an outbox in WAL mode, how many bytes of WAL the
+	// outbox's replication slot had not confirmed when the run was
+	// prepared; the bench advanced the slot over them, so the run starts
+	// from a slot confirmed up to the WAL position then. They hold the
+	// earlier phases' WAL (limits, checkpoints) and, only when the previous
+	// run says so, messages its relay had not delivered.
+	SlotLagBytes int64 `json:"slot_lag_bytes,omitempty"`
 	// Note says what went differently, if anything.
 	Note string `json:"note,omitempty"`
 }
@@ -382,10 +389,26 @@ func (e *env) quiesce(ctx context.Context) (bool, error) {
 // no rows, its dead tuples vacuumed and its statistics fresh (VACUUM
 // (ANALYZE) of the outbox and the relays' tables), its indexes rebuilt
 // (REINDEX), then a CHECKPOINT. The caller has emptied the outbox already.
+//
+// An outbox in WAL mode has no rows: its table stays empty and unused, so
+// only the relays' tables are vacuumed, nothing is reindexed, and the
+// slot is advanced to the WAL position now instead (skipping the WAL the
+// earlier phases wrote, which no relay needs to decode), then CHECKPOINTed.
 func (e *env) prepare(ctx context.Context, schema string) (StartState, error) {
 	var st StartState
 	if err := e.ctl.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&st.OutboxRows); err != nil {
 		return st, err
+	}
+	if e.wal() {
+		if _, err := e.ctl.Exec(ctx, fmt.Sprintf("VACUUM (ANALYZE) %[1]s.lanes, %[1]s.relays, %[1]s.retries", schema)); err != nil {
+			return st, fmt.Errorf("vacuuming the relays' tables: %w", err)
+		}
+		lag, err := e.advanceSlot(ctx, schema)
+		if err != nil {
+			return st, err
+		}
+		st.SlotLagBytes = lag
+		return e.prepared(ctx, schema, st)
 	}
 	if _, err := e.ctl.Exec(ctx, fmt.Sprintf("VACUUM (ANALYZE) %[1]s.outbox, %[1]s.lanes, %[1]s.relays, %[1]s.retries", schema)); err != nil {
 		return st, fmt.Errorf("vacuuming the outbox: %w", err)
@@ -400,6 +423,11 @@ func (e *env) prepare(ctx context.Context, schema string) (StartState, error) {
 	if _, err := e.ctl.Exec(ctx, "REINDEX TABLE "+schema+".outbox"); err != nil {
 		return st, fmt.Errorf("reindexing the outbox: %w", err)
 	}
+	return e.prepared(ctx, schema, st)
+}
+
+// prepared ends prepare: a CHECKPOINT, then the outbox's start state.
+func (e *env) prepared(ctx context.Context, schema string, st StartState) (StartState, error) {
 	ran, err := e.quiesce(ctx)
 	if err != nil {
 		return st, err

@@ -463,7 +463,7 @@ func TestDrainWALOutbox(t *testing.T) {
 		limits bool
 		want   string
 	}{
-		{ModeSteady, "wal", false, "--outbox-mode wal works with --mode drain only so far"},
+		{ModeSoak, "wal", false, "--outbox-mode wal does not work with --mode soak"},
 		{ModeDrain, "wal", true, "--limits measures the table outbox's removal limit"},
 		{ModeDrain, "heap", false, `--outbox-mode must be table or wal, got "heap"`},
 	} {

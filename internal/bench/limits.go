@@ -30,9 +30,26 @@ type Limits struct {
 	RemovalRows    int64   `json:"removal_rows,omitempty"`
 	RemovalWorkers int     `json:"removal_workers,omitempty"`
 	RemovalBatch   int     `json:"removal_batch,omitempty"`
+	// EmitRate is the emit limit, msgs/s (outbox in WAL mode only): the same
+	// producers writing the same payloads, ProducerBatch messages per
+	// transaction, each message one bare transactional
+	// pg_logical_emit_message(true, EmitPrefix, payload) (no topic, key or
+	// nonce), flat out for Duration. 0 when not measured.
+	EmitRate float64 `json:"emit_rate,omitempty"`
+	// EmitWALBytesPerMsg is the WAL the emit limit wrote per message (the
+	// WAL insert position's advance over the messages emitted).
+	EmitWALBytesPerMsg float64 `json:"emit_wal_bytes_per_msg,omitempty"`
+	// EmitPrefix is the emit limit's logical message prefix, distinct from
+	// the outbox's (its schema), so the relay's stream drops them.
+	EmitPrefix string `json:"emit_prefix,omitempty"`
 	// ProducerFraction is Wharf's producer rate over InsertRate (a sweep:
 	// the confirmed sustainable rate over InsertRate).
 	ProducerFraction float64 `json:"producer_fraction,omitempty"`
+	// EmitFraction is the same rate over EmitRate.
+	EmitFraction float64 `json:"emit_fraction,omitempty"`
+	// WALBytesFraction is Wharf's WAL bytes per message over
+	// EmitWALBytesPerMsg (baseline in WAL mode: Wharf's enqueue alone).
+	WALBytesFraction float64 `json:"wal_bytes_fraction,omitempty"`
 	// DrainFraction is Wharf's drain rate over RemovalRate.
 	DrainFraction float64 `json:"drain_fraction,omitempty"`
 }
@@ -41,6 +58,9 @@ type Limits struct {
 func (l *Limits) fractions(producerRate, drainRate float64) {
 	if l.InsertRate > 0 && producerRate > 0 {
 		l.ProducerFraction = producerRate / l.InsertRate
+	}
+	if l.EmitRate > 0 && producerRate > 0 {
+		l.EmitFraction = producerRate / l.EmitRate
 	}
 	if l.RemovalRate > 0 && drainRate > 0 {
 		l.DrainFraction = drainRate / l.RemovalRate
@@ -235,6 +255,10 @@ func limitNotes(res *Result, o Options) {
 	if l.InsertRate > 0 {
 		res.note("insert limit: %d connections, each committing one %d-row INSERT ... VALUES per transaction (BEGIN, INSERT, COMMIT: the enqueue's round trips) of the same keys and %d-byte payloads into a table with a primary key and no other index, flat out for %s after a CHECKPOINT",
 			o.Producers, o.ProducerBatch, o.PayloadBytes, o.Duration)
+	}
+	if l.EmitRate > 0 {
+		res.note("emit limit: %d connections, each committing one SELECT count(pg_logical_emit_message(true, '%s', p)) FROM unnest($payloads) p of %d %d-byte payloads per transaction (BEGIN, SELECT, COMMIT: the enqueue's round trips), one transactional logical message per message with no topic, key or nonce, flat out for %s after a CHECKPOINT; its WAL per message is the WAL insert position's advance over the messages emitted. The prefix is not the outbox's, so the relay's stream drops these messages",
+			o.Producers, l.EmitPrefix, o.ProducerBatch, o.PayloadBytes, o.Duration)
 	}
 	if l.RemovalRate > 0 {
 		res.note("removal limit: %d connections each looping DELETE ... WHERE id IN (SELECT id ... FOR UPDATE SKIP LOCKED LIMIT %d) RETURNING id, topic, key, payload, reading every row, over %d rows pre-filled by COPY, VACUUM (ANALYZE)d and CHECKPOINTed first, until the table is empty: no order at all, no leases, no late-commit detection",

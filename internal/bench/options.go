@@ -55,7 +55,9 @@ type Options struct {
 	// Mode is what to measure. Required.
 	Mode Mode
 	// OutboxMode is where the bench's outbox keeps messages: table (the
-	// default) or wal (wharfmigrate.SetWALMode; drain mode only so far).
+	// default) or wal (wharfmigrate.SetWALMode): not with soak; one relay,
+	// in this process for steady and sweep, a process for drain and
+	// baseline.
 	OutboxMode string
 	// DatabaseURL is the PostgreSQL to measure. Required (the CLI starts a
 	// throwaway cluster when none is given).
@@ -206,19 +208,27 @@ func (o Options) withDefaults() (Options, error) {
 	case "", "table":
 		o.OutboxMode = "table"
 	case "wal":
-		if o.Mode != ModeDrain {
-			return o, fmt.Errorf("--outbox-mode wal works with --mode drain only so far, got --mode %s", o.Mode)
+		// One replication slot, which one relay streams.
+		if o.Relays != 1 {
+			return o, fmt.Errorf("--outbox-mode wal streams one replication slot, which one relay reads: use --relays 1 (got --relays %d)", o.Relays)
 		}
-		if o.Limits {
-			return o, errors.New("--limits measures the table outbox's removal limit; leave it out with --outbox-mode wal")
+		switch o.Mode {
+		case ModeSoak:
+			return o, errors.New("--outbox-mode wal does not work with --mode soak yet (its trends read the outbox table); use --mode steady with a long --duration, or a table outbox")
+		case ModeDrain:
+			if o.Limits {
+				return o, errors.New("--limits measures the table outbox's removal limit; leave it out with --outbox-mode wal")
+			}
+			// The messages were pre-filled: no producer registers their
+			// seqs with the tracker (see tracker), so the relay runs as a
+			// process and the slot's progress tells the drain's.
+			o.InProcess = false
+		case ModeBaseline:
+			return o, errors.New("--outbox-mode wal works with --mode drain, steady and sweep so far; leave it out with --mode baseline")
+		case ModeSteady, ModeSweep:
+			// Latency needs the tracker: the relay runs in this process.
+			o.InProcess = true
 		}
-		// The in-process tracker keeps a slot per seq in chunks of dense
-		// seqs, as a table outbox's identity column gives them; a WAL
-		// outbox's seqs are WAL positions, dense within one enqueue call and
-		// hundreds of kilobytes apart between calls, and the chunks took
-		// about 500 MB of the bench process for 1M messages. The relays run
-		// as processes instead (their own memory is what is reported).
-		o.InProcess = false
 	default:
 		return o, fmt.Errorf("--outbox-mode must be table or wal, got %q", o.OutboxMode)
 	}

@@ -80,9 +80,10 @@ func (p *producers) run(ctx context.Context, start time.Time, rate float64, stop
 }
 
 // wharfWriter enqueues through the library (EnqueueTx in a transaction of
-// its own); onCommit, when set, gets the messages' positions and the time
-// their Commit returned.
-func wharfWriter(o Options, pool *pgxpool.Pool, client *wharf.Client, onCommit func(seqs []int64, at time.Time)) func() batchWriter {
+// its own); tr, when set, gets the messages' positions and the time their
+// Commit returned (and, in its sparse layout, the positions before the
+// Commit: see tracker).
+func wharfWriter(o Options, pool *pgxpool.Pool, client *wharf.Client, tr *tracker) func() batchWriter {
 	payload := makePayload(o.PayloadBytes)
 	return func() batchWriter {
 		msgs := make([]wharf.Message, o.ProducerBatch)
@@ -100,22 +101,44 @@ func wharfWriter(o Options, pool *pgxpool.Pool, client *wharf.Client, onCommit f
 				_ = tx.Rollback(ctx)
 				return 0, err
 			}
+			var seqs []int64
+			if tr != nil && tr.sparse {
+				if seqs, err = parseSeqs(ids); err != nil {
+					_ = tx.Rollback(ctx)
+					return 0, err
+				}
+				tr.enqueued(seqs)
+			}
 			if err := tx.Commit(ctx); err != nil {
+				if seqs != nil {
+					tr.forget(seqs)
+				}
 				return 0, err
 			}
-			if onCommit != nil {
+			if tr != nil {
 				now := time.Now()
-				seqs := make([]int64, len(ids))
-				for i, id := range ids {
-					if seqs[i], _, err = wharf.ParseID(id); err != nil {
+				if seqs == nil {
+					if seqs, err = parseSeqs(ids); err != nil {
 						return 0, err
 					}
 				}
-				onCommit(seqs, now)
+				tr.committed(seqs, now)
 			}
 			return len(ids), nil
 		}
 	}
+}
+
+// parseSeqs returns the seqs of ids.
+func parseSeqs(ids []string) ([]int64, error) {
+	seqs := make([]int64, len(ids))
+	for i, id := range ids {
+		var err error
+		if seqs[i], _, err = wharf.ParseID(id); err != nil {
+			return nil, err
+		}
+	}
+	return seqs, nil
 }
 
 // bareTableDDL is the table of the physical limits: the outbox's payload

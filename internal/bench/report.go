@@ -55,6 +55,9 @@ func (r *Result) rows() []row {
 		if l != nil && l.ProducerFraction > 0 {
 			add("  of the insert limit", pct(l.ProducerFraction))
 		}
+		if l != nil && l.EmitFraction > 0 {
+			add("  of the emit limit", pct(l.EmitFraction))
+		}
 	}
 	if r.Mode == ModeSweep && r.TargetRate == 0 {
 		add("verdict", r.VerdictReason)
@@ -63,10 +66,12 @@ func (r *Result) rows() []row {
 	}
 	add("messages", strconv.FormatInt(r.Messages, 10))
 	add("relays", relaysText(r))
+	if r.Settings.OutboxMode == "wal" {
+		add("outbox", "WAL mode (messages in the WAL only, streamed from a logical replication slot)")
+	}
 	switch r.Mode {
 	case ModeDrain:
 		if r.Settings.OutboxMode == "wal" {
-			add("outbox", "WAL mode (messages in the WAL only, streamed from a logical replication slot)")
 			add("pre-fill (Enqueue)", rate(r.ProducerRate))
 		} else {
 			add("pre-fill (COPY)", rate(r.ProducerRate))
@@ -78,6 +83,9 @@ func (r *Result) rows() []row {
 	}
 	if l != nil && l.ProducerFraction > 0 && r.Mode != ModeSweep {
 		add("  of the insert limit", pct(l.ProducerFraction))
+	}
+	if l != nil && l.EmitFraction > 0 && r.Mode != ModeSweep {
+		add("  of the emit limit", pct(l.EmitFraction))
 	}
 	switch r.Mode {
 	case ModeDrain, ModeBaseline:
@@ -97,7 +105,10 @@ func (r *Result) rows() []row {
 			d = "did not catch up within --tail-wait"
 		}
 		add("caught up after stop", d)
-		if r.Start != nil {
+		if st := r.Start; st != nil && r.Settings.OutboxMode == "wal" {
+			add("start", fmt.Sprintf("replication slot advanced over %d kB of WAL not confirmed (the earlier phases'), relays' tables vacuumed; CHECKPOINT %s",
+				st.SlotLagBytes/1024, map[bool]string{true: "done", false: "not permitted"}[st.Checkpointed]))
+		} else if r.Start != nil {
 			st := r.Start
 			add("start", fmt.Sprintf("outbox %d rows, %d dead tuples, heap %d kB, indexes %d kB after VACUUM (ANALYZE) and REINDEX; CHECKPOINT %s",
 				st.OutboxRows, st.DeadTuples, st.HeapBytes/1024, st.IndexBytes/1024, map[bool]string{true: "done", false: "not permitted"}[st.Checkpointed]))
@@ -148,6 +159,13 @@ func (r *Result) limitRows() []row {
 	var rows []row
 	if l.InsertRate > 0 {
 		rows = append(rows, row{"insert limit", rate(l.InsertRate) + " (bare multi-row INSERT)"})
+	}
+	if l.EmitRate > 0 {
+		rows = append(rows, row{"emit limit", rate(l.EmitRate) + " (bare pg_logical_emit_message per message)"},
+			row{"  emit WAL per message", fmt.Sprintf("%.0f bytes", l.EmitWALBytesPerMsg)})
+		if l.WALBytesFraction > 0 {
+			rows = append(rows, row{"  Wharf's WAL per message", fmt.Sprintf("%.2f × the bare emit's", l.WALBytesFraction)})
+		}
 	}
 	if l.RemovalRate > 0 {
 		rows = append(rows, row{"removal limit", rate(l.RemovalRate) + " (bare claim+delete)"})

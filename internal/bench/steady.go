@@ -26,6 +26,9 @@ type steadySpec struct {
 	drainAll bool
 }
 
+// trackerHook, when set (by tests), is given each steady run's tracker.
+var trackerHook func(*tracker)
+
 // drainAllWait bounds how long a sweep waits for the relays to work off an
 // unsustainable step's backlog before it empties the outbox itself.
 const drainAllWait = 2 * time.Minute
@@ -34,13 +37,9 @@ const drainAllWait = 2 * time.Minute
 // one steady run.
 func (e *env) steadyMode(ctx context.Context, schema string) (*Result, error) {
 	o := e.o
-	var lim *Limits
-	if o.Limits {
-		rate, err := e.insertLimit(ctx, schema)
-		if err != nil {
-			return nil, err
-		}
-		lim = &Limits{InsertRate: rate}
+	lim, err := e.loadLimits(ctx, schema)
+	if err != nil {
+		return nil, err
 	}
 	res, err := e.steady(ctx, e.rateSpec(schema, "steady"))
 	if err != nil {
@@ -52,6 +51,27 @@ func (e *env) steadyMode(ctx context.Context, schema string) (*Result, error) {
 		limitNotes(res, o)
 	}
 	return res, nil
+}
+
+// loadLimits measures the limits a steady run or a sweep compares with when
+// --limits is given (nil otherwise): the insert limit, and for an outbox in
+// WAL mode the emit limit as well.
+func (e *env) loadLimits(ctx context.Context, schema string) (*Limits, error) {
+	if !e.o.Limits {
+		return nil, nil
+	}
+	rate, err := e.insertLimit(ctx, schema)
+	if err != nil {
+		return nil, err
+	}
+	lim := &Limits{InsertRate: rate}
+	if e.wal() {
+		if lim.EmitRate, lim.EmitWALBytesPerMsg, err = e.emitLimit(ctx, schema); err != nil {
+			return nil, err
+		}
+		lim.EmitPrefix = emitPrefix(schema)
+	}
+	return lim, nil
 }
 
 // rateSpec is the steady run of --rate, judged against --max-p99 when given;
@@ -95,16 +115,24 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if e.wal() {
+		if e.walStart, err = e.insertLSN(ctx); err != nil {
+			return nil, err
+		}
+	}
 
 	warmup := o.Warmup
 	start := time.Now()
-	tr := newTracker(start, warmup)
+	tr := e.newTracker(start, warmup)
 	tr.windowEnd = warmup + o.Duration
-	var onCommit func([]int64, time.Time)
-	if o.InProcess {
-		onCommit = tr.committed
+	if trackerHook != nil {
+		trackerHook(tr)
 	}
-	p := &producers{o: o, newWriter: wharfWriter(o, pool, client, onCommit), measureFrom: start.Add(warmup)}
+	var ptr *tracker
+	if o.InProcess {
+		ptr = tr
+	}
+	p := &producers{o: o, newWriter: wharfWriter(o, pool, client, ptr), measureFrom: start.Add(warmup)}
 	r, err := e.startRelays(ctx, schema, tr, true)
 	if err != nil {
 		return nil, err
@@ -220,6 +248,13 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 		res.ProcessingRate = float64(stop.Processed-warmProcessed) / window
 	}
 	res.Messages = stop.Produced
+	if e.wal() {
+		// The relay has drained the outbox once the slot is confirmed
+		// past the WAL the producers wrote.
+		if e.walTarget, err = e.insertLSN(ctx); err != nil {
+			return nil, err
+		}
+	}
 	growth := TestGrowth(sm.readX, sm.readY, GrowthTolerance(sp.rate))
 	res.BacklogGrowth = &growth
 	res.BacklogSlope = growth.Slope
@@ -243,7 +278,16 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	}
 	pool.Close()
 	poolClosed = true
-	if sp.drainAll && !emptied {
+	switch {
+	case sp.drainAll && !emptied && e.wal():
+		// The relay could not work the backlog off in time: skip the rest
+		// of the slot so that the next run starts from nothing.
+		skipped, err := e.advanceSlot(ctx, schema)
+		if err != nil {
+			return nil, err
+		}
+		res.note("the relay had not confirmed the slot past the producers' WAL %s after they stopped (%d messages not acknowledged); the bench advanced the slot to the WAL position now, skipping %d bytes of WAL", wait, max(0, p.produced.Load()-tr.acked.Load()), skipped)
+	case sp.drainAll && !emptied:
 		// The relays could not work the backlog off in time: empty the
 		// outbox so that the next run starts from nothing.
 		if _, err := e.ctl.Exec(ctx, "DELETE FROM "+schema+".outbox"); err != nil {
@@ -273,7 +317,12 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	}
 	j := Judge(ev)
 	res.Sustainable, res.VerdictReason, res.Criteria = j.Sustainable, j.Reason, j.Criteria
-	res.note("every steady run starts from an empty outbox: the relays of the previous run emptied it, then VACUUM (ANALYZE) of the outbox and the relays' tables, REINDEX TABLE of the outbox (VACUUM leaves indexes at their high-water size, which slows the runs that follow a large backlog), CHECKPOINT and a %s pause", settle)
+	if e.wal() {
+		res.note("outbox in WAL mode: each enqueue call is one transactional logical decoding message; one relay, in this process, streams them from the replication slot %s. Every steady run starts from a drained outbox: the slot advanced to the WAL position (start.slot_lag_bytes is what it skipped, the earlier phases' WAL), VACUUM (ANALYZE) of the relays' tables (the outbox table stays empty), CHECKPOINT and a %s pause", schema, settle)
+		res.note("the latency tracker keeps one entry per message enqueued and not yet acknowledged (WAL seqs are positions, not dense ids), registered before the producer's Commit; an acknowledgement that finds no entry counts as a redelivery; outbox_remaining is always 0 (no rows): messages minus delivered is what was not acknowledged")
+	} else {
+		res.note("every steady run starts from an empty outbox: the relays of the previous run emptied it, then VACUUM (ANALYZE) of the outbox and the relays' tables, REINDEX TABLE of the outbox (VACUUM leaves indexes at their high-water size, which slows the runs that follow a large backlog), CHECKPOINT and a %s pause", settle)
+	}
 	res.note("verdict: sustainable when the producers reached %.0f %% of the target, the backlog did not grow faster than max(%.0f msg/s, %.1f %% of the target) with %.0f %% confidence over the window (least-squares slope of block means, autocorrelation-corrected standard error, one-sided Student t test), the backlog at the producers' stop was at most %.0f s of load, and p99 commit → ack was at most --max-p99 when given (steady) or, in a sweep, the median of the window's per-second p99s at most max(%.0f ms, %.0f × the same median at the highest passing lower rate) where there is one",
 		100*MinProducerFraction, MinGrowthTolerance, 100*GrowthToleranceFraction, 100*GrowthConfidence, MaxBacklogSeconds, ms(e.o.P99Floor), P99Factor)
 	res.note("backlog is produced minus acknowledged (in-process relay, read every 20 ms) or the outbox's row count (relay processes, read at each sample)")
@@ -320,7 +369,7 @@ func (e *env) tail(ctx context.Context, sm *sampler, tr *tracker, p *producers, 
 					continue
 				}
 			}
-			if empty, err = e.outboxEmpty(ctx, sm.schema); err != nil {
+			if empty, err = e.drained(ctx, sm.schema); err != nil {
 				return false, err
 			}
 			if empty && !caughtUp {

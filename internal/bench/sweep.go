@@ -44,13 +44,9 @@ const SweepPrecision = 0.05
 // their figures.
 func (e *env) sweep(ctx context.Context, schema string) (*Result, error) {
 	o := e.o
-	var lim *Limits
-	if o.Limits {
-		rate, err := e.insertLimit(ctx, schema)
-		if err != nil {
-			return nil, err
-		}
-		lim = &Limits{InsertRate: rate}
+	lim, err := e.loadLimits(ctx, schema)
+	if err != nil {
+		return nil, err
 	}
 	var steps []Step
 	run := func(rate int, role string) (*Result, error) {
@@ -177,7 +173,11 @@ func (e *env) sweepResult(best *Result, rate int, steps []Step, lim *Limits, rea
 		res.Limits = lim
 		limitNotes(res, e.o)
 	}
-	res.note("sweep: the figures other than steps come from the last confirming run; every run starts from an emptied, vacuumed, reindexed and checkpointed outbox")
+	if e.wal() {
+		res.note("sweep: the figures other than steps come from the last confirming run; every run starts from a drained WAL outbox: its slot advanced to the WAL position, the relays' tables vacuumed, a CHECKPOINT")
+	} else {
+		res.note("sweep: the figures other than steps come from the last confirming run; every run starts from an emptied, vacuumed, reindexed and checkpointed outbox")
+	}
 	return res
 }
 
