@@ -26,6 +26,13 @@ func (e *env) baseline(ctx context.Context, schema string) (*Result, error) {
 		return nil, err
 	}
 
+	wal := e.wal()
+	if wal {
+		if e.walStart, err = e.insertLSN(ctx); err != nil {
+			return nil, err
+		}
+	}
+
 	// 1. Wharf's enqueue, flat out, no relay running.
 	pool, err := connect(ctx, o.DatabaseURL, int32(o.Producers))
 	if err != nil {
@@ -58,11 +65,29 @@ func (e *env) baseline(ctx context.Context, schema string) (*Result, error) {
 		return nil, err
 	}
 	res.WALBytesPerMsg, res.CommitsPerMsg = enqueueOnly.WALBytesPerMsg, enqueueOnly.CommitsPerMsg
+	if wal {
+		// The drain is done once the slot is confirmed past a marker
+		// written right after the enqueue phase: see walMarker.
+		marker, err := e.walMarker(ctx, schema)
+		if err != nil {
+			return nil, err
+		}
+		e.walTarget = marker + 1
+	}
 
-	// 2. The insert limit.
+	// 2. The insert limit (and, for a WAL outbox, the emit limit).
 	lim := &Limits{}
 	if lim.InsertRate, err = e.insertLimit(ctx, schema); err != nil {
 		return nil, err
+	}
+	if wal {
+		if lim.EmitRate, lim.EmitWALBytesPerMsg, err = e.emitLimit(ctx, schema); err != nil {
+			return nil, err
+		}
+		lim.EmitPrefix = emitPrefix(schema)
+		if lim.EmitWALBytesPerMsg > 0 {
+			lim.WALBytesFraction = res.WALBytesPerMsg / lim.EmitWALBytesPerMsg
+		}
 	}
 
 	// 3. Wharf's relays drain the enqueued backlog.
@@ -77,15 +102,29 @@ func (e *env) baseline(ctx context.Context, schema string) (*Result, error) {
 		return nil, err
 	}
 	res.Samples = append(samples, drained...)
-
-	// 4. The removal limit over as many rows.
-	rl, err := e.removalLimit(ctx, schema, res.Messages)
-	if err != nil {
-		return nil, err
+	if wal {
+		n, err := e.deadLetters(ctx, schema)
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			return nil, fmt.Errorf("the relay dead-lettered %d messages while draining the WAL outbox: the bench's measurement is not valid", n)
+		}
 	}
-	rl.InsertRate = lim.InsertRate
-	rl.fractions(res.ProducerRate, res.ProcessingRate)
-	res.Limits = rl
+
+	// 4. The removal limit over as many rows (a table outbox's only).
+	if wal {
+		lim.fractions(res.ProducerRate, 0)
+		res.Limits = lim
+	} else {
+		rl, err := e.removalLimit(ctx, schema, res.Messages)
+		if err != nil {
+			return nil, err
+		}
+		rl.InsertRate = lim.InsertRate
+		rl.fractions(res.ProducerRate, res.ProcessingRate)
+		res.Limits = rl
+	}
 
 	rate, err := publishRate(ctx, o)
 	if err != nil {
@@ -94,7 +133,12 @@ func (e *env) baseline(ctx context.Context, schema string) (*Result, error) {
 	res.SinkPublishRate = rate
 	res.VerdictReason = "n/a: baseline has no target rate"
 	res.LatencyNote = "n/a (baseline: the relays drain a backlog, so commit → ack measures queueing)"
-	res.note("baseline runs four phases, each after a CHECKPOINT: Wharf's producers enqueue flat out for %s with no relay running (producer_rate, through EnqueueTx: unnest arrays, RETURNING id, nonce); the insert limit; the relays drain that backlog after VACUUM (ANALYZE) (processing_rate, drain_seconds); the removal limit over as many rows", o.Duration)
+	if wal {
+		res.note("outbox in WAL mode: baseline runs three phases, each after a CHECKPOINT: Wharf's producers enqueue flat out for %s with no relay running (producer_rate, through EnqueueTx: one transactional logical decoding message per call, through %s.enqueue_wal); then an empty logical message of the emit limit's prefix marks the end of that WAL; the insert limit and the emit limit; one relay process drains the slot (processing_rate, drain_seconds: from its start until the slot is confirmed past the marker, so it decodes none of the limits' WAL; the relay confirms every 100 ms, so up to that much is added). The removal limit is a table outbox's: not measured", o.Duration, schema)
+		res.note("after the drain the outbox's dead letters are counted and must be none: the emit limit's messages, of another prefix, are dropped by the relay's stream")
+	} else {
+		res.note("baseline runs four phases, each after a CHECKPOINT: Wharf's producers enqueue flat out for %s with no relay running (producer_rate, through EnqueueTx: unnest arrays, RETURNING id, nonce); the insert limit; the relays drain that backlog after VACUUM (ANALYZE) (processing_rate, drain_seconds); the removal limit over as many rows", o.Duration)
+	}
 	res.note("wal_bytes_per_msg and commits_per_msg cover Wharf's enqueue alone")
 	res.note("sink_publish_rate: batches of 1000 messages published straight to --sink for one second, without an outbox")
 	limitNotes(res, o)
@@ -106,6 +150,12 @@ func (e *env) baseline(ctx context.Context, schema string) (*Result, error) {
 	}
 	if res.OutboxRemaining, err = e.outboxCount(ctx, schema); err != nil {
 		return nil, err
+	}
+	if wal && o.Keep {
+		// A kept slot would hold the limits' WAL, which no relay needs.
+		if _, err := e.advanceSlot(ctx, schema); err != nil {
+			return nil, err
+		}
 	}
 	return res, nil
 }

@@ -224,7 +224,8 @@ func (o Options) withDefaults() (Options, error) {
 			// process and the slot's progress tells the drain's.
 			o.InProcess = false
 		case ModeBaseline:
-			return o, errors.New("--outbox-mode wal works with --mode drain, steady and sweep so far; leave it out with --mode baseline")
+			// Its drain phase is a drain of pre-filled messages, as above.
+			o.InProcess = false
 		case ModeSteady, ModeSweep:
 			// Latency needs the tracker: the relay runs in this process.
 			o.InProcess = true

@@ -94,10 +94,13 @@ func (e *env) advanceSlot(ctx context.Context, schema string) (int64, error) {
 
 // emitPrefix is the prefix of the emit limit's logical messages. It must not
 // be the outbox's (its schema), or the relay would take them for outbox
-// messages it cannot decode and dead-letter them; a schema name has no dot,
-// so this one cannot be any outbox's. The relay's stream keeps only the
+// messages it cannot decode and dead-letter them: a schema name starts with
+// a letter or an underscore, so a prefix starting with "~" is no outbox's.
+// It is as long as the outbox's, so that the bare emit's WAL per message,
+// which carries the prefix in every message, compares fairly with Wharf's,
+// which carries it once per enqueue call. The relay's stream keeps only the
 // messages of its own prefix (walstream.Options.Prefix).
-func emitPrefix(schema string) string { return schema + ".emit-limit" }
+func emitPrefix(schema string) string { return "~" + schema[1:] }
 
 // emitLimit measures the emit limit in schema for Duration: the same
 // producers and payloads as Wharf's enqueue, ProducerBatch messages per
@@ -168,4 +171,25 @@ func emitWriter(o Options, pool *pgxpool.Pool, prefix string) func() batchWriter
 			return n, nil
 		}
 	}
+}
+
+// walMarker emits an empty transactional logical message of the emit
+// limit's prefix and returns its position. It follows the WAL of Wharf's
+// enqueue phase: the relay's stream brings its transaction (with the
+// message filtered out by prefix), which settles at once, so the relay
+// confirms past the marker as soon as every outbox message before it is
+// settled, without decoding the WAL that later phases wrote after it.
+func (e *env) walMarker(ctx context.Context, schema string) (walstream.LSN, error) {
+	var s string
+	if err := e.ctl.QueryRow(ctx, `SELECT pg_logical_emit_message(true, $1, ''::bytea)::text`, emitPrefix(schema)).Scan(&s); err != nil {
+		return 0, err
+	}
+	return walstream.ParseLSN(s)
+}
+
+// deadLetters counts the outbox's dead letters.
+func (e *env) deadLetters(ctx context.Context, schema string) (int64, error) {
+	var n int64
+	err := e.ctl.QueryRow(ctx, "SELECT count(*) FROM "+schema+".dead_letters").Scan(&n)
+	return n, err
 }

@@ -1,13 +1,18 @@
 package bench
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/walstream"
 )
 
 func walOptions(t *testing.T, mode Mode) Options {
@@ -77,6 +82,116 @@ func TestSteadyWALOutbox(t *testing.T) {
 	}
 }
 
+// A small baseline of an outbox in WAL mode: Wharf's enqueue beside the
+// bare emit of the same payloads, then the relay drains the slot past the
+// enqueue's WAL; the emit limit's messages are not the outbox's.
+func TestBaselineWALOutbox(t *testing.T) {
+	t.Setenv(RelayHelperEnv, "1")
+	o := walOptions(t, ModeBaseline)
+	o.Duration = time.Second
+	o.RelayCommand = []string{os.Args[0]}
+	var stderr bytes.Buffer
+	o.RelayStderr = &stderr
+	r, err := Run(context.Background(), o)
+	require.NoError(t, err, stderr.String())
+	m := decode(t, r)
+	require.Equal(t, "baseline", m["mode"])
+	require.False(t, r.Settings.InProcess)
+	require.Positive(t, r.ProducerRate)
+	require.Positive(t, r.Messages)
+	require.Equal(t, r.Messages, r.Delivered)
+	require.Positive(t, r.DrainSeconds, "the drain finished")
+	require.Positive(t, r.ProcessingRate)
+	require.Positive(t, r.WALBytesPerMsg)
+	l := r.Limits
+	require.NotNil(t, l)
+	require.Positive(t, l.InsertRate)
+	require.Positive(t, l.EmitRate)
+	require.Positive(t, l.EmitWALBytesPerMsg)
+	require.Equal(t, emitPrefix(r.Settings.Schema), l.EmitPrefix)
+	require.NotEqual(t, r.Settings.Schema, l.EmitPrefix)
+	require.Len(t, l.EmitPrefix, len(r.Settings.Schema), "as long as the outbox's prefix")
+	require.InDelta(t, r.WALBytesPerMsg/l.EmitWALBytesPerMsg, l.WALBytesFraction, 1e-9)
+	require.InDelta(t, r.ProducerRate/l.EmitRate, l.EmitFraction, 1e-9)
+	require.InDelta(t, r.ProducerRate/l.InsertRate, l.ProducerFraction, 1e-9)
+	require.Zero(t, l.RemovalRate, "the removal limit is a table outbox's")
+	require.Zero(t, l.DrainFraction)
+	// A bare emit of the payload alone: less WAL than Wharf's message,
+	// which adds its topic, key and nonce to the same logical message.
+	require.Greater(t, l.WALBytesFraction, 0.0)
+
+	sum, html := report(t, r)
+	for _, s := range []string{sum, html} {
+		require.Contains(t, s, "emit limit")
+		require.Contains(t, s, "of the emit limit")
+		require.Contains(t, s, "× the bare emit")
+		require.NotContains(t, s, "bare claim+delete", "no removal limit")
+	}
+	var sb strings.Builder
+	require.NoError(t, WriteJSON(&sb, r))
+	for _, f := range []string{`"emit_rate"`, `"emit_wal_bytes_per_msg"`, `"wal_bytes_fraction"`, `"emit_fraction"`} {
+		require.Contains(t, sb.String(), f)
+	}
+}
+
+// The relay's stream keeps only its outbox's prefix: logical messages of
+// the emit limit's prefix are skipped, not dead-lettered, and advancing the
+// slot skips what no relay delivered.
+func TestWALSlotAdvanceAndPrefix(t *testing.T) {
+	o := walOptions(t, ModeSteady)
+	o.Rate = 1000
+	o, err := o.withDefaults()
+	require.NoError(t, err)
+	o.Schema = "wharf_bench_waltest"
+	ctx := context.Background()
+	ctl, err := connect(ctx, o.DatabaseURL, 2)
+	require.NoError(t, err)
+	defer ctl.Close()
+	e := &env{o: o, ctl: ctl}
+	drop, err := e.createSchema(ctx, o.Schema)
+	require.NoError(t, err)
+	defer drop()
+
+	// Not streamed: the slot keeps them, and advancing skips them.
+	c, err := wharf.NewClient(ctl, &wharf.Config{Schema: o.Schema})
+	require.NoError(t, err)
+	_, err = c.Enqueue(ctx, wharf.Message{Topic: topic, Payload: []byte(`"x"`)})
+	require.NoError(t, err)
+	before, err := e.insertLSN(ctx)
+	require.NoError(t, err)
+	skipped, err := e.advanceSlot(ctx, o.Schema)
+	require.NoError(t, err)
+	require.Positive(t, skipped)
+	var confirmed string
+	require.NoError(t, ctl.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", o.Schema).Scan(&confirmed))
+	lsn, err := walstream.ParseLSN(confirmed)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, lsn, before, "confirmed past everything written before the advance")
+
+	// Logical messages of the emit limit's prefix, then one outbox message,
+	// streamed by the relay.
+	for range 3 {
+		_, err = e.walMarker(ctx, o.Schema)
+		require.NoError(t, err)
+	}
+	tr := newSparseTracker(time.Now(), 0)
+	r, err := startInProcess(ctx, o, o.Schema, tr, false)
+	require.NoError(t, err)
+	_, err = c.Enqueue(ctx, wharf.Message{Topic: topic, Payload: []byte(`"y"`)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, dups := tr.summary()
+		return dups > 0 || tr.acked.Load() > 0
+	}, 20*time.Second, 20*time.Millisecond)
+	_, err = r.stop(ctx)
+	require.NoError(t, err)
+	_, dups := tr.summary()
+	require.EqualValues(t, 1, dups, "the message was not registered with the tracker: its ack counts as a redelivery")
+	n, err := e.deadLetters(ctx, o.Schema)
+	require.NoError(t, err)
+	require.Zero(t, n, "the other prefix's messages were dropped by the stream")
+}
+
 func TestWALOutboxOptions(t *testing.T) {
 	for _, c := range []struct {
 		o    Options
@@ -95,7 +210,7 @@ func TestWALOutboxOptions(t *testing.T) {
 	for _, c := range []struct {
 		mode      Mode
 		inProcess bool
-	}{{ModeSteady, true}, {ModeSweep, true}, {ModeDrain, false}} {
+	}{{ModeSteady, true}, {ModeSweep, true}, {ModeBaseline, false}, {ModeDrain, false}} {
 		o, err := Options{Mode: c.mode, OutboxMode: "wal", DatabaseURL: "x", Rate: 100, Limits: c.mode != ModeDrain, InProcess: !c.inProcess}.withDefaults()
 		require.NoError(t, err, c.mode)
 		require.Equal(t, c.inProcess, o.InProcess, c.mode)
