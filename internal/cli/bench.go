@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/wharfhq/wharf/internal/bench"
+	"github.com/wharfhq/wharf/internal/pgembed"
 )
 
 type benchFlags struct {
@@ -67,13 +68,23 @@ One relay runs in this process by default, behind a probe sink that records when
 sink acknowledged each message: that gives commit-to-ack latency. With --relays > 1
 (or --in-process=false) relays run as 'wharf relay' processes; latency is then not
 measured. A live progress line goes to stderr, the summary to stdout; --json and
---report DIR (samples.csv and a self-contained index.html with charts) keep the results.`,
+--report DIR (samples.csv and a self-contained index.html with charts) keep the results.
+
+With --outbox-mode wal the outbox is in WAL mode (needs wal_level=logical): each
+enqueue call is one logical decoding message, streamed by one relay (--relays 1)
+from the replication slot named after the schema. A drained outbox is a slot
+confirmed up to the WAL position; steady and sweep runs start from one (the slot
+is advanced) and run the relay in this process for latency. Baseline also
+measures the emit limit: the same payloads, one bare pg_logical_emit_message
+each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 		Example: `  wharf bench --mode drain --messages 1000000
   wharf bench --mode baseline --duration 10s
   wharf bench --mode steady --rate 20000 --duration 30s --report out/
   wharf bench --mode sweep --records-per-key 10 --producer-batch 100 --payload-bytes 200 --json sweep.json
   wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000
-  wharf bench --mode soak --rate 10000 --duration 30m --report soak/`,
+  wharf bench --mode soak --rate 10000 --duration 30m --report soak/
+  wharf bench --mode baseline --outbox-mode wal --database-url postgres://.../db
+  wharf bench --mode steady --outbox-mode wal --rate 20000 --limits --database-url postgres://.../db`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signalContext(cmd.Context())
@@ -84,7 +95,7 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
 	o := &f.opts
 	fl := cmd.Flags()
 	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady, sweep or soak")
-	fl.StringVar(&o.OutboxMode, "outbox-mode", "table", "where the bench's outbox keeps messages: table, or wal (drain only; needs wal_level=logical)")
+	fl.StringVar(&o.OutboxMode, "outbox-mode", "table", "where the bench's outbox keeps messages: table, or wal (needs wal_level=logical and --relays 1; not with soak; steady and sweep run the relay in this process, drain and baseline as a process; baseline adds the emit limit)")
 	fl.IntVar(&o.Messages, "messages", 200000, "drain: messages to pre-fill")
 	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady, soak and each sweep step: how long the producers run after the warm-up")
 	fl.DurationVar(&o.Warmup, "warmup", 5*time.Second, "steady, soak and sweep: warm-up before --duration, excluded from the rates, slope and latency (0 = none)")
@@ -95,7 +106,7 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
 	fl.IntVar(&o.Confirm, "confirm", 2, "sweep: repeats of the winning rate, each of which must be sustainable (at least 2)")
 	fl.DurationVar(&o.MaxP99, "max-p99", 0, "steady: fail the run when p99 commit→ack exceeds this (0 = latency not judged)")
 	fl.DurationVar(&o.P99Floor, "p99-floor", 50*time.Millisecond, "sweep: a run fails when the median of its per-second p99s commit→ack exceeds max(this, 3 × the same median at the highest passing rate below)")
-	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, insert limit otherwise); baseline always does")
+	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, table outbox only; insert limit otherwise, plus the emit limit with --outbox-mode wal); baseline always does")
 	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
 	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction")
 	fl.IntVar(&f.recordsPerKey, "records-per-key", 10, "consecutive messages per key before a new key is used; 0 = no keys (NULL)")
@@ -112,6 +123,28 @@ measured. A live progress line goes to stderr, the summary to stdout; --json and
 	fl.DurationVar(&o.TailWait, "tail-wait", 10*time.Second, "steady: after the producers stop, wait at most this long for the relays to catch up (0 = do not wait; a sweep always waits for an empty outbox, up to 2m)")
 	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "drain, baseline: give up a drain or the removal limit after this long")
 	return cmd
+}
+
+// logicalThrowaway is throwawayDatabase with wal_level=logical, which an
+// outbox in WAL mode needs.
+func logicalThrowaway(ctx context.Context, g *globals) (func(), error) {
+	dir, err := pgembed.FindBinaries()
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(g.stderr, "No database URL given: starting a throwaway PostgreSQL (fsync on, wal_level=logical) from %s ...\n", dir)
+	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	cluster, err := pgembed.Start(startCtx, pgembed.Options{Fsync: true, Logger: g.log, Settings: map[string]string{"wal_level": "logical"}})
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	g.databaseURL = cluster.URL()
+	return func() {
+		if err := cluster.Stop(); err != nil {
+			g.log.Warn("wharf: removing the throwaway PostgreSQL failed", "err", err)
+		}
+	}, nil
 }
 
 // parseRelayArgs checks --relay-arg values against the relay's own flags and
@@ -187,7 +220,12 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 		return usageError{err}
 	}
 
-	_, stopDB, err := g.throwawayDatabase(ctx)
+	var stopDB func()
+	if o.OutboxMode == "wal" && g.databaseURL == "" {
+		stopDB, err = logicalThrowaway(ctx, g)
+	} else {
+		_, stopDB, err = g.throwawayDatabase(ctx)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,36 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The bench's flag mistakes are usage errors of one line that name the
+// fix, reported before any database is started.
+func TestBenchOutboxModeErrors(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--mode", "soak", "--rate", "100", "--duration", "1m"}, "--outbox-mode wal does not work with --mode soak"},
+		{[]string{"--mode", "steady", "--rate", "100", "--relays", "2"}, "use --relays 1 (got --relays 2)"},
+		{[]string{"--mode", "drain", "--limits"}, "--limits measures the table outbox's removal limit"},
+	} {
+		args := append([]string{"bench", "--outbox-mode", "wal"}, c.args...)
+		code, _, errOut := run(args...)
+		require.Equal(t, 2, code, errOut)
+		require.Contains(t, errOut, c.want)
+		require.Equal(t, 1, strings.Count(strings.TrimSpace(errOut), "\n")+1, "one line: %q", errOut)
+	}
+}
+
+func TestBenchHelpDescribesWALMode(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := run("bench", "--help")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "--outbox-mode wal")
+	require.Contains(t, out, "emit limit")
+}
