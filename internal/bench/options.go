@@ -366,6 +366,7 @@ func (s Settings) Applicable() []Setting {
 		}
 	}
 	add(true, "mode", m)
+	add(s.OutboxMode == "wal", "outbox-mode", s.OutboxMode)
 	add(drain, "messages", s.Messages)
 	add(sweep, "min-rate", s.MinRate)
 	add(sweep, "max-rate", s.MaxRate)

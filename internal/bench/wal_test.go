@@ -80,6 +80,7 @@ func TestSteadyWALOutbox(t *testing.T) {
 		require.Contains(t, s, "of the emit limit")
 		require.Contains(t, s, "replication slot advanced over")
 	}
+	require.Contains(t, html, "--outbox-mode<")
 }
 
 // A small baseline of an outbox in WAL mode: Wharf's enqueue beside the
