@@ -30,8 +30,9 @@ type steadySpec struct {
 var trackerHook func(*tracker)
 
 // drainAllWait bounds how long a sweep waits for the relays to work off an
-// unsustainable step's backlog before it empties the outbox itself.
-const drainAllWait = 2 * time.Minute
+// unsustainable step's backlog before it empties the outbox itself (a
+// variable for the tests).
+var drainAllWait = 2 * time.Minute
 
 // steadyMode is --mode steady: the insert limit first when asked for, then
 // one steady run.

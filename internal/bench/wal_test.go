@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/sinkurl"
 	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/internal/walstream"
 )
@@ -191,6 +193,59 @@ func TestWALSlotAdvanceAndPrefix(t *testing.T) {
 	n, err := e.deadLetters(ctx, o.Schema)
 	require.NoError(t, err)
 	require.Zero(t, n, "the other prefix's messages were dropped by the stream")
+}
+
+// slowSink acknowledges a message a millisecond: slower than the producers
+// of TestSweepStepAdvancesAnUndrainedSlot.
+type slowSink struct{}
+
+func (slowSink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
+	select {
+	case <-time.After(time.Duration(len(msgs)) * time.Millisecond):
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+func (slowSink) Close() error { return nil }
+
+func init() {
+	sinkurl.Register("benchslow", func(context.Context, *url.URL) (wharf.Sink, error) { return slowSink{}, nil })
+}
+
+// A sweep step whose backlog the relay cannot work off in time leaves the
+// slot advanced past it, so the next step starts from a drained outbox:
+// none of the old messages reach its relay (its tracker would count them as
+// redeliveries).
+func TestSweepStepAdvancesAnUndrainedSlot(t *testing.T) {
+	o := walOptions(t, ModeSweep)
+	o.Sink = "benchslow:"
+	o.Duration = time.Second
+	o.TailWait = -1
+	o, err := o.withDefaults()
+	require.NoError(t, err)
+	o.Schema = "wharf_bench_walundrained"
+	ctx := context.Background()
+	ctl, err := connect(ctx, o.DatabaseURL, 2)
+	require.NoError(t, err)
+	defer ctl.Close()
+	e := &env{o: o, ctl: ctl}
+	drop, err := e.createSchema(ctx, o.Schema)
+	require.NoError(t, err)
+	defer drop()
+	defer func(w time.Duration) { drainAllWait = w }(drainAllWait)
+	drainAllWait = 300 * time.Millisecond
+
+	r, err := e.steady(ctx, steadySpec{schema: o.Schema, rate: 3000, label: "slow", drainAll: true})
+	require.NoError(t, err)
+	require.Less(t, r.Delivered, r.Messages, "the slow sink left a backlog")
+	require.Contains(t, strings.Join(r.Notes, "\n"), "the bench advanced the slot")
+
+	e.o.Sink, e.o.TailWait = "null:", 5*time.Second
+	r, err = e.steady(ctx, steadySpec{schema: o.Schema, rate: 1000, label: "next"})
+	require.NoError(t, err)
+	require.Equal(t, r.Messages, r.Delivered)
+	require.Zero(t, r.Redelivered, "no message of the previous step was streamed")
 }
 
 func TestWALOutboxOptions(t *testing.T) {
