@@ -96,8 +96,9 @@ type Options struct {
 	// max(P99Floor, 3 × the same median at the highest passing run below
 	// it). Defaults to 50 ms.
 	P99Floor time.Duration
-	// Limits also measures the physical limits in drain (the removal limit),
-	// steady and sweep runs (the insert limit). Baseline always does.
+	// Limits also measures the physical limits in drain (the removal limit;
+	// a table outbox only), steady and sweep runs (the insert limit, and for
+	// an outbox in WAL mode the emit limit too). Baseline always does.
 	Limits bool
 
 	// Producers is the number of producer connections. Defaults to 4.
