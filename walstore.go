@@ -217,9 +217,16 @@ func (s *walStore) unregister(ctx context.Context) error {
 }
 
 // stopAndRecord stops the stream and records how far it was settled, for
-// whoever streams next.
+// whoever streams next. A relay that was not streaming (a standby) records
+// nothing: another relay may be streaming.
 func (s *walStore) stopAndRecord(ctx context.Context) {
+	s.mu.Lock()
+	streaming := s.stopRun != nil
+	s.mu.Unlock()
 	s.stopStream()
+	if !streaming {
+		return
+	}
 	if err := s.recordProgress(ctx, time.Time{}); err != nil {
 		s.log.Warn("wharf: recording the settled WAL position failed; a crash of PostgreSQL would deliver more again", "err", err)
 	}
