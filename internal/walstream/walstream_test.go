@@ -217,7 +217,7 @@ func TestOnlyUnconfirmedTransactionsComeAgain(t *testing.T) {
 
 	// The third was received but not confirmed: it comes again, alone.
 	c2 := replConn(t, Options{Prefix: prefix})
-	require.NoError(t, c2.Start(ctx, "confirm_slot", publication, 0))
+	startFree(t, c2, "confirm_slot")
 	again, _ := collect(t, c2, 1)
 	require.Equal(t, []string{"m3"}, again[0].messages)
 	require.Equal(t, txs[2].commit.EndLSN, again[0].commit.EndLSN)
@@ -320,6 +320,22 @@ func TestHeldStreamStaysUp(t *testing.T) {
 	}
 }
 
+// startFree starts streaming slot on c once the slot is free: a connection
+// that streamed it before has closed, but its walsender ends a moment later
+// (until then Start fails with ErrSlotActive, as a relay taking over sees).
+func startFree(t *testing.T, c *Conn, slot string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := c.Start(context.Background(), slot, publication, 0)
+		if !errors.Is(err, ErrSlotActive) || time.Now().After(deadline) {
+			require.NoError(t, err)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // setting changes a server setting for the rest of the test.
 func setting(t *testing.T, q *pgx.Conn, name, value string) {
 	t.Helper()
@@ -345,7 +361,7 @@ func TestSlotSurvivesRestartAndCrash(t *testing.T) {
 		_ = q.Close(ctx)
 		c, err := Connect(ctx, cluster.URL(), Options{Prefix: prefix})
 		require.NoError(t, err)
-		require.NoError(t, c.Start(ctx, "restart_slot", publication, 0))
+		startFree(t, c, "restart_slot")
 		txs, _ := collect(t, c, 2)
 		for txs[0].messages[0] != mode+" 1" { // resent from the round before
 			require.Contains(t, seen, txs[0].messages[0])
@@ -363,7 +379,7 @@ func TestSlotSurvivesRestartAndCrash(t *testing.T) {
 
 		c2, err := Connect(ctx, cluster.URL(), Options{Prefix: prefix})
 		require.NoError(t, err)
-		require.NoError(t, c2.Start(ctx, "restart_slot", publication, 0))
+		startFree(t, c2, "restart_slot")
 		// PostgreSQL before 17 saves a slot's confirmed position only when
 		// the slot's restart point moves too, so after a restart, clean or
 		// not, confirmed transactions may come again (at least once), but
