@@ -2,8 +2,6 @@ package wharf_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -83,21 +81,9 @@ func (l layout) requireSettled(t *testing.T, b *testBundle) {
 // at cleanup with whatever WAL mode created.
 func logicalDB(t testing.TB) *testBundle {
 	t.Helper()
-	ctx := context.Background()
 	url, err := testdb.LogicalURL()
 	require.NoError(t, err)
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	schema := "ww_" + hex.EncodeToString(b[:])
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	cfg.MaxConns = 12
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	m, err := wharfmigrate.New(schema)
-	require.NoError(t, err)
-	_, err = m.Up(ctx, pool)
-	require.NoError(t, err)
+	pool, schema, m := migratedSchema(t, url, "ww_")
 	t.Cleanup(func() {
 		// The relays have stopped; their walsenders end a moment later,
 		// and the slot cannot be dropped before.

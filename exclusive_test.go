@@ -15,21 +15,7 @@ import (
 // delivers; stop stops it gracefully (once).
 func exclusiveRelay(t *testing.T, b *testBundle, id string, ttl time.Duration) (rec *recorder, stop func()) {
 	t.Helper()
-	rec = &recorder{}
-	cfg := testConfig(b.schema)
-	cfg.RelayID, cfg.Handler, cfg.Exclusive, cfg.LeaseTTL = id, rec.handle, true, ttl
-	c, err := wharf.NewClient(b.pool, cfg)
-	require.NoError(t, err)
-	require.NoError(t, c.Start(context.Background()))
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			require.NoError(t, c.Stop(context.Background()))
-		}
-	}
-	t.Cleanup(stop)
-	return rec, stop
+	return runRelay(t, b, nil, func(cfg *wharf.Config) { cfg.RelayID, cfg.Exclusive, cfg.LeaseTTL = id, true, ttl })
 }
 
 func enqueueKeyed(t *testing.T, b *testBundle, n, keys int) []string {

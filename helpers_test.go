@@ -46,11 +46,23 @@ func (b *testBundle) committedTo() walstream.LSN {
 // tests that need committed rows can run in parallel.
 func setupDB(t *testing.T) *testBundle {
 	t.Helper()
+	pool, schema, _ := migratedSchema(t, databaseURL, "wt_")
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		pool.Close()
+	})
+	return &testBundle{pool: pool, schema: schema}
+}
+
+// migratedSchema migrates a fresh schema, prefix and random letters, at url
+// and returns a pool of 12 connections to it; the caller cleans up.
+func migratedSchema(t testing.TB, url, prefix string) (*pgxpool.Pool, string, *wharfmigrate.Migrator) {
+	t.Helper()
 	ctx := context.Background()
 	var b [5]byte
 	_, _ = rand.Read(b[:])
-	schema := "wt_" + hex.EncodeToString(b[:])
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	schema := prefix + hex.EncodeToString(b[:])
+	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.MaxConns = 12
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -59,11 +71,7 @@ func setupDB(t *testing.T) *testBundle {
 	require.NoError(t, err)
 	_, err = m.Up(ctx, pool)
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
-		pool.Close()
-	})
-	return &testBundle{pool: pool, schema: schema}
+	return pool, schema, m
 }
 
 var (

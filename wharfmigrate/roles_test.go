@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"regexp"
 	"strings"
 	"sync"
@@ -124,35 +125,12 @@ func TestRolesEndToEnd(t *testing.T) {
 
 	// Relay.
 	rp := poolAs(t, relay, opts.RelayPassword)
-	var mu sync.Mutex
-	got := map[string]int{}
-	rc, err := wharf.NewClient(rp, &wharf.Config{
-		Schema:       schema,
-		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
-		MaxAttempts:  2,
-		RetryBackoff: 10 * time.Millisecond,
-		PollInterval: 20 * time.Millisecond,
-		Handler: func(_ context.Context, msg *wharf.Message) error {
-			if msg.Topic == "poison" {
-				return errors.New("cannot handle poison")
-			}
-			mu.Lock()
-			got[msg.ID]++
-			mu.Unlock()
-			return nil
-		},
-	})
-	require.NoError(t, err)
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	require.NoError(t, rc.Drain(dctx), "the relay role runs a relay to the end")
-	mu.Lock()
+	got := drainAs(t, rp, schema)
 	for _, id := range ids[:20] {
 		require.Equal(t, 1, got[id], "message %s delivered once", id)
 	}
 	require.Equal(t, 1, got[first[0]])
 	require.Len(t, got, 23) // 20 + the deduplicated one + the two SQL ones
-	mu.Unlock()
 	var replication bool
 	require.NoError(t, admin.QueryRow(ctx, `SELECT rolreplication FROM pg_roles WHERE rolname = $1`, relay).Scan(&replication))
 	require.False(t, replication, "a table outbox's relay role needs no REPLICATION")
@@ -211,30 +189,10 @@ func TestRolesWALMode(t *testing.T) {
 	require.NoError(t, admin.QueryRow(ctx, `SELECT rolreplication FROM pg_roles WHERE rolname = $1`, relay).Scan(&replication))
 	require.True(t, replication, "the relay role streams the slot: it needs REPLICATION")
 	rp := poolAtAs(t, url, relay, opts.RelayPassword)
-	var mu sync.Mutex
-	got := map[string]int{}
-	rc, err := wharf.NewClient(rp, &wharf.Config{
-		Schema: schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		MaxAttempts: 2, RetryBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
-		Handler: func(_ context.Context, msg *wharf.Message) error {
-			if msg.Topic == "poison" {
-				return errors.New("cannot handle poison")
-			}
-			mu.Lock()
-			got[msg.ID]++
-			mu.Unlock()
-			return nil
-		},
-	})
-	require.NoError(t, err)
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	require.NoError(t, rc.Drain(dctx), "the relay role streams the slot to the end")
-	mu.Lock()
+	got := drainAs(t, rp, schema)
 	for _, id := range append(ids[:20], sqlID) {
 		require.Equal(t, 1, got[id], "message %s delivered once", id)
 	}
-	mu.Unlock()
 	var dead int
 	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.dead_letters`).Scan(&dead))
 	require.Equal(t, 1, dead, "the failing message is dead-lettered")
@@ -272,6 +230,35 @@ func TestRolesWALModeNeedsASuperuserForReplication(t *testing.T) {
 	var n int
 	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2)", producer, relay).Scan(&n))
 	require.Zero(t, n, "a failed CreateRoles leaves no role behind")
+}
+
+// drainAs runs a relay on pool (a relay role's connection) until schema's
+// outbox is drained, failing the messages of topic poison (two attempts,
+// then a dead letter), and returns how often each message was delivered.
+func drainAs(t *testing.T, pool *pgxpool.Pool, schema string) map[string]int {
+	t.Helper()
+	var mu sync.Mutex
+	got := map[string]int{}
+	rc, err := wharf.NewClient(pool, &wharf.Config{
+		Schema: schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MaxAttempts: 2, RetryBackoff: 10 * time.Millisecond, PollInterval: 20 * time.Millisecond,
+		Handler: func(_ context.Context, msg *wharf.Message) error {
+			if msg.Topic == "poison" {
+				return errors.New("cannot handle poison")
+			}
+			mu.Lock()
+			got[msg.ID]++
+			mu.Unlock()
+			return nil
+		},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, rc.Drain(ctx), "the relay role runs a relay to the end")
+	mu.Lock()
+	defer mu.Unlock()
+	return maps.Clone(got)
 }
 
 // privileges lists what role may do on every table, column group and

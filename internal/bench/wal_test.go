@@ -137,23 +137,33 @@ func TestBaselineWALOutbox(t *testing.T) {
 	}
 }
 
+// walEnv is a bench environment with o's defaults and a WAL outbox in
+// schema, dropped at cleanup.
+func walEnv(t *testing.T, o Options, schema string) *env {
+	t.Helper()
+	o, err := o.withDefaults()
+	require.NoError(t, err)
+	o.Schema = schema
+	ctx := context.Background()
+	ctl, err := connect(ctx, o.DatabaseURL, 2)
+	require.NoError(t, err)
+	t.Cleanup(ctl.Close)
+	e := &env{o: o, ctl: ctl}
+	drop, err := e.createSchema(ctx, o.Schema)
+	require.NoError(t, err)
+	t.Cleanup(drop)
+	return e
+}
+
 // The relay's stream keeps only its outbox's prefix: logical messages of
 // the emit limit's prefix are skipped, not dead-lettered, and advancing the
 // slot skips what no relay delivered.
 func TestWALSlotAdvanceAndPrefix(t *testing.T) {
 	o := walOptions(t, ModeSteady)
 	o.Rate = 1000
-	o, err := o.withDefaults()
-	require.NoError(t, err)
-	o.Schema = "wharf_bench_waltest"
+	e := walEnv(t, o, "wharf_bench_waltest")
+	o, ctl := e.o, e.ctl
 	ctx := context.Background()
-	ctl, err := connect(ctx, o.DatabaseURL, 2)
-	require.NoError(t, err)
-	defer ctl.Close()
-	e := &env{o: o, ctl: ctl}
-	drop, err := e.createSchema(ctx, o.Schema)
-	require.NoError(t, err)
-	defer drop()
 
 	// Not streamed: the slot keeps them, and advancing skips them.
 	c, err := wharf.NewClient(ctl, &wharf.Config{Schema: o.Schema})
@@ -222,17 +232,9 @@ func TestSweepStepAdvancesAnUndrainedSlot(t *testing.T) {
 	o.Sink = "benchslow:"
 	o.Duration = time.Second
 	o.TailWait = -1
-	o, err := o.withDefaults()
-	require.NoError(t, err)
-	o.Schema = "wharf_bench_walundrained"
+	e := walEnv(t, o, "wharf_bench_walundrained")
+	o = e.o
 	ctx := context.Background()
-	ctl, err := connect(ctx, o.DatabaseURL, 2)
-	require.NoError(t, err)
-	defer ctl.Close()
-	e := &env{o: o, ctl: ctl}
-	drop, err := e.createSchema(ctx, o.Schema)
-	require.NoError(t, err)
-	defer drop()
 	defer func(w time.Duration) { drainAllWait = w }(drainAllWait)
 	drainAllWait = 300 * time.Millisecond
 
