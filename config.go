@@ -117,6 +117,10 @@ type Config struct {
 	// that no decision depends on this machine's clock agreeing with the
 	// database's.
 	clock func() time.Time
+	// walSpillAfter is how long a WAL outbox's relay keeps a message handed
+	// to delivery and unsettled in memory before it moves it to the outbox
+	// table (walStore.spill); 0 is walSpillAfter's default. Tests shorten it.
+	walSpillAfter time.Duration
 }
 
 // withDefaults returns a copy of c with defaults filled in and checks every

@@ -169,8 +169,12 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 // (one stream per slot).
 func (r *relay) streamWAL() {
 	ps := r.st.(*pgStore)
-	r.st = &walStore{pgStore: ps, slot: r.cfg.Schema, publication: r.cfg.Schema, prefix: r.cfg.Schema,
-		budget: r.cfg.MaxBufferedBytes, stats: r.stats, wq: walQueries(r.cfg.Schema)}
+	s := &walStore{pgStore: ps, slot: r.cfg.Schema, publication: r.cfg.Schema, prefix: r.cfg.Schema,
+		budget: r.cfg.MaxBufferedBytes, stats: r.stats, wq: walQueries(r.cfg.Schema), spillAfter: r.cfg.walSpillAfter}
+	if s.spillAfter <= 0 {
+		s.spillAfter = walSpillAfter
+	}
+	r.st = s
 	r.cfg.Exclusive = true
 }
 

@@ -2,6 +2,7 @@ package wharf_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -233,4 +234,96 @@ func TestWALRelayAfterPostgresCrashSkipsWhatWasSettled(t *testing.T) {
 	}
 	require.Zero(t, again, "%d of the %d messages settled before the crash were delivered again", again, len(delivered))
 	requireKeyOrder(t, recB.snapshot())
+}
+
+// A message held in memory past the spill time (here one scheduled for
+// later, and the message of its key behind it) moves to the outbox table:
+// the slot is confirmed past it and the relay holds nothing, long before it
+// is due. It is delivered from the table at its time, in order, once, also
+// by another relay after the first stopped; the table ends empty.
+func TestWALRelayMovesHeldMessagesToTheTable(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	ctx := context.Background()
+	spill := func(cfg *wharf.Config) { wharf.SetWALSpillAfter(cfg, 300*time.Millisecond) }
+	relayA, recA, stopA := runRelayClient(t, b, nil, spill)
+	var dbNow time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	at := dbNow.Add(6 * time.Second)
+	ids := commitMessages(t, b,
+		wharf.Message{Topic: "t", Key: "later", Payload: []byte("scheduled"), DeliverAt: at, Headers: map[string]string{"h": "v"}},
+		wharf.Message{Topic: "t", Key: "later", Payload: []byte("behind")},
+		wharf.Message{Topic: "t", Key: "now", Payload: []byte("free")})
+	requireAllDelivered(t, recA, ids[2:])
+	end := b.committedTo()
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 2 }, 10*time.Second, 20*time.Millisecond,
+		"the held messages were not moved to the table")
+	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, 10*time.Second, 20*time.Millisecond,
+		"the slot is not confirmed past the moved messages")
+	require.Zero(t, relayA.Metrics().WALHeldBytes.Load())
+	var now time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT now()").Scan(&now))
+	require.True(t, now.Before(at), "moved only %s before the messages are due: the test shows nothing", at.Sub(now))
+	stopA()
+	require.Len(t, recA.snapshot(), 1, "a held message went out early")
+
+	recB, _ := runRelay(t, b, nil, spill)
+	requireAllDelivered(t, recB, ids[:2])
+	var deliveredAt time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT now()").Scan(&deliveredAt))
+	require.False(t, deliveredAt.Before(at), "delivered at %v, scheduled for %v", deliveredAt, at)
+	got := recB.snapshot()
+	require.Len(t, got, 2)
+	require.Equal(t, []string{ids[0], ids[1]}, []string{got[0].ID, got[1].ID})
+	require.Equal(t, "scheduled", string(got[0].Payload))
+	require.Equal(t, map[string]string{"h": "v"}, got[0].Headers)
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 10*time.Second, 20*time.Millisecond,
+		"delivered messages left in the table")
+}
+
+// A key whose head keeps failing: its messages move to the table past the
+// spill time (the slot goes on past them, as other keys' messages are
+// delivered), and once the sink takes the head again, the key is delivered
+// from the table in order, each message once.
+func TestWALRelayMovesAFailingKeyToTheTable(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	var failing atomic.Bool
+	failing.Store(true)
+	rec, _ := runRelay(t, b, func(m *wharf.Message) error {
+		if m.Key == "bad" && failing.Load() {
+			return errors.New("sink refuses")
+		}
+		return nil
+	}, func(cfg *wharf.Config) {
+		wharf.SetWALSpillAfter(cfg, 300*time.Millisecond)
+		cfg.MaxAttempts = 1000
+	})
+	var bad, good []string
+	for i := 0; i < 5; i++ {
+		ids := commitMessages(t, b,
+			wharf.Message{Topic: "t", Key: "bad", Payload: []byte(fmt.Sprintf("bad-%d", i))},
+			wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i), Payload: []byte(fmt.Sprintf("good-%d", i))})
+		bad, good = append(bad, ids[0]), append(good, ids[1])
+	}
+	requireAllDelivered(t, rec, good)
+	end := b.committedTo()
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 5 }, 10*time.Second, 20*time.Millisecond,
+		"the failing key's messages were not moved to the table")
+	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, 10*time.Second, 20*time.Millisecond,
+		"the slot is not confirmed past the failing key")
+	failing.Store(false)
+	requireAllDelivered(t, rec, bad)
+	var got []string
+	for _, m := range rec.snapshot() {
+		if m.Key == "bad" {
+			got = append(got, m.ID)
+		}
+	}
+	require.Equal(t, bad, got, "the failing key's messages, once each, in order")
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".retries").Scan(&n))
+		return n == 0 && outboxCount(t, b) == 0
+	}, 10*time.Second, 20*time.Millisecond, "retry records or rows left")
 }

@@ -68,6 +68,12 @@ type walStore struct {
 	wq        walQ // the writes to the tables
 	stopRun   context.CancelFunc
 	runDone   chan struct{}
+	// tableRows is set while the outbox table may hold spilled messages
+	// (spill): fetches then read it too, through the embedded pgStore, from
+	// tablePos.
+	tableRows  bool
+	tablePos   readPos
+	spillAfter time.Duration // walSpillAfter, unless a test shortens it
 	// target is the WAL flush position when the stream started (or the
 	// slot's confirmed position, if later); caughtUp is set once the
 	// stream passed it: until then an empty fetch does not mean an empty
@@ -87,7 +93,11 @@ const readAhead = 4
 type walLane struct {
 	fence int64             // the fence of the requests the lane's messages were handed out under
 	rows  map[int64]*walRow // unsettled, by seq
-	queue []*walRow         // queue[head:]: not handed to the engine yet, by seq
+	// table holds the seqs of the lane's messages that are rows of the
+	// outbox table (spilled, or read from it): their results are the
+	// table outbox's (pgStore.writeResults).
+	table map[int64]bool
+	queue []*walRow // queue[head:]: not handed to the engine yet, by seq
 	head  int
 }
 
@@ -96,7 +106,8 @@ type walRow struct {
 	nonce   int64
 	tx      walstream.Tx
 	settled bool
-	queued  bool // in its lane's queue, not handed to the engine (counted in walStore.queued)
+	queued  bool      // in its lane's queue, not handed to the engine (counted in walStore.queued)
+	handed  time.Time // when it was last handed to the engine
 }
 
 // size is what the row counts for in walStore.held and queued.
@@ -149,6 +160,7 @@ func (s *walStore) resetLocked() {
 	}
 	s.progress = walstream.Progress{}
 	s.held, s.queued, s.lastEnd, s.caughtUp = 0, 0, 0, false
+	s.tableRows, s.tablePos = false, nil
 	s.stats.WALHeldBytes.Store(0)
 }
 
@@ -193,6 +205,21 @@ func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRoun
 FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &age) == nil {
 			s.stats.WALLagBytes.Store(bytes)
 			s.stats.WALLag.Store(int64(age * float64(time.Second)))
+		}
+		if err := s.spill(ctx, lr.renewed); err != nil {
+			s.log.Warn("wharf: moving held WAL messages to the outbox table failed; they stay in memory", "err", err)
+		}
+		s.mu.Lock()
+		tableRows := s.tableRows
+		s.mu.Unlock()
+		var still bool
+		if tableRows && s.pool.QueryRow(ctx, s.wq.tableRows).Scan(&still) == nil && !still {
+			s.mu.Lock()
+			s.tableRows = false
+			for i := range s.lanes {
+				s.lanes[i].table = nil
+			}
+			s.mu.Unlock()
 		}
 		if err := s.recordProgress(ctx, oldest); err != nil {
 			s.log.Warn("wharf: recording the settled WAL position failed; a crash of PostgreSQL would deliver more again", "err", err)
@@ -290,7 +317,12 @@ func (s *walStore) stream(ctx context.Context) error {
 	if err := conn.Start(ctx, s.slot, s.publication, 0); err != nil {
 		return err
 	}
+	var tableRows bool
+	if err := s.pool.QueryRow(ctx, s.wq.tableRows).Scan(&tableRows); err != nil {
+		return storeErr("look for messages in the outbox table", err)
+	}
 	s.mu.Lock()
+	s.tableRows = s.tableRows || tableRows
 	s.target = target
 	s.lastEnd = max(s.lastEnd, settled)
 	s.caughtUp = s.caughtUp || target <= from || target <= s.lastEnd
@@ -362,6 +394,117 @@ func (s *walStore) stream(ctx context.Context) error {
 			s.mu.Unlock()
 		}
 	}
+}
+
+// walSpillAfter is how long a message handed to the engine may stay
+// unsettled before it is moved to the outbox table (spill): a message
+// scheduled for later, or waiting behind its key's failing message.
+const walSpillAfter = 5 * time.Second
+
+// spill moves the messages handed to the engine at least walSpillAfter ago
+// and still unsettled (held: scheduled, or behind a failing message of
+// their key) to the outbox table, which a WAL outbox has and otherwise
+// leaves empty, as ordinary rows with their ids: written fenced in lanes
+// the relay still holds (fences), they settle in the stream's progress (the
+// slot is confirmed past them, and the WAL behind them is released) and
+// leave memory. From then on they are the table outbox's rows: fetched,
+// loaded, acknowledged and dead-lettered by the embedded pgStore.
+func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
+	now := s.now()
+	s.mu.Lock()
+	var rows []*walRow
+	for lane := range s.lanes {
+		for _, r := range s.lanes[lane].rows {
+			if !r.queued && !r.settled && !r.handed.IsZero() && now.Sub(r.handed) >= s.spillAfter {
+				rows = append(rows, r)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if len(rows) == 0 {
+		return nil
+	}
+	var lanes []int16
+	var lf []int64
+	for lane, fence := range fences {
+		lanes, lf = append(lanes, lane), append(lf, fence)
+	}
+	n := len(rows)
+	rl, ids, nonces := make([]int16, n), make([]int64, n), make([]int64, n)
+	topics, payloads := make([]string, n), make([][]byte, n)
+	keys, headers := make([]*string, n), make([]*string, n)
+	deliverAt, created := make([]*time.Time, n), make([]time.Time, n)
+	for i, r := range rows {
+		rl[i], ids[i], nonces[i], topics[i], payloads[i] = r.lane, r.Seq, r.nonce, r.Topic, r.Payload
+		keys[i] = nonEmpty(r.Key)
+		if len(r.Headers) > 0 {
+			b, _ := json.Marshal(r.Headers)
+			h := string(b)
+			headers[i] = &h
+		}
+		if !r.DeliverAt.IsZero() {
+			d := r.DeliverAt
+			deliverAt[i] = &d
+		}
+		created[i] = r.CreatedAt
+	}
+	type pos struct {
+		lane int16
+		seq  int64
+	}
+	var moved []pos
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The trigger that refuses rows in WAL mode lets these through.
+		if _, err := tx.Exec(ctx, `SET LOCAL wharf.spill = 'on'`); err != nil {
+			return err
+		}
+		q, err := tx.Query(ctx, s.wq.spill, lanes, lf, s.owner, rl, ids, nonces, topics, keys, payloads, headers, deliverAt, created)
+		if err != nil {
+			return err
+		}
+		var p pos
+		_, err = pgx.ForEachRow(q, []any{&p.lane, &p.seq}, func() error {
+			moved = append(moved, p)
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return storeErr("move held WAL messages to the outbox table", err)
+	}
+	var stale []op
+	s.mu.Lock()
+	for _, p := range moved {
+		l := &s.lanes[p.lane]
+		r := l.rows[p.seq]
+		if r == nil {
+			// Settled while it was being written (delivered, or
+			// dead-lettered from memory): the row must go again.
+			stale = append(stale, op{kind: opAck, lane: p.lane, fence: fences[p.lane], seq: p.seq})
+			continue
+		}
+		if l.table == nil {
+			l.table = map[int64]bool{}
+		}
+		l.table[p.seq] = true
+		delete(l.rows, p.seq)
+		r.settled = true
+		s.held -= r.size()
+		if err := s.progress.Settle(r.tx); err != nil {
+			s.log.Error("wharf: settling a WAL message failed (a bug)", "err", err)
+		}
+	}
+	s.tableRows = s.tableRows || len(moved) > 0
+	s.confirmLocked(s.progress.Confirmable())
+	s.stats.WALHeldBytes.Store(s.held)
+	s.mu.Unlock()
+	if len(stale) > 0 {
+		if w := s.pgStore.writeResults(ctx, stale); w.err != nil {
+			return w.err
+		}
+	}
+	s.log.Debug("wharf: moved held WAL messages to the outbox table", "messages", len(moved))
+	return nil
 }
 
 // confirmLocked confirms the slot up to lsn (never back).
@@ -523,8 +666,28 @@ VALUES ($1, 0, 'wharf.undecodable', $2, $3, 0, $4) ON CONFLICT (id) DO NOTHING`,
 func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult) {
 	res = fetchResult{req: req, started: s.now()}
 	defer func() { res.finished = s.now() }()
+	// Spilled messages are rows of the outbox table: while there may be
+	// some, the table outbox's fetch reads them too (forward, late, loads
+	// and refills), and the memory's results are added to its.
+	s.mu.Lock()
+	useTable, pos := s.tableRows, s.tablePos
+	s.mu.Unlock()
+	var table fetchResult
+	if useTable {
+		treq := req
+		treq.pos = pos
+		if table = s.pgStore.fetch(ctx, treq); table.err != nil {
+			res.err = table.err
+			return res
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if useTable {
+		s.tablePos = table.pos
+		res.dbNow = table.dbNow
+		defer func() { s.addTableRows(&res, &table) }()
+	}
 	if s.err != nil {
 		res.err, s.err = storeErr("stream the WAL", s.err), nil
 		return res
@@ -563,6 +726,7 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 				used += int64(len(r.Payload))
 			}
 			res.rows = append(res.rows, r.fetchedRow)
+			r.handed = res.started
 			r.queued = false
 			s.queued -= r.size()
 			l.queue[l.head] = nil
@@ -596,6 +760,27 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 	return res
 }
 
+// addTableRows adds the rows a fetch of the outbox table returned to res,
+// and notes them as table rows (their results go to pgStore). The caller
+// holds mu.
+func (s *walStore) addTableRows(res, table *fetchResult) {
+	if res.err != nil {
+		return
+	}
+	for _, rows := range [][]fetchedRow{table.rows, table.loadRows, table.refillRows} {
+		for _, r := range rows {
+			l := &s.lanes[r.lane]
+			if l.table == nil {
+				l.table = map[int64]bool{}
+			}
+			l.table[r.Seq] = true
+		}
+	}
+	res.rows = append(res.rows, table.rows...)
+	res.loadRows = append(res.loadRows, table.loadRows...)
+	res.refillRows = append(res.refillRows, table.refillRows...)
+}
+
 func cmpSeq(a, b int64) int {
 	switch {
 	case a < b:
@@ -611,8 +796,41 @@ func cmpSeq(a, b int64) int {
 // of it is in a table. Retry records, the acknowledgements that clear one
 // and dead-letter moves are written fenced, as in the table outbox; only
 // after they committed are their messages settled.
-func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
-	res := opsResult{ops: ops, valid: map[int16]bool{}}
+func (s *walStore) writeResults(ctx context.Context, all []op) opsResult {
+	res := opsResult{ops: all, valid: map[int16]bool{}}
+	// The results of messages that are rows of the outbox table (spilled)
+	// are the table outbox's.
+	ops, table := all, []op(nil)
+	s.mu.Lock()
+	if s.tableRows { // else no seq is a table row: no copy of the results
+		ops = nil
+		for _, o := range all {
+			if l := &s.lanes[o.lane]; l.table[o.seq] && l.rows[o.seq] == nil {
+				table = append(table, o)
+			} else {
+				ops = append(ops, o)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if len(table) > 0 {
+		t := s.pgStore.writeResults(ctx, table)
+		if t.err != nil {
+			res.err = t.err
+			return res
+		}
+		res.isolated = t.isolated
+		s.mu.Lock()
+		for _, o := range table {
+			if t.valid[o.lane] {
+				res.valid[o.lane] = true
+				if o.kind != opRetry {
+					delete(s.lanes[o.lane].table, o.seq)
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
 	var db []op
 	for _, o := range ops {
 		if o.kind != opAck || o.attempts > 0 {
@@ -625,7 +843,7 @@ func (s *walStore) writeResults(ctx context.Context, ops []op) opsResult {
 			res.err = w.err
 			return res
 		}
-		res.isolated = w.isolated
+		res.isolated = res.isolated || w.isolated
 		for l := range w.valid {
 			res.valid[l] = true
 		}
@@ -733,7 +951,7 @@ func nonEmpty(s string) *string {
 	return &s
 }
 
-type walQ struct{ fence, clear, dead, walEnd, recordProgress string }
+type walQ struct{ fence, clear, dead, walEnd, recordProgress, spill, tableRows string }
 
 // walQueries are the WAL outbox's queries of its tables. The writes of
 // results lock the caller's lanes whose fence still matches, as the table
@@ -761,5 +979,14 @@ SELECT lane FROM f`),
 		walEnd: r(`SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, (SELECT settled::text FROM S.wal_progress)
 FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`),
 		recordProgress: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn), oldest_unsettled = $2, recorded_at = now()`),
+		spill: r(`WITH ` + fenced + `
+INSERT INTO S.outbox (id, nonce, topic, key, payload, headers, deliver_at, created_at)
+OVERRIDING SYSTEM VALUE
+SELECT d.id, d.nonce, d.topic, d.key, d.payload, d.headers::jsonb, d.deliver_at, d.created_at
+FROM unnest($4::smallint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::timestamptz[], $12::timestamptz[])
+    AS d(lane, id, nonce, topic, key, payload, headers, deliver_at, created_at)
+WHERE d.lane IN (SELECT lane FROM f)
+RETURNING lane, id`),
+		tableRows: r(`SELECT EXISTS (SELECT 1 FROM S.outbox)`),
 	}
 }

@@ -89,9 +89,10 @@ func (m *Migrator) SetWALMode(ctx context.Context, conn Conn) error {
 		return nil
 	})
 	if errors.Is(err, errAlready) {
-		// An outbox switched by an earlier build lacks the progress table.
+		// An outbox switched by an earlier build lacks the progress table
+		// and lets no spilled message into the table.
 		return m.inTx(ctx, conn, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, strings.ReplaceAll(progressTableSQL, "{{schema}}", m.schema))
+			_, err := tx.Exec(ctx, strings.ReplaceAll(progressTableSQL+refuseRowsSQL, "{{schema}}", m.schema))
 			return err
 		})
 	}
@@ -143,6 +144,23 @@ ALTER TABLE {{schema}}.wal_progress
     ADD COLUMN IF NOT EXISTS oldest_unsettled timestamptz,
     ADD COLUMN IF NOT EXISTS recorded_at timestamptz;
 INSERT INTO {{schema}}.wal_progress (settled) VALUES ('0/0') ON CONFLICT DO NOTHING;
+`
+
+// refuseRowsSQL is the trigger function that refuses rows in the outbox
+// table of a WAL outbox: a producer still in table mode must fail, not write
+// where no relay reads. The relay's own rows pass: messages held long in its
+// memory (scheduled, or behind a failing one) that it moves to the table,
+// in a transaction with wharf.spill set.
+const refuseRowsSQL = `
+CREATE OR REPLACE FUNCTION {{schema}}.refuse_rows() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF current_setting('wharf.spill', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    RAISE EXCEPTION 'outbox {{schema}} is in WAL mode: enqueue with Wharf (EnqueueTx, Enqueue or {{schema}}.enqueue), which writes to the WAL; a row in this table would never be delivered'
+        USING ERRCODE = '55000';
+END
+$fn$;
 `
 
 func (m *Migrator) inTx(ctx context.Context, conn Conn, f func(pgx.Tx) error) error {
@@ -201,12 +219,7 @@ LANGUAGE sql AS $fn$ SELECT pg_logical_emit_message(true, '{{schema}}', content)
 REVOKE EXECUTE ON FUNCTION {{schema}}.enqueue_wal(bytea) FROM PUBLIC;
 
 {{progress}}
-CREATE FUNCTION {{schema}}.refuse_rows() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    RAISE EXCEPTION 'outbox {{schema}} is in WAL mode: enqueue with Wharf (EnqueueTx, Enqueue or {{schema}}.enqueue), which writes to the WAL; a row in this table would never be delivered'
-        USING ERRCODE = '55000';
-END
-$fn$;
+{{refuse}}
 CREATE TRIGGER outbox_wal_mode BEFORE INSERT ON {{schema}}.outbox
     FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.refuse_rows();
 
@@ -241,7 +254,7 @@ END
 $fn$;
 `
 	return strings.NewReplacer("{{schema}}", m.schema, "{{content}}", walmsg.ContentSQL).Replace(
-		strings.ReplaceAll(body, "{{progress}}", progressTableSQL))
+		strings.NewReplacer("{{progress}}", progressTableSQL, "{{refuse}}", refuseRowsSQL).Replace(body))
 }
 
 // dropWALMode removes what SetWALMode created outside the schema (the slot

@@ -90,9 +90,11 @@ END IF; END $wharf$`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.retries TO {R}`,
 		// Moves failed messages here (upsert); never deletes them.
 		`GRANT SELECT, INSERT, UPDATE ON {S}.dead_letters TO {R}`,
-		// In WAL mode the relay records how far the stream is settled.
+		// In WAL mode the relay records how far the stream is settled, and
+		// moves messages held long in its memory into the outbox table.
 		`DO $wharf$ BEGIN IF to_regclass('{S}.wal_progress') IS NOT NULL THEN
     GRANT SELECT, UPDATE ON {S}.wal_progress TO {R};
+    GRANT INSERT ON {S}.outbox TO {R};
 END IF; END $wharf$`,
 		// In WAL mode the relay streams the outbox's replication slot, which
 		// takes the REPLICATION attribute; only a superuser can give it.

@@ -29,8 +29,9 @@ with --create:
     the schema version, LISTEN. It cannot enqueue, and neither role can change the
     schema.
 On an outbox in WAL mode the producer role may also call <schema>.enqueue_wal (no
-other role may), and the relay role gets REPLICATION to stream the slot; only a
-superuser can give that attribute (or create the relay role with it beforehand).
+other role may), and the relay role gets REPLICATION to stream the slot and INSERT on
+the outbox (it moves messages held long there); only a superuser can give REPLICATION
+(or create the relay role with it beforehand).
 A role without a password is NOLOGIN: grant it to your login roles
 (GRANT wharf_producer TO app). With --producer-password or --relay-password (or
 WHARF_PRODUCER_PASSWORD, WHARF_RELAY_PASSWORD) it is LOGIN with that password; the
