@@ -74,6 +74,13 @@ type walStore struct {
 	tableRows  bool
 	tablePos   readPos
 	spillAfter time.Duration // walSpillAfter, unless a test shortens it
+	// spilling holds the seqs a spill is writing to the table; a message
+	// settled from memory meanwhile (delivered while the spill ran) is
+	// noted as gone from the table (walLane.table) and its row deleted
+	// again (staleOps, retried each round until it succeeds).
+	spilling  map[int64]bool
+	staleOps  []op
+	emptySeen bool // the table was empty at the last lease round
 	// target is the WAL flush position when the stream started (or the
 	// slot's confirmed position, if later); caughtUp is set once the
 	// stream passed it: until then an empty fetch does not mean an empty
@@ -93,9 +100,13 @@ const readAhead = 4
 type walLane struct {
 	fence int64             // the fence of the requests the lane's messages were handed out under
 	rows  map[int64]*walRow // unsettled, by seq
-	// table holds the seqs of the lane's messages that are rows of the
-	// outbox table (spilled, or read from it): their results are the
-	// table outbox's (pgStore.writeResults).
+	// table holds the seqs of the lane's messages that are, or were, rows
+	// of the outbox table (spilled, or read from it): true while the row
+	// is there (its results are the table outbox's: pgStore.writeResults),
+	// false once it was settled. The engine knows every seq noted here, so
+	// a fetch of the table hands none of them again as a new row (a
+	// snapshot from before their move or their removal shows them as late
+	// commits); only loads and refills, which the engine asks for, do.
 	table map[int64]bool
 	queue []*walRow // queue[head:]: not handed to the engine yet, by seq
 	head  int
@@ -212,13 +223,18 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &ag
 		s.mu.Lock()
 		tableRows := s.tableRows
 		s.mu.Unlock()
+		// The table empty at two rounds in a row: every fetch that could
+		// have read a row from it has been merged, the notes can go.
 		var still bool
-		if tableRows && s.pool.QueryRow(ctx, s.wq.tableRows).Scan(&still) == nil && !still {
+		if tableRows && s.pool.QueryRow(ctx, s.wq.tableRows).Scan(&still) == nil {
 			s.mu.Lock()
-			s.tableRows = false
-			for i := range s.lanes {
-				s.lanes[i].table = nil
+			if !still && s.emptySeen && len(s.staleOps) == 0 {
+				s.tableRows = false
+				for i := range s.lanes {
+					s.lanes[i].table = nil
+				}
 			}
+			s.emptySeen = !still
 			s.mu.Unlock()
 		}
 		if err := s.recordProgress(ctx, oldest); err != nil {
@@ -410,6 +426,9 @@ const walSpillAfter = 5 * time.Second
 // leave memory. From then on they are the table outbox's rows: fetched,
 // loaded, acknowledged and dead-lettered by the embedded pgStore.
 func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
+	if err := s.deleteStale(ctx); err != nil {
+		return err
+	}
 	now := s.now()
 	s.mu.Lock()
 	var rows []*walRow
@@ -420,10 +439,21 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 			}
 		}
 	}
+	if len(rows) > 0 {
+		s.spilling = make(map[int64]bool, len(rows))
+		for _, r := range rows {
+			s.spilling[r.Seq] = true
+		}
+	}
 	s.mu.Unlock()
 	if len(rows) == 0 {
 		return nil
 	}
+	defer func() {
+		s.mu.Lock()
+		s.spilling = nil
+		s.mu.Unlock()
+	}()
 	var lanes []int16
 	var lf []int64
 	for lane, fence := range fences {
@@ -472,21 +502,19 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 	if err != nil {
 		return storeErr("move held WAL messages to the outbox table", err)
 	}
-	var stale []op
 	s.mu.Lock()
 	for _, p := range moved {
 		l := &s.lanes[p.lane]
 		r := l.rows[p.seq]
 		if r == nil {
 			// Settled while it was being written (delivered, or
-			// dead-lettered from memory): the row must go again.
-			stale = append(stale, op{kind: opAck, lane: p.lane, fence: fences[p.lane], seq: p.seq})
+			// dead-lettered from memory): the row must go again, and
+			// fetches of the table drop it until then.
+			l.noteTable(p.seq, false)
+			s.staleOps = append(s.staleOps, op{kind: opAck, lane: p.lane, fence: fences[p.lane], seq: p.seq})
 			continue
 		}
-		if l.table == nil {
-			l.table = map[int64]bool{}
-		}
-		l.table[p.seq] = true
+		l.noteTable(p.seq, true)
 		delete(l.rows, p.seq)
 		r.settled = true
 		s.held -= r.size()
@@ -498,12 +526,29 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 	s.confirmLocked(s.progress.Confirmable())
 	s.stats.WALHeldBytes.Store(s.held)
 	s.mu.Unlock()
-	if len(stale) > 0 {
-		if w := s.pgStore.writeResults(ctx, stale); w.err != nil {
-			return w.err
-		}
-	}
 	s.log.Debug("wharf: moved held WAL messages to the outbox table", "messages", len(moved))
+	return s.deleteStale(ctx)
+}
+
+// deleteStale deletes the table rows a spill wrote for messages settled
+// meanwhile (fenced, as acknowledgements), and stops dropping them from
+// fetches once they are gone; what fails is tried again at the next round.
+func (s *walStore) deleteStale(ctx context.Context) error {
+	s.mu.Lock()
+	ops := s.staleOps
+	s.staleOps = nil
+	s.mu.Unlock()
+	if len(ops) == 0 {
+		return nil
+	}
+	// A lane lost meanwhile keeps its row: its next owner delivers it
+	// again (at least once).
+	if w := s.pgStore.writeResults(ctx, ops); w.err != nil {
+		s.mu.Lock()
+		s.staleOps = append(s.staleOps, ops...)
+		s.mu.Unlock()
+		return w.err
+	}
 	return nil
 }
 
@@ -767,18 +812,27 @@ func (s *walStore) addTableRows(res, table *fetchResult) {
 	if res.err != nil {
 		return
 	}
-	for _, rows := range [][]fetchedRow{table.rows, table.loadRows, table.refillRows} {
+	add := func(dst *[]fetchedRow, rows []fetchedRow, asked bool) {
 		for _, r := range rows {
 			l := &s.lanes[r.lane]
-			if l.table == nil {
-				l.table = map[int64]bool{}
+			if there, known := l.table[r.Seq]; known && (!there || !asked) {
+				continue // settled, or a new row the engine already holds
 			}
-			l.table[r.Seq] = true
+			l.noteTable(r.Seq, true)
+			*dst = append(*dst, r)
 		}
 	}
-	res.rows = append(res.rows, table.rows...)
-	res.loadRows = append(res.loadRows, table.loadRows...)
-	res.refillRows = append(res.refillRows, table.refillRows...)
+	add(&res.rows, table.rows, false)
+	add(&res.loadRows, table.loadRows, true)
+	add(&res.refillRows, table.refillRows, true)
+}
+
+// noteTable records that seq is a row of the outbox table (there) or was.
+func (l *walLane) noteTable(seq int64, there bool) {
+	if l.table == nil {
+		l.table = map[int64]bool{}
+	}
+	l.table[seq] = there
 }
 
 func cmpSeq(a, b int64) int {
@@ -825,7 +879,7 @@ func (s *walStore) writeResults(ctx context.Context, all []op) opsResult {
 			if t.valid[o.lane] {
 				res.valid[o.lane] = true
 				if o.kind != opRetry {
-					delete(s.lanes[o.lane].table, o.seq)
+					s.lanes[o.lane].noteTable(o.seq, false)
 				}
 			}
 		}
@@ -868,6 +922,9 @@ func (s *walStore) writeResults(ctx context.Context, all []op) opsResult {
 		if r.queued {
 			r.queued = false
 			s.queued -= r.size()
+		}
+		if s.spilling[o.seq] {
+			l.noteTable(o.seq, false) // the spill writes it to the table: not a message there
 		}
 		if err := s.progress.Settle(r.tx); err != nil {
 			// Each held message settles once, so this is a bug; the slot
