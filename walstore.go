@@ -531,8 +531,8 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 }
 
 // deleteStale deletes the table rows a spill wrote for messages settled
-// meanwhile (fenced, as acknowledgements), and stops dropping them from
-// fetches once they are gone; what fails is tried again at the next round.
+// meanwhile (fenced, as acknowledgements; walLane.table keeps fetches from
+// handing them out until then); what fails is tried again at the next round.
 func (s *walStore) deleteStale(ctx context.Context) error {
 	s.mu.Lock()
 	ops := s.staleOps

@@ -115,12 +115,16 @@ func TestTLSWithPrivateCAAndClientCertificate(t *testing.T) {
 	}
 	// No client certificate: the broker refuses it. With TLS 1.3 the client
 	// finishes its side of the handshake first, so the refusal reaches it
-	// either as the broker's alert or as the connection reset under the
-	// AMQP header it goes on to write, whichever comes first.
+	// either as the broker's alert, as the connection reset under the AMQP
+	// header it goes on to write, or, when the close is read while the
+	// client waits for the broker's first AMQP frame, as amqp091's
+	// "channel/connection is not open" (ErrClosed) — whichever comes first.
+	// The same broker took the connection with the certificate above.
 	if s, err := open(url.Values{"cacertfile": {pki.CA}}); err == nil {
 		_ = s.Close()
 		t.Fatal("open without a client certificate succeeded against a broker that requires one")
-	} else if msg := err.Error(); !strings.Contains(msg, "certificate required") && !strings.Contains(msg, "connection reset by peer") && !strings.Contains(msg, "broken pipe") {
+	} else if msg := err.Error(); !strings.Contains(msg, "certificate required") && !strings.Contains(msg, "connection reset by peer") &&
+		!strings.Contains(msg, "broken pipe") && !strings.Contains(msg, amqp.ErrClosed.Reason) {
 		t.Fatalf("open without a client certificate: %v: want the broker's certificate-required alert or the connection it closed", err)
 	}
 }
