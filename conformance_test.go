@@ -538,15 +538,7 @@ func conformPostgresRestart(t *testing.T, l layout) {
 	ids := append([]string(nil), committed...)
 	mu.Unlock()
 	require.Greater(t, len(ids), 1000)
-	require.Eventually(t, func() bool {
-		got := deliveredIDs(rec.snapshot())
-		for _, id := range ids {
-			if got[id] == 0 {
-				return false
-			}
-		}
-		return true
-	}, 60*time.Second, 50*time.Millisecond, "committed messages not delivered after the restarts")
+	requireAllDeliveredWithin(t, rec, ids, 60*time.Second, "committed messages not delivered after the restarts")
 	requireKeyOrder(t, rec.snapshot())
 	if l.wal {
 		var slots int

@@ -33,6 +33,13 @@ func enqueueKeyed(t *testing.T, b *testBundle, n, keys int) []string {
 
 func requireAllDelivered(t *testing.T, rec *recorder, ids []string) {
 	t.Helper()
+	requireAllDeliveredWithin(t, rec, ids, 20*time.Second, "")
+}
+
+// requireAllDeliveredWithin is requireAllDelivered with a time limit and a
+// message of its own.
+func requireAllDeliveredWithin(t *testing.T, rec *recorder, ids []string, limit time.Duration, msg string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
 		got := deliveredIDs(rec.snapshot())
 		for _, id := range ids {
@@ -41,7 +48,7 @@ func requireAllDelivered(t *testing.T, rec *recorder, ids []string) {
 			}
 		}
 		return true
-	}, 20*time.Second, 20*time.Millisecond)
+	}, limit, 20*time.Millisecond, msg)
 }
 
 // Two relays with Exclusive: while another relay holds the lanes (a crashed

@@ -326,16 +326,12 @@ func (s *walStore) stream(ctx context.Context) error {
 		_ = conn.Close(closeCtx)
 		cancel()
 	}()
-	target, from, settled, err := s.walEnd(ctx)
+	target, from, settled, tableRows, err := s.walEnd(ctx)
 	if err != nil {
 		return err
 	}
 	if err := conn.Start(ctx, s.slot, s.publication, 0); err != nil {
 		return err
-	}
-	var tableRows bool
-	if err := s.pool.QueryRow(ctx, s.wq.tableRows).Scan(&tableRows); err != nil {
-		return storeErr("look for messages in the outbox table", err)
 	}
 	s.mu.Lock()
 	s.tableRows = s.tableRows || tableRows
@@ -580,33 +576,34 @@ func (s *walStore) recordProgress(ctx context.Context, oldest time.Time) error {
 
 // walEnd returns the WAL end now (the insert position: every commit so far
 // ends at or before it), the slot's confirmed position and the settled
-// position recorded in wal_progress. The
+// position recorded in wal_progress, and whether the outbox table holds
+// rows (moved there by a spill). The
 // stream sends only flushed WAL, and commits made with synchronous_commit
 // off, and what follows them, can wait unflushed on an idle server, so the
 // WAL end is read in a transaction that commits with synchronous_commit on:
 // its commit flushes everything before it.
-func (s *walStore) walEnd(ctx context.Context) (end, confirmed, settled walstream.LSN, err error) {
+func (s *walStore) walEnd(ctx context.Context) (end, confirmed, settled walstream.LSN, tableRows bool, err error) {
 	var e, c, st string
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, s.wq.walEnd, s.slot).Scan(&e, &c, &st)
+		return tx.QueryRow(ctx, s.wq.walEnd, s.slot).Scan(&e, &c, &st, &tableRows)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, 0, 0, fmt.Errorf("wharf: replication slot %q: %w", s.slot, walstream.ErrSlotMissing)
+		return 0, 0, 0, false, fmt.Errorf("wharf: replication slot %q: %w", s.slot, walstream.ErrSlotMissing)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return 0, 0, 0, fmt.Errorf("wharf: outbox %s has no wal_progress table (WAL mode from an earlier build): run `wharf migrate up --mode wal` again to add it", s.schema)
+		return 0, 0, 0, false, fmt.Errorf("wharf: outbox %s has no wal_progress table (WAL mode from an earlier build): run `wharf migrate up --mode wal` again to add it", s.schema)
 	}
 	if err != nil {
-		return 0, 0, 0, storeErr("read the WAL end", err)
+		return 0, 0, 0, false, storeErr("read the WAL end", err)
 	}
 	end, err1 := walstream.ParseLSN(e)
 	confirmed, err2 := walstream.ParseLSN(c)
 	settled, err3 := walstream.ParseLSN(st)
-	return end, confirmed, settled, errors.Join(err1, err2, err3)
+	return end, confirmed, settled, tableRows, errors.Join(err1, err2, err3)
 }
 
 func (s *walStore) lastEndLocked() walstream.LSN {
@@ -1033,7 +1030,8 @@ SELECT lane FROM f`),
     DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)
 )
 SELECT lane FROM f`),
-		walEnd: r(`SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, (SELECT settled::text FROM S.wal_progress)
+		walEnd: r(`SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, (SELECT settled::text FROM S.wal_progress),
+       EXISTS (SELECT 1 FROM S.outbox)
 FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`),
 		recordProgress: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn), oldest_unsettled = $2, recorded_at = now()`),
 		spill: r(`WITH ` + fenced + `
