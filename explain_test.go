@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -194,14 +195,17 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 	// The next rows after the cursors: 4,000 to ack, 10 to retry, 10 to dead-letter.
 	var nextLanes []int16
 	var nextIDs []int64
-	rows, err = pool.Query(ctx, "SELECT lane, id FROM "+explainSchema+".outbox WHERE id > $1 ORDER BY id LIMIT $2", explainDeleted, explainBatch+20)
+	var nextAts []pgtype.TID // where the fetch read them
+	rows, err = pool.Query(ctx, "SELECT lane, id, ctid FROM "+explainSchema+".outbox WHERE id > $1 ORDER BY id LIMIT $2", explainDeleted, explainBatch+20)
 	require.NoError(t, err)
 	for rows.Next() {
 		var lane int16
 		var id int64
-		require.NoError(t, rows.Scan(&lane, &id))
+		var at pgtype.TID
+		require.NoError(t, rows.Scan(&lane, &id, &at))
 		nextLanes = append(nextLanes, lane)
 		nextIDs = append(nextIDs, id)
+		nextAts = append(nextAts, at)
 	}
 	require.NoError(t, rows.Err())
 	require.Len(t, nextIDs, explainBatch+20)
@@ -238,9 +242,9 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 		},
 		{
 			title: "ack", sql: q.ack, outbox: true, bound: explainBatch,
-			args: []any{lanes, fences, explainOwner, nextLanes[:explainBatch], nextIDs[:explainBatch], []int64{}},
+			args: []any{lanes, fences, explainOwner, nextLanes[:explainBatch], nextIDs[:explainBatch], []int64{}, nextAts[:explainBatch]},
 			params: fmt.Sprintf("64 lanes with fence 1, owner `%s`; deletes the %d rows after the cursors (ids %d..%d) "+
-				"with their lanes; no retries to clear (`{}`). Rolled back.",
+				"with their lanes and the ctids the fetch read them at; no retries to clear (`{}`). Rolled back.",
 				explainOwner, explainBatch, nextIDs[0], nextIDs[explainBatch-1]),
 		},
 		{

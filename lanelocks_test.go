@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wharfhq/wharf/wharfmigrate"
@@ -97,7 +98,7 @@ func TestFencedWritesAndRenewalsDoNotDeadlock(t *testing.T) {
 		go func() { // the completer
 			defer wg.Done()
 			for time.Now().Before(deadline) {
-				_, err := pool.Exec(ctx, q.ack, lanes, fences, "r1", []int16{}, []int64{}, []int64{})
+				_, err := pool.Exec(ctx, q.ack, lanes, fences, "r1", []int16{}, []int64{}, []int64{}, []pgtype.TID{})
 				count(err)
 			}
 		}()

@@ -346,8 +346,9 @@ func scanRows(br pgx.BatchResults, snapshot bool, cut *byteCut, sizeHint int) (o
 		createdAt pgtype.Timestamptz
 		snapText  pgtype.Text
 		now       pgtype.Timestamptz
+		at        pgtype.TID
 	)
-	dest := []any{&lane, &id, &nonce, &topic, &key, &payload, &headers, &deliverAt, &createdAt}
+	dest := []any{&lane, &id, &nonce, &topic, &key, &payload, &headers, &deliverAt, &createdAt, &at}
 	if snapshot {
 		dest = append(dest, &snapText, &now)
 	}
@@ -369,7 +370,7 @@ func scanRows(br pgx.BatchResults, snapshot bool, cut *byteCut, sizeHint int) (o
 		if len(headers) > 0 {
 			m.Headers = decodeHeaders(headers)
 		}
-		out = append(out, fetchedRow{Message: m, lane: lane})
+		out = append(out, fetchedRow{Message: m, lane: lane, at: at})
 	}
 	return out, snap, dbNow, rows.Err()
 }
@@ -504,6 +505,7 @@ type opGroups struct {
 	retryAtt, deadAtt                  []int32
 	retryAt                            []time.Time
 	retryErr, deadErr                  []string
+	ackAt                              []pgtype.TID // where each acknowledged row was read
 }
 
 func groupOps(ops []op) *opGroups {
@@ -530,6 +532,11 @@ func groupOps(ops []op) *opGroups {
 		case opAck:
 			g.ackLane = append(g.ackLane, o.lane)
 			g.ackID = append(g.ackID, o.seq)
+			var at pgtype.TID
+			if o.m != nil {
+				at = o.m.at
+			}
+			g.ackAt = append(g.ackAt, at)
 			if o.attempts > 0 {
 				g.clearRetry = append(g.clearRetry, o.seq)
 			}
@@ -572,7 +579,7 @@ func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) e
 	b.Queue("BEGIN")
 	b.Queue(hotPathSettings)
 	if len(g.ackID) > 0 {
-		b.Queue(s.q.ack, g.lanes, g.fences, s.owner, g.ackLane, g.ackID, g.clearRetry)
+		b.Queue(s.q.ack, g.lanes, g.fences, s.owner, g.ackLane, g.ackID, g.clearRetry, g.ackAt)
 	}
 	if len(g.retryID) > 0 {
 		b.Queue(s.q.retry, g.lanes, g.fences, s.owner, g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr)

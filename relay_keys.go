@@ -3,18 +3,21 @@ package wharf
 import (
 	"sort"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // msg is a loaded message: in memory with its payload.
 type msg struct {
 	Message
 	lane     *laneState
-	kq       *keyQ     // nil for unkeyed messages
-	due      time.Time // local clock
-	attempts int       // failed attempts so far
-	size     int64     // payload bytes, as counted in the memory budget
-	atSink   bool      // in a batch handed to a sink
-	dead     bool      // its dead-letter move is being written
+	kq       *keyQ      // nil for unkeyed messages
+	due      time.Time  // local clock
+	attempts int        // failed attempts so far
+	size     int64      // payload bytes, as counted in the memory budget
+	atSink   bool       // in a batch handed to a sink
+	dead     bool       // its dead-letter move is being written
+	at       pgtype.TID // where the table store read it (fetchedRow.at)
 }
 
 // keyQ is one ordering key of a lane. Its messages, in seq order, are the
@@ -95,7 +98,7 @@ func (r *relay) unload(m *msg) {
 // newMsg turns a row into a message of ordering key okey ("" for unkeyed),
 // with its attempts and due time.
 func (r *relay) newMsg(l *laneState, row *fetchedRow, okey string) *msg {
-	m := &msg{Message: row.Message, lane: l}
+	m := &msg{Message: row.Message, lane: l, at: row.at}
 	m.orderKey = okey
 	if ri, ok := l.retries[m.Seq]; ok {
 		m.attempts = ri.attempts

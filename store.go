@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // store is the storage layout behind the relay. The engine (relay*.go) and the
@@ -106,6 +108,9 @@ type refillReq struct {
 type fetchedRow struct {
 	Message
 	lane int16
+	// at is where the row was read in the table (its ctid), so that its
+	// removal needs no index probe; not valid for rows of the WAL stream.
+	at pgtype.TID
 }
 
 type fetchResult struct {
