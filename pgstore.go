@@ -20,10 +20,12 @@ import (
 )
 
 // hotPathSettings applies to the relay's transactions only: JIT off, because
-// compiling cost more than the fetch itself. (Plans need no pinning: every
-// outbox access is a per-lane or per-row LATERAL probe with nothing for wrong
-// statistics to reorder; see queries.go.)
-const hotPathSettings = `SELECT set_config('jit', 'off', true)`
+// compiling cost more than the fetch itself; bitmap scans off, because every
+// outbox access is a per-lane or per-row LATERAL probe that an index scan
+// serves in order, and statistics taken while the queue was empty (every
+// estimate one row) made the forward read a bitmap scan of the lane's whole
+// backlog above the cursor, sorted, to keep the first rows.
+const hotPathSettings = `SELECT set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
 // pgStore is the table outbox: messages are rows of <schema>.outbox, read by
 // per-lane cursors plus exact late-commit probes, removed by fenced batched

@@ -78,17 +78,20 @@ FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
 		// per lane: without it, on a table not yet analyzed (the default
 		// estimate for xid >= $4 is a third of the table), the planner
 		// flattened the second part into a sequential scan of the whole
-		// outbox hashed against the lanes, on every fetch. In the second
-		// part, an upper bound on xid that no row reaches makes the xid
-		// condition a range: in the prepared statement's generic plan, where
-		// $4 is unknown, PostgreSQL counts a range as 0.5 % of the rows
-		// instead of a third, so reading (lane, xid, id) stays far cheaper
-		// than scanning each lane below its cursor through (lane, id). With
-		// xid >= $4 alone the two looked alike once ANALYZE had seen a nearly
-		// empty queue, the generic plan scanned every delivered row vacuum
-		// had not removed yet (3-9 ms per fetch instead of under 1) and the
-		// relay fell behind producers for good. Schema version 5 keeps the
-		// third part on (lane, xid, id) the same way (n_distinct).
+		// outbox hashed against the lanes, on every fetch. The late-commit
+		// parts give outbox_lane_id nothing it can use: they say
+		// lane::integer, which only outbox_lane_xid is keyed by (schema
+		// version 5), and part 2 checks the cursor on what the index found
+		// (outside OFFSET 0). Part 3 keeps id <= cursor in the index, so a
+		// large finished transaction is not read past the cursor; with
+		// xid = x and lane::integer beside it, outbox_lane_xid wins even
+		// when every estimate is one row (the plan tests check both). With
+		// lane or id <= cursor within reach of outbox_lane_id, the planner read
+		// these parts through it whenever a queue table's statistics
+		// (ANALYZE saw it nearly empty or empty: every estimate one row)
+		// made the two look alike, scanning each lane below its cursor over
+		// every delivered row vacuum had not removed yet: 3-25 ms per
+		// fetch, and the relay fell behind producers for good.
 		fetch: q(`WITH l AS (
     SELECT * FROM unnest($1::smallint[], $2::bigint[], $3::int[]) AS l(lane, cur, lim)
 ), s AS MATERIALIZED (
@@ -105,11 +108,12 @@ FROM l CROSS JOIN LATERAL (
 UNION ALL
 SELECT ` + cols + `, NULL, NULL
 FROM l CROSS JOIN LATERAL (
-    SELECT o.*, o.ctid FROM S.outbox o WHERE o.lane = l.lane AND o.xid >= $4::text::xid8 AND o.xid < '18446744073709551615'::xid8 AND o.id <= l.cur OFFSET 0) o
+    SELECT o.*, o.ctid FROM S.outbox o WHERE o.lane::integer = l.lane::integer AND o.xid >= $4::text::xid8 OFFSET 0) o
+WHERE o.id <= l.cur
 UNION ALL
 SELECT ` + cols + `, NULL, NULL
 FROM l CROSS JOIN fin CROSS JOIN LATERAL (
-    SELECT o.*, o.ctid FROM S.outbox o WHERE o.lane = l.lane AND o.xid = fin.x AND o.id <= l.cur OFFSET 0) o
+    SELECT o.*, o.ctid FROM S.outbox o WHERE o.lane::integer = l.lane::integer AND o.xid = fin.x AND o.id <= l.cur OFFSET 0) o
 UNION ALL
 SELECT -1, 0, 0, '', NULL, NULL, NULL, NULL, NULL, NULL, s.snap::text, s.now FROM s`),
 

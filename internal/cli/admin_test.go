@@ -305,15 +305,15 @@ func TestMigrateDown(t *testing.T) {
 	// Reverting versions 5, 4 and 3 keeps messages; reverting 2 or 1 would not.
 	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "3")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "would revert 005_xid_distinct_absolute\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 5 to 2\n"+
+	require.Equal(t, "would revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 5 to 2\n"+
 		"the outbox holds 1 pending message and 0 dead letters: these reverts keep them\n", out)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "4")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "would revert 005_xid_distinct_absolute\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 5 to 1\n"+
+	require.Equal(t, "would revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 5 to 1\n"+
 		"the outbox holds 1 pending message and 0 dead letters: it would be refused: pass --force to revert anyway and lose them\n", out)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--target-version", "0")...)
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "would revert 005_xid_distinct_absolute\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
+	require.Contains(t, out, "would revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
 
 	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "4")...)
 	require.Equal(t, 1, code)

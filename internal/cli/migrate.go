@@ -131,8 +131,8 @@ table Wharf created; reverting version 2 drops the message ids' nonces, so pendi
 messages would be delivered under other ids. So when either is to be reverted it
 refuses while the outbox or the dead-letter table holds rows: deliver, cancel ('wharf
 outbox cancel') or purge ('wharf dead purge') them first, or pass --force to lose them.
-Reverting version 5 or 4 (the xid column's statistics setting) or 3 (leases per relay
-back to leases per lane) keeps every message and is not refused. The check runs in each step's transaction with both tables locked, so
+Reverting version 5 (the late-commit index), 4 (the xid column's statistics setting)
+or 3 (leases per relay back to leases per lane) keeps every message and is not refused. The check runs in each step's transaction with both tables locked, so
 nothing enqueued meanwhile is lost unseen. --dry-run prints what would be reverted and
 whether it would be refused.`,
 		Example: `  wharf migrate down --dry-run
