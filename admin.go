@@ -1,6 +1,7 @@
 package wharf
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/wharfhq/wharf/internal/store"
+	"github.com/wharfhq/wharf/internal/tablestore"
 	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
@@ -92,7 +95,7 @@ func (c *Client) DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLet
 	rows, err := c.pool.Query(ctx, `SELECT id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at, attempts, last_error, failed_at
 FROM `+c.cfg.Schema+`.dead_letters WHERE `+where+` ORDER BY id LIMIT `+fmt.Sprint(limit), args...)
 	if err != nil {
-		return nil, storeErr("list dead letters", err)
+		return nil, store.Wrap("list dead letters", err)
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
@@ -108,7 +111,7 @@ FROM `+c.cfg.Schema+`.dead_letters WHERE `+where+` ORDER BY id LIMIT `+fmt.Sprin
 			d.DeliverAt = deliverAt.Time
 		}
 		if len(headers) > 0 {
-			d.Headers = decodeHeaders(headers)
+			d.Headers = tablestore.DecodeHeaders(headers)
 		}
 		return d, err
 	})
@@ -144,7 +147,7 @@ SELECT id, nonce, topic, key, payload, headers, deliver_at,
        created_at
 FROM moved ORDER BY id`, args...)
 	if err != nil {
-		return 0, storeErr("retry dead letters", err)
+		return 0, store.Wrap("retry dead letters", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
@@ -170,7 +173,7 @@ RETURNING id, nonce, topic, coalesce(key, ''), payload, headers, deliver_at`, ar
 			rec := r
 			rec.Payload = append([]byte(nil), r.Payload...) // the row's buffer is reused
 			if len(headers) > 0 {
-				rec.Headers = decodeHeaders(headers)
+				rec.Headers = tablestore.DecodeHeaders(headers)
 			}
 			if deliverAt.Valid {
 				rec.DeliverAt = deliverAt.Time
@@ -180,7 +183,7 @@ RETURNING id, nonce, topic, coalesce(key, ''), payload, headers, deliver_at`, ar
 		}); err != nil {
 			return err
 		}
-		slices.SortFunc(recs, func(a, b walmsg.Record) int { return cmpSeq(a.Seq, b.Seq) })
+		slices.SortFunc(recs, func(a, b walmsg.Record) int { return cmp.Compare(a.Seq, b.Seq) })
 		for len(recs) > 0 {
 			chunk := recs[:min(len(recs), 1000)]
 			recs = recs[len(chunk):]
@@ -196,7 +199,7 @@ RETURNING id, nonce, topic, coalesce(key, ''), payload, headers, deliver_at`, ar
 		return nil
 	})
 	if err != nil {
-		return 0, storeErr("retry dead letters", err)
+		return 0, store.Wrap("retry dead letters", err)
 	}
 	return n, nil
 }
@@ -213,7 +216,7 @@ func (c *Client) PurgeDeadLetters(ctx context.Context, f DeadLetterFilter) (int,
 	}
 	tag, err := c.pool.Exec(ctx, `DELETE FROM `+c.cfg.Schema+`.dead_letters WHERE `+where, args...)
 	if err != nil {
-		return 0, storeErr("purge dead letters", err)
+		return 0, store.Wrap("purge dead letters", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
@@ -396,7 +399,7 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 		return c.statusWAL(ctx, tx, s)
 	})
 	if err != nil {
-		return nil, storeErr("status", err)
+		return nil, store.Wrap("status", err)
 	}
 	return s, nil
 }

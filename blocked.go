@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/wharfhq/wharf/internal/store"
 )
 
 // BlockedScanBound is how many rows per lane [Client.BlockedKeys] reads to
@@ -182,7 +183,7 @@ WHERE (SELECT count(*) FROM (SELECT 1 FROM `+sc+`.outbox o WHERE o.lane = l.lane
 		return nil
 	})
 	if err != nil {
-		return nil, storeErr("blocked keys", err)
+		return nil, store.Wrap("blocked keys", err)
 	}
 	return out, nil
 }

@@ -119,7 +119,7 @@ type Config struct {
 	clock func() time.Time
 	// walSpillAfter is how long a WAL outbox's relay keeps a message handed
 	// to delivery and unsettled in memory before it moves it to the outbox
-	// table (walStore.spill); 0 is walSpillAfter's default. Tests shorten it.
+	// table (walstore's spill); 0 is walstore.DefaultSpillAfter. Tests shorten it.
 	walSpillAfter time.Duration
 }
 

@@ -28,7 +28,7 @@ var ErrNotMigrated = wharfmigrate.ErrNotMigrated
 type Client struct {
 	cfg   Config
 	pool  *pgxpool.Pool
-	q     queries
+	q     enqueueQueries
 	stats *Stats
 
 	mode atomic.Int32 // the outbox's mode, once known (walenqueue.go)
@@ -45,7 +45,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: c, pool: pool, q: newQueries(c.Schema), stats: newStats(), stopped: make(chan struct{})}, nil
+	return &Client{cfg: c, pool: pool, q: newEnqueueQueries(c.Schema), stats: newStats(), stopped: make(chan struct{})}, nil
 }
 
 // Schema returns the schema the client works in.
@@ -333,4 +333,37 @@ func wrapEnqueueErr(err error) error {
 		return fmt.Errorf("wharf: enqueue: %w: %w", ErrNotMigrated, err)
 	}
 	return fmt.Errorf("wharf: enqueue: %w", err)
+}
+
+// enqueueQueries holds the producers' SQL statements on the table outbox,
+// with the schema filled in once.
+type enqueueQueries struct {
+	enqueueArrays      string
+	enqueueArraysDedup string
+	enqueueJSON        string
+	enqueueJSONDedup   string
+	dedupLookup        string
+	dedupLookupJSON    string
+}
+
+func newEnqueueQueries(schema string) enqueueQueries {
+	r := strings.NewReplacer("S.", schema+".")
+	q := func(s string) string { return r.Replace(s) }
+
+	const insertCols = `INSERT INTO S.outbox (topic, key, payload, headers, deliver_at, dedup_key) `
+	const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`
+	arrays := insertCols + `SELECT t, k, p, h::jsonb, d, u FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::timestamptz[], $6::text[]) AS m(t, k, p, h, d, u)`
+	// database/sql drivers disagree on array parameters, so that path sends
+	// the batch as one JSON document instead.
+	jsonSrc := insertCols + `SELECT e->>'topic', e->>'key', decode(e->>'payload', 'base64'), e->'headers', (e->>'deliver_at')::timestamptz, e->>'dedup_key'
+FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
+
+	return enqueueQueries{
+		enqueueArrays:      q(arrays + ` RETURNING id, nonce`),
+		enqueueArraysDedup: q(arrays + onConflict + ` RETURNING id, nonce, dedup_key`),
+		enqueueJSON:        q(jsonSrc + ` RETURNING id, nonce`),
+		enqueueJSONDedup:   q(jsonSrc + onConflict + ` RETURNING id, nonce, dedup_key`),
+		dedupLookup:        q(`SELECT id, nonce, dedup_key FROM S.outbox WHERE dedup_key = ANY($1::text[])`),
+		dedupLookupJSON:    q(`SELECT id, nonce, dedup_key FROM S.outbox WHERE dedup_key IN (SELECT jsonb_array_elements_text($1::jsonb))`),
+	}
 }

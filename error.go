@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/store"
 )
 
 // ErrNotAttempted reports that a sink did not try a message because an
@@ -17,6 +19,11 @@ var ErrNotAttempted = errors.New("wharf: not attempted: an earlier message of th
 // delivered and counts it. Since message ids are unique beyond one outbox, a
 // duplicate can only be a redelivery of the same message.
 var ErrDuplicate = errors.New("wharf: the destination already holds this message id")
+
+// ErrRelayIDInUse is returned by [Client.Start] and [Client.Drain] when another
+// relay that is still alive runs with the same [Config.RelayID]: two relays
+// sharing an id would share lanes and deliver one key twice at once.
+var ErrRelayIDInUse = store.ErrRelayIDInUse
 
 // ErrRelayRunning is returned by [Client.Start] and [Client.Drain] while the
 // client's relay is already running.

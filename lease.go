@@ -5,11 +5,12 @@ import (
 	"sort"
 	"time"
 
+	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
 type leaseEvent struct {
-	acquired  []laneLease
+	acquired  []store.LaneLease
 	renewed   []int16
 	lost      []int16
 	release   []int16 // lanes over this relay's fair share: finish and hand back
@@ -33,12 +34,12 @@ func (r *relay) leaseLoop(ctx context.Context, released <-chan bool) {
 	defer tick.Stop()
 	errs := 0
 
-	release := func(ctx context.Context, rel laneRelease) {
-		if err := r.st.release(ctx, rel); err != nil {
-			r.log.Warn("wharf: releasing lane failed; its lease will expire instead", "lane", rel.lane, "err", err)
+	release := func(ctx context.Context, rel store.LaneRelease) {
+		if err := r.st.Release(ctx, rel); err != nil {
+			r.log.Warn("wharf: releasing lane failed; its lease will expire instead", "lane", rel.Lane, "err", err)
 		}
-		delete(owned, rel.lane)
-		delete(releasing, rel.lane)
+		delete(owned, rel.Lane)
+		delete(releasing, rel.Lane)
 	}
 
 	for {
@@ -83,8 +84,8 @@ func (r *relay) leaseShutdown(owned map[int16]int64, graceful bool) {
 	for {
 		select {
 		case rel := <-r.releaseCh:
-			_ = r.st.release(ctx, rel)
-			delete(owned, rel.lane)
+			_ = r.st.Release(ctx, rel)
+			delete(owned, rel.Lane)
 			continue
 		default:
 		}
@@ -98,11 +99,11 @@ func (r *relay) leaseShutdown(owned map[int16]int64, graceful bool) {
 		for l := range owned {
 			lanes = append(lanes, l)
 		}
-		if err := r.st.releaseAll(ctx, lanes); err != nil {
+		if err := r.st.ReleaseAll(ctx, lanes); err != nil {
 			r.log.Warn("wharf: releasing lanes at stop failed; they will expire", "err", err)
 		}
 	}
-	_ = r.st.unregister(ctx)
+	_ = r.st.Unregister(ctx)
 }
 
 func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing map[int16]bool, stray *int) (leaseEvent, error) {
@@ -111,17 +112,17 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 	// the database's.
 	start := r.now()
 	ev := leaseEvent{until: start.Add(r.cfg.LeaseTTL)}
-	lr, err := r.st.leaseRound(ctx, r.cfg.LeaseTTL)
+	lr, err := r.st.LeaseRound(ctx, r.cfg.LeaseTTL)
 	if err != nil {
 		return ev, err
 	}
-	ev.uncovered = lr.uncovered
-	if lr.lostID {
+	ev.uncovered = lr.Uncovered
+	if lr.LostID {
 		ev.lostID = true
 		return ev, nil
 	}
 	for lane, fence := range owned {
-		if f, ok := lr.renewed[lane]; ok && f == fence {
+		if f, ok := lr.Renewed[lane]; ok && f == fence {
 			ev.renewed = append(ev.renewed, lane)
 		} else {
 			ev.lost = append(ev.lost, lane)
@@ -129,11 +130,11 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 			delete(releasing, lane)
 		}
 	}
-	for lane, fence := range lr.renewed {
+	for lane, fence := range lr.Renewed {
 		if _, ok := owned[lane]; !ok {
 			// Ours in the table but unknown here (a previous incarnation with
 			// the same id): hand it back so it is read from scratch.
-			_ = r.st.release(ctx, laneRelease{lane: lane, fence: fence})
+			_ = r.st.Release(ctx, store.LaneRelease{Lane: lane, Fence: fence})
 		}
 	}
 	select {
@@ -141,12 +142,12 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 		return ev, nil // stopping: claim and rebalance nothing
 	default:
 	}
-	share := (wharfmigrate.Lanes + lr.live - 1) / max(lr.live, 1)
+	share := (wharfmigrate.Lanes + lr.Live - 1) / max(lr.Live, 1)
 	active := len(owned) - len(releasing)
 	alone := false
 	if r.cfg.Exclusive {
 		// Lanes a live relay other than this one holds.
-		others := wharfmigrate.Lanes - len(lr.renewed) - lr.uncovered
+		others := wharfmigrate.Lanes - len(lr.Renewed) - lr.Uncovered
 		switch {
 		case others == 0:
 			share, alone = wharfmigrate.Lanes, true
@@ -158,18 +159,18 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 			// rolling change of the setting): cover them rather than
 			// leave them undelivered.
 			share = 0
-			if lr.uncovered > 0 {
+			if lr.Uncovered > 0 {
 				*stray++
 			} else {
 				*stray = 0
 			}
 			if *stray > 1 {
-				share = lr.uncovered
+				share = lr.Uncovered
 			}
 		default:
 			// Another relay holds lanes too: keep ours, cover the lanes
 			// nobody holds, and hand none back.
-			share = active + lr.uncovered
+			share = active + lr.Uncovered
 			*stray = 0
 		}
 	}
@@ -187,12 +188,12 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 		}
 	}
 	if active < share {
-		var got []laneLease
+		var got []store.LaneLease
 		var err error
 		if alone {
-			got, err = r.st.claimAlone(ctx)
+			got, err = r.st.ClaimAlone(ctx)
 		} else {
-			got, err = r.st.claim(ctx, share-active)
+			got, err = r.st.Claim(ctx, share-active)
 		}
 		if err != nil {
 			return ev, err
@@ -200,20 +201,20 @@ func (r *relay) leaseTick(ctx context.Context, owned map[int16]int64, releasing 
 		if len(got) > 0 {
 			lanes := make([]int16, len(got))
 			for i, g := range got {
-				lanes[i] = g.lane
+				lanes[i] = g.Lane
 			}
-			retries, err := r.st.loadRetries(ctx, lanes)
+			retries, err := r.st.LoadRetries(ctx, lanes)
 			if err != nil {
 				// We hold the leases now; hand them back rather than run
 				// without the attempt counts.
 				for _, g := range got {
-					_ = r.st.release(context.Background(), laneRelease{lane: g.lane, fence: g.fence})
+					_ = r.st.Release(context.Background(), store.LaneRelease{Lane: g.Lane, Fence: g.Fence})
 				}
 				return ev, err
 			}
 			for i := range got {
-				got[i].retries = retries[got[i].lane]
-				owned[got[i].lane] = got[i].fence
+				got[i].Retries = retries[got[i].Lane]
+				owned[got[i].Lane] = got[i].Fence
 			}
 			ev.acquired = got
 			// The lanes just claimed were counted as uncovered above.

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"sync"
 
+	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -88,14 +89,11 @@ func (c *Client) newRelay(ctx context.Context, drain bool) (*relay, error) {
 		}
 		c.stopped = make(chan struct{})
 	}
-	r := newRelay(c, sinks, route, drain)
-	if wal {
-		r.streamWAL()
-	}
+	r := newRelay(c, sinks, route, drain, wal)
 	if len(sinks) == 1 {
 		r.route = nil
 	}
-	if err := r.st.register(ctx, c.cfg.LeaseTTL); err != nil {
+	if err := r.st.Register(ctx, c.cfg.LeaseTTL); err != nil {
 		return nil, err
 	}
 	c.relay = r
@@ -249,7 +247,7 @@ func (c *Client) BacklogEstimate(ctx context.Context) (int64, error) {
 	var n int64
 	err := c.pool.QueryRow(ctx, `SELECT coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'outbox'), 0)`, c.cfg.Schema).Scan(&n)
 	if err != nil {
-		return 0, storeErr("backlog estimate", err)
+		return 0, store.Wrap("backlog estimate", err)
 	}
 	return n, nil
 }

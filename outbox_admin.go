@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/wharfhq/wharf/internal/store"
+	"github.com/wharfhq/wharf/internal/tablestore"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -156,7 +158,7 @@ ORDER BY o.id LIMIT `+lim, args...)
 		return err
 	})
 	if err != nil {
-		return nil, storeErr("list pending messages", err)
+		return nil, store.Wrap("list pending messages", err)
 	}
 	return out, nil
 }
@@ -181,7 +183,7 @@ func scanPending(row pgx.CollectableRow) (PendingMessage, error) {
 		p.NextAttemptAt = nextAt.Time
 	}
 	if len(headers) > 0 {
-		p.Headers = decodeHeaders(headers)
+		p.Headers = tablestore.DecodeHeaders(headers)
 	}
 	return p, err
 }
@@ -232,7 +234,7 @@ func (c *Client) CancelMessages(ctx context.Context, f PendingFilter) (int, erro
 )
 SELECT count(*) FROM gone`, args...).Scan(&n)
 	if err != nil {
-		return 0, storeErr("cancel messages", err)
+		return 0, store.Wrap("cancel messages", err)
 	}
 	return n, nil
 }
@@ -283,7 +285,7 @@ func (c *Client) RescheduleMessages(ctx context.Context, f PendingFilter, at tim
 )
 SELECT count(*) FROM ins`, args...).Scan(&n)
 	if err != nil {
-		return 0, storeErr("reschedule messages", err)
+		return 0, store.Wrap("reschedule messages", err)
 	}
 	return n, nil
 }

@@ -2,12 +2,15 @@ package wharf
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/backoff"
+	"github.com/wharfhq/wharf/internal/store"
+	"github.com/wharfhq/wharf/internal/tablestore"
+	"github.com/wharfhq/wharf/internal/walstore"
 )
 
 // A relay is the delivery engine. One goroutine (run) owns every piece of
@@ -23,20 +26,20 @@ import (
 // (result writes), relay_workers.go (the goroutines and the timer heap).
 type relay struct {
 	cfg   Config
-	st    store
+	st    store.Store
 	log   *slog.Logger
 	stats *Stats
 	drain bool
 	sinks []*sinkSlot
 	route func(topic string) int // index into sinks; nil with one sink
 
-	fetchReq  chan fetchRequest
-	fetchRes  chan fetchResult
+	fetchReq  chan store.FetchRequest
+	fetchRes  chan store.FetchResult
 	sinkRes   chan *sinkBatch
-	opsReq    chan []op
-	opsRes    chan opsResult
+	opsReq    chan []store.Op
+	opsRes    chan store.OpsResult
 	leaseEv   chan leaseEvent
-	releaseCh chan laneRelease
+	releaseCh chan store.LaneRelease
 	wake      chan struct{}
 
 	stopReq chan struct{} // graceful stop requested (closed once); never reassigned
@@ -57,9 +60,9 @@ type relay struct {
 	stubs     int    // held messages kept as positions only
 	fetch     fetchState
 	ops       opsState
-	loads     []loadReq   // loads to send with the next fetch
-	refills   []refillReq // refills to send with the next fetch
-	loading   int         // loads and refills sent and not yet answered
+	loads     []store.LoadReq   // loads to send with the next fetch
+	refills   []store.RefillReq // refills to send with the next fetch
+	loading   int               // loads and refills sent and not yet answered
 	leaseSeen bool
 	uncovered int // lanes nobody live owns, from the lease manager
 	stopping  bool
@@ -87,31 +90,16 @@ type fetchState struct {
 	emptyRun  int // consecutive empty fetches, for the idle backoff
 	lastEmpty bool
 	behind    bool // the last fetch showed a backlog (see onFetch): read again at once
-	retry     retryState
-	pos       readPos
+	retry     backoff.State
+	pos       store.Pos
 }
 
 type opsState struct {
-	pending []op
-	spare   []op // the last written batch's slice, emptied, for the next batch
+	pending []store.Op
+	spare   []store.Op // the last written batch's slice, emptied, for the next batch
 	busy    bool
-	retry   retryState
+	retry   backoff.State
 }
-
-// retryState is the backoff of a goroutine's failing round trips.
-type retryState struct {
-	errs int
-	at   time.Time
-}
-
-func (s *retryState) fail(now time.Time) time.Duration {
-	s.errs++
-	d := backoff(s.errs, 100*time.Millisecond, 5*time.Second)
-	s.at = now.Add(d)
-	return d
-}
-
-func (s *retryState) ok() { *s = retryState{} }
 
 // failLog turns per-message failures into one warning per interval: an
 // outage fails thousands of messages, and keys may be personal data.
@@ -121,21 +109,20 @@ type failLog struct {
 }
 
 // newRelay wires a relay for client c; drain makes it stop once nothing is
-// deliverable.
-func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *relay {
+// deliverable; wal makes it read an outbox in WAL mode, from the logical
+// replication slot named after the schema.
+func newRelay(c *Client, sinks []Sink, route func(string) int, drain, wal bool) *relay {
 	hardCtx, cancel := context.WithCancel(context.Background())
-	var inc [8]byte
-	_, _ = rand.Read(inc[:])
 	total := 0
 	r := &relay{
 		cfg: c.cfg, log: c.cfg.Logger, stats: c.stats, drain: drain, route: route,
 		now:        c.cfg.clock,
-		fetchReq:   make(chan fetchRequest),
-		fetchRes:   make(chan fetchResult),
-		opsReq:     make(chan []op),
-		opsRes:     make(chan opsResult),
+		fetchReq:   make(chan store.FetchRequest),
+		fetchRes:   make(chan store.FetchResult),
+		opsReq:     make(chan []store.Op),
+		opsRes:     make(chan store.OpsResult),
 		leaseEv:    make(chan leaseEvent, 1),
-		releaseCh:  make(chan laneRelease, 64),
+		releaseCh:  make(chan store.LaneRelease, 64),
 		wake:       make(chan struct{}, 1),
 		stopReq:    make(chan struct{}),
 		hardCtx:    hardCtx,
@@ -148,9 +135,17 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 		maxStubs:   max(100_000, 50*c.cfg.MaxBuffered),
 		fetchBytes: max(1, c.cfg.MaxBufferedBytes/4),
 	}
-	ps := &pgStore{pool: c.pool, q: c.q, schema: c.cfg.Schema, owner: c.cfg.RelayID,
-		incarnation: hex.EncodeToString(inc[:]), log: c.cfg.Logger, now: c.cfg.clock}
-	r.st = ps
+	table := tablestore.New(tablestore.Config{Pool: c.pool, Schema: c.cfg.Schema, RelayID: c.cfg.RelayID, Logger: c.cfg.Logger, Now: c.cfg.clock})
+	r.st = table
+	if wal {
+		// One stream per slot: the relay holds every lane or none.
+		r.st = walstore.New(walstore.Config{
+			Table: table, Pool: c.pool, Schema: c.cfg.Schema, RelayID: c.cfg.RelayID,
+			Logger: c.cfg.Logger, Now: c.cfg.clock, Budget: c.cfg.MaxBufferedBytes, SpillAfter: c.cfg.walSpillAfter,
+			Gauges: walstore.Gauges{HeldBytes: &c.stats.WALHeldBytes, LagBytes: &c.stats.WALLagBytes, Lag: &c.stats.WALLag},
+		})
+		r.cfg.Exclusive = true
+	}
 	names := make([]string, len(sinks))
 	for i, s := range sinks {
 		names[i] = sinkName(s)
@@ -162,20 +157,6 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain bool) *rela
 	r.sinkRes = make(chan *sinkBatch, total)
 	r.fetch.emptyRun = 64 // no activity seen yet: poll at PollInterval
 	return r
-}
-
-// streamWAL makes the relay read an outbox in WAL mode: from the logical
-// replication slot named after the schema, holding every lane or none
-// (one stream per slot).
-func (r *relay) streamWAL() {
-	ps := r.st.(*pgStore)
-	s := &walStore{pgStore: ps, slot: r.cfg.Schema, publication: r.cfg.Schema, prefix: r.cfg.Schema,
-		budget: r.cfg.MaxBufferedBytes, stats: r.stats, wq: walQueries(r.cfg.Schema), spillAfter: r.cfg.walSpillAfter}
-	if s.spillAfter <= 0 {
-		s.spillAfter = walSpillAfter
-	}
-	r.st = s
-	r.cfg.Exclusive = true
 }
 
 func (r *relay) requestStop() { r.stopMu.Do(func() { close(r.stopReq) }) }
@@ -200,7 +181,7 @@ func (r *relay) start() {
 	go func() { defer close(leaseDone); r.leaseLoop(leaseCtx, released) }()
 	if !r.cfg.PollOnly {
 		spawn(&wg, func() {
-			r.st.listen(r.hardCtx, func() {
+			r.st.Listen(r.hardCtx, func() {
 				select {
 				case r.wake <- struct{}{}:
 				default:
@@ -381,7 +362,7 @@ func (r *relay) nextWake(now time.Time) time.Duration {
 	if len(r.timers) > 0 {
 		d = min(d, r.timers[0].at.Sub(now))
 	}
-	for _, at := range []time.Time{r.ops.retry.at, r.fetch.retry.at, r.leaseCheckAt()} {
+	for _, at := range []time.Time{r.ops.retry.At, r.fetch.retry.At, r.leaseCheckAt()} {
 		if !at.IsZero() {
 			d = min(d, at.Sub(now))
 		}

@@ -4,18 +4,20 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/wharfhq/wharf/internal/store"
 )
 
-func (r *relay) enqueueOp(o op) {
-	l := o.m.lane
-	o.lane = l.id
-	o.fence = l.fence
+func (r *relay) enqueueOp(o store.Op) {
+	l := o.Ref.(*msg).lane
+	o.Lane = l.id
+	o.Fence = l.fence
 	l.pendingOps++
 	r.ops.pending = append(r.ops.pending, o)
 }
 
 func (r *relay) maybeFlushOps(now time.Time) {
-	if r.ops.busy || len(r.ops.pending) == 0 || now.Before(r.ops.retry.at) {
+	if r.ops.busy || len(r.ops.pending) == 0 || now.Before(r.ops.retry.At) {
 		return
 	}
 	r.ops.busy = true
@@ -24,45 +26,45 @@ func (r *relay) maybeFlushOps(now time.Time) {
 	r.opsReq <- ops
 }
 
-func (r *relay) onOps(res opsResult) {
+func (r *relay) onOps(res store.OpsResult) {
 	r.ops.busy = false
 	now := r.now()
-	if res.err != nil {
-		d := r.ops.retry.fail(now)
+	if res.Err != nil {
+		d := r.ops.retry.Fail(now)
 		r.stats.DBErrors.Add(1)
-		r.log.Error("wharf: writing delivery results failed; retrying", "err", res.err, "retry_in", d.Round(time.Millisecond))
+		r.log.Error("wharf: writing delivery results failed; retrying", "err", res.Err, "retry_in", d.Round(time.Millisecond))
 		if r.hardCtx.Err() == nil {
-			r.ops.pending = append(res.ops, r.ops.pending...)
+			r.ops.pending = append(res.Ops, r.ops.pending...)
 		}
 		return
 	}
-	if res.isolated {
-		r.log.Warn("wharf: a batch of delivery results was refused and written again in parts", "results", len(res.ops))
+	if res.Isolated {
+		r.log.Warn("wharf: a batch of delivery results was refused and written again in parts", "results", len(res.Ops))
 	}
-	r.ops.retry.ok()
+	r.ops.retry.OK()
 	acks := 0
-	for _, o := range res.ops {
-		m := o.m
+	for _, o := range res.Ops {
+		m := o.Ref.(*msg)
 		l := m.lane
 		l.pendingOps--
 		if l.dropped {
 			continue
 		}
-		if !res.valid[o.lane] {
-			r.log.Warn("wharf: lane was taken over by another relay; its results were not written", "lane", o.lane)
+		if !res.Valid[o.Lane] {
+			r.log.Warn("wharf: lane was taken over by another relay; its results were not written", "lane", o.Lane)
 			r.stats.LeaseLosses.Add(1)
 			r.dropLane(l)
 			continue
 		}
-		switch o.kind {
-		case opAck:
+		switch o.Kind {
+		case store.OpAck:
 			acks++
 			r.unload(m)
 			r.delivered++
 			r.stats.Delivered.Add(1)
 			r.stats.Topic(m.Topic).Delivered.Add(1)
 			r.stats.observeLatency(now.Add(r.skew).Sub(m.CreatedAt))
-		case opDead:
+		case store.OpDead:
 			r.unload(m)
 			r.stats.DeadLettered.Add(1)
 			r.stats.Topic(m.Topic).DeadLettered.Add(1)
@@ -82,8 +84,8 @@ func (r *relay) onOps(res opsResult) {
 	r.publishMem()
 	// The written slice carries the next batch: a batch grown op by op
 	// copied every op about twice.
-	clear(res.ops)
-	r.ops.spare = res.ops[:0]
+	clear(res.Ops)
+	r.ops.spare = res.Ops[:0]
 }
 
 // errorText is what is stored as a message's last error: at most 4 KiB,

@@ -3,8 +3,10 @@ package wharf
 import (
 	"container/heap"
 	"errors"
-	"math/rand/v2"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/backoff"
+	"github.com/wharfhq/wharf/internal/store"
 )
 
 const maxRun = 100 // most messages of one key in one sink batch
@@ -244,7 +246,7 @@ func (r *relay) onSink(b *sinkBatch) {
 				r.stats.Duplicates.Add(1)
 				r.log.Debug("wharf: the destination already held this message id (a redelivery)", "id", m.ID)
 			}
-			r.enqueueOp(op{kind: opAck, m: m, seq: m.Seq, attempts: m.attempts})
+			r.enqueueOp(store.Op{Kind: store.OpAck, Ref: m, At: m.at, Seq: m.Seq, Attempts: m.attempts})
 			if kq != nil {
 				kq.remove(m)
 			} else {
@@ -286,16 +288,16 @@ func (r *relay) fail(m *msg, err error, now time.Time) {
 		if m.kq != nil {
 			m.kq.deadPending++
 		}
-		r.enqueueOp(op{kind: opDead, m: m, seq: m.Seq, err: text, attempts: m.attempts})
+		r.enqueueOp(store.Op{Kind: store.OpDead, Ref: m, Seq: m.Seq, Err: text, Attempts: m.attempts})
 		return
 	}
 	d, ok := retryDelay(err)
 	if !ok {
-		d = backoff(m.attempts, r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
+		d = backoff.Delay(m.attempts, r.cfg.RetryBackoff, r.cfg.MaxRetryBackoff)
 	}
 	m.due = now.Add(d)
 	r.log.Debug("wharf: delivery failed; will retry", "id", m.ID, "attempt", m.attempts, "retry_in", d.Round(time.Millisecond), "err", text)
-	r.enqueueOp(op{kind: opRetry, m: m, seq: m.Seq, err: text, attempts: m.attempts, nextAt: r.toDB(m.due)})
+	r.enqueueOp(store.Op{Kind: store.OpRetry, Ref: m, Seq: m.Seq, Err: text, Attempts: m.attempts, NextAt: r.toDB(m.due)})
 	if m.kq == nil {
 		l := m.lane
 		delete(l.unkeyed, m.Seq)
@@ -316,14 +318,4 @@ func (r *relay) noteFailure(m *msg, err error, now time.Time) {
 	}
 	r.log.Warn("wharf: deliveries failing; they are retried with backoff", "failures", f.n, "last_id", m.ID, "last_topic", m.Topic, "last_err", oneLine(err.Error(), 300))
 	f.n, f.since = 0, now
-}
-
-// backoff is exponential with equal jitter: half the delay is fixed, half random.
-func backoff(attempt int, base, maxD time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempt && d < maxD; i++ {
-		d *= 2
-	}
-	d = min(d, maxD)
-	return d/2 + rand.N(d/2+1)
 }

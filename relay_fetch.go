@@ -2,13 +2,15 @@ package wharf
 
 import (
 	"time"
+
+	"github.com/wharfhq/wharf/internal/store"
 )
 
 // maybeFetch sends the next read when the previous one is back, there is
 // room in the memory budget and either there is work or the poll interval
 // has passed.
 func (r *relay) maybeFetch(now time.Time) {
-	if r.fetch.busy || r.stopping || len(r.lanes) == 0 || now.Before(r.fetch.retry.at) {
+	if r.fetch.busy || r.stopping || len(r.lanes) == 0 || now.Before(r.fetch.retry.At) {
 		return
 	}
 	if now.Sub(r.fetch.last) < r.fetchWait() {
@@ -20,60 +22,60 @@ func (r *relay) maybeFetch(now time.Time) {
 	if full && len(r.loads) == 0 && len(r.refills) == 0 {
 		return
 	}
-	req := fetchRequest{pos: r.fetch.pos, refillLimit: r.perKeyCap}
+	req := store.FetchRequest{Pos: r.fetch.pos, RefillLimit: r.perKeyCap}
 	total := 0
 	for _, l := range r.lanes {
 		if l.releasing || l.waitZombies {
 			continue
 		}
-		req.lanes = append(req.lanes, l.id)
-		req.cursors = append(req.cursors, l.cursor)
-		req.limits = append(req.limits, int32(l.limit))
-		req.fences = append(req.fences, l.fence)
+		req.Lanes = append(req.Lanes, l.id)
+		req.Cursors = append(req.Cursors, l.cursor)
+		req.Limits = append(req.Limits, int32(l.limit))
+		req.Fences = append(req.Fences, l.fence)
 		total += l.limit
 	}
-	if len(req.lanes) == 0 {
+	if len(req.Lanes) == 0 {
 		return
 	}
 	if total > r.cfg.FetchBatch {
 		// Hot lanes asked for more than a batch: scale every lane down.
-		for i := range req.limits {
-			req.limits[i] = int32(max(1, int(req.limits[i])*r.cfg.FetchBatch/total))
+		for i := range req.Limits {
+			req.Limits[i] = int32(max(1, int(req.Limits[i])*r.cfg.FetchBatch/total))
 		}
 	}
 	// Each lane's share of a fetch's payload bytes (see byteCut).
-	perLane := max(1, r.fetchBytes/int64(len(req.lanes)))
-	req.bytes = make([]int64, len(req.lanes))
-	for i := range req.bytes {
-		req.bytes[i] = perLane
+	perLane := max(1, r.fetchBytes/int64(len(req.Lanes)))
+	req.Bytes = make([]int64, len(req.Lanes))
+	for i := range req.Bytes {
+		req.Bytes[i] = perLane
 	}
 	if full {
 		// Only the loads a key waits for (and late commits, which are
 		// never skipped): keys whose next message is a position must not
 		// wait for room that only their own progress makes.
-		clear(req.limits)
+		clear(req.Limits)
 	}
 	// Loads and refills of lanes this request reads; the upper bound of a
 	// refill is the cursor now, not when it was asked for: a fetch that
 	// completed in between may have advanced it past rows of the key that
 	// were dropped as truncated.
 	for _, ld := range r.loads {
-		if l := r.lanes[ld.lane]; l != nil && l.fence == ld.fence && !l.releasing {
-			req.loads = append(req.loads, ld)
+		if l := r.lanes[ld.Lane]; l != nil && l.fence == ld.Fence && !l.releasing {
+			req.Loads = append(req.Loads, ld)
 		} else {
-			r.dropLoad(ld.lane, ld.key)
+			r.dropLoad(ld.Lane, ld.Key)
 		}
 	}
 	for _, rf := range r.refills {
-		if l := r.lanes[rf.lane]; l != nil && l.fence == rf.fence && !l.releasing {
-			rf.to = l.cursor
-			req.refills = append(req.refills, rf)
+		if l := r.lanes[rf.Lane]; l != nil && l.fence == rf.Fence && !l.releasing {
+			rf.To = l.cursor
+			req.Refills = append(req.Refills, rf)
 		} else {
-			r.dropLoad(rf.lane, rf.key)
+			r.dropLoad(rf.Lane, rf.Key)
 		}
 	}
 	r.loads, r.refills = nil, nil
-	r.loading += len(req.loads) + len(req.refills)
+	r.loading += len(req.Loads) + len(req.Refills)
 	r.fetch.busy = true
 	r.fetch.want = false
 	r.fetch.last = now
@@ -89,42 +91,42 @@ func (r *relay) dropLoad(lane int16, key string) {
 	}
 }
 
-func (r *relay) onFetch(res fetchResult) {
+func (r *relay) onFetch(res store.FetchResult) {
 	r.fetch.busy = false
 	now := r.now()
-	if res.err != nil {
-		d := r.fetch.retry.fail(now)
+	if res.Err != nil {
+		d := r.fetch.retry.Fail(now)
 		r.stats.DBErrors.Add(1)
-		r.log.Error("wharf: fetch failed; retrying", "err", res.err, "retry_in", d.Round(time.Millisecond))
+		r.log.Error("wharf: fetch failed; retrying", "err", res.Err, "retry_in", d.Round(time.Millisecond))
 		// Send the loads and refills again with the next fetch.
-		r.loading -= len(res.req.loads) + len(res.req.refills)
-		r.loads = append(res.req.loads, r.loads...)
-		r.refills = append(res.req.refills, r.refills...)
+		r.loading -= len(res.Req.Loads) + len(res.Req.Refills)
+		r.loads = append(res.Req.Loads, r.loads...)
+		r.refills = append(res.Req.Refills, r.refills...)
 		return
 	}
-	r.fetch.retry.ok()
+	r.fetch.retry.OK()
 	r.stats.LastDBOK.Store(time.Now().UnixNano()) // for probes: this machine's clock
-	r.stats.observeFetch(res.finished.Sub(res.started), len(res.rows))
-	if !res.dbNow.IsZero() {
-		r.skew = res.dbNow.Sub(res.started.Add(res.finished.Sub(res.started) / 2))
-		r.skewLow = res.dbNow.Sub(res.finished)
+	r.stats.observeFetch(res.Finished.Sub(res.Started), len(res.Rows))
+	if !res.DBNow.IsZero() {
+		r.skew = res.DBNow.Sub(res.Started.Add(res.Finished.Sub(res.Started) / 2))
+		r.skewLow = res.DBNow.Sub(res.Finished)
 	}
-	if res.rewound {
+	if res.Rewound {
 		r.rewind(res, now)
 		return
 	}
-	r.fetch.pos = res.pos
+	r.fetch.pos = res.Pos
 	r.applyLoads(res, now)
 	r.applyRefills(res, now)
-	forward := make(map[int16]int, len(res.req.lanes))
-	for i := range res.rows {
-		row := &res.rows[i]
-		l := r.lanes[row.lane]
-		if l == nil || l.releasing || l.fence != res.fenceOf(row.lane) {
+	forward := make(map[int16]int, len(res.Req.Lanes))
+	for i := range res.Rows {
+		row := &res.Rows[i]
+		l := r.lanes[row.Lane]
+		if l == nil || l.releasing || l.fence != res.FenceOf(row.Lane) {
 			continue // the lane changed hands while the fetch ran
 		}
 		if row.Seq > l.cursor {
-			forward[row.lane]++
+			forward[row.Lane]++
 		}
 		r.insert(l, row, now, false)
 	}
@@ -136,14 +138,14 @@ func (r *relay) onFetch(res fetchResult) {
 	for _, n := range forward {
 		total += n
 	}
-	want := res.req.expectedRows()
+	want := res.Req.ExpectedRows()
 	r.fetch.behind = want > 0 && total > 0 && 4*total >= want
-	for i, lane := range res.req.lanes {
+	for i, lane := range res.Req.Lanes {
 		l := r.lanes[lane]
-		if l == nil || l.fence != res.req.fences[i] {
+		if l == nil || l.fence != res.Req.Fences[i] {
 			continue
 		}
-		lim := int(res.req.limits[i])
+		lim := int(res.Req.Limits[i])
 		got := forward[lane]
 		filled := lim > 0 && got >= lim
 		if filled && l.filled {
@@ -157,22 +159,22 @@ func (r *relay) onFetch(res fetchResult) {
 		}
 		// The cursor moves only now, after every row was inserted, so the
 		// straggler rows (seqs <= cursor) were told apart above.
-		for j := range res.rows {
-			if res.rows[j].lane == lane && res.rows[j].Seq > l.cursor {
-				l.cursor = res.rows[j].Seq
+		for j := range res.Rows {
+			if res.Rows[j].Lane == lane && res.Rows[j].Seq > l.cursor {
+				l.cursor = res.Rows[j].Seq
 			}
 		}
 	}
 	r.publishMem()
 	r.stats.Held.Store(int64(r.stubs + r.heldUnkeyed()))
-	r.fetch.lastEmpty = len(res.rows) == 0 && !res.more
+	r.fetch.lastEmpty = len(res.Rows) == 0 && !res.More
 	if r.fetch.lastEmpty {
 		r.fetch.emptyRun++
 	} else {
 		r.fetch.emptyRun = 0
 		r.fetch.want = true
 		if r.firstRows.IsZero() {
-			r.firstRows = res.started
+			r.firstRows = res.Started
 		}
 	}
 }
@@ -186,13 +188,13 @@ func (r *relay) heldUnkeyed() int {
 }
 
 // rewind reads every lane again from the start after the database went back
-// in time (see fetchResult.rewound). What is at a sink finishes and its
+// in time (see store.FetchResult.Rewound). What is at a sink finishes and its
 // acknowledgements are written (fenced as always); everything else is read
 // again, so nothing committed on the new history is skipped.
-func (r *relay) rewind(res fetchResult, now time.Time) {
+func (r *relay) rewind(res store.FetchResult, now time.Time) {
 	r.log.Warn("wharf: the database's transaction ids went backwards (failover to a standby that lost commits, or a restore): reading every lane again")
 	r.stats.Rewinds.Add(1)
-	r.loading -= len(res.req.loads) + len(res.req.refills)
+	r.loading -= len(res.Req.Loads) + len(res.Req.Refills)
 	r.loads, r.refills = nil, nil
 	r.fetch.pos = nil
 	for _, l := range r.lanes {

@@ -1,6 +1,10 @@
 package wharf
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/wharfhq/wharf/internal/store"
+)
 
 // checkInvariants is set by the package's tests: the engine then checks its
 // bookkeeping after every event and panics on the first inconsistency.
@@ -54,8 +58,8 @@ func (r *relay) checkInvariants() {
 			count(m)
 		}
 		for _, o := range r.ops.pending {
-			if o.m.lane == l && (o.kind == opAck || o.kind == opDead) {
-				count(o.m)
+			if o.Ref.(*msg).lane == l && (o.Kind == store.OpAck || o.Kind == store.OpDead) {
+				count(o.Ref.(*msg))
 			}
 		}
 		if !r.ops.busy && lm != l.mem {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/wharfhq/wharf/internal/store"
 )
 
 // msg is a loaded message: in memory with its payload.
@@ -17,7 +18,7 @@ type msg struct {
 	size     int64      // payload bytes, as counted in the memory budget
 	atSink   bool       // in a batch handed to a sink
 	dead     bool       // its dead-letter move is being written
-	at       pgtype.TID // where the table store read it (fetchedRow.at)
+	at       pgtype.TID // where the table store read it (store.Row.At)
 }
 
 // keyQ is one ordering key of a lane. Its messages, in seq order, are the
@@ -97,12 +98,15 @@ func (r *relay) unload(m *msg) {
 
 // newMsg turns a row into a message of ordering key okey ("" for unkeyed),
 // with its attempts and due time.
-func (r *relay) newMsg(l *laneState, row *fetchedRow, okey string) *msg {
-	m := &msg{Message: row.Message, lane: l, at: row.at}
+func (r *relay) newMsg(l *laneState, row *store.Row, okey string) *msg {
+	m := &msg{Message: Message{
+		ID: FormatID(row.Seq, row.Nonce), Seq: row.Seq, Topic: row.Topic, Key: row.Key, Payload: row.Payload,
+		Headers: row.Headers, DeliverAt: row.DeliverAt, CreatedAt: row.CreatedAt,
+	}, lane: l, at: row.At}
 	m.orderKey = okey
 	if ri, ok := l.retries[m.Seq]; ok {
-		m.attempts = ri.attempts
-		m.due = r.toLocal(ri.next)
+		m.attempts = ri.Attempts
+		m.due = r.toLocal(ri.Next)
 		delete(l.retries, m.Seq) // hold keeps it again if the message waits
 	}
 	if !m.DeliverAt.IsZero() {
@@ -114,7 +118,7 @@ func (r *relay) newMsg(l *laneState, row *fetchedRow, okey string) *msg {
 }
 
 // insert adds a row the fetch (or a load) returned.
-func (r *relay) insert(l *laneState, row *fetchedRow, now time.Time, loaded bool) {
+func (r *relay) insert(l *laneState, row *store.Row, now time.Time, loaded bool) {
 	if row.Key == "" {
 		if !loaded && (l.held[row.Seq] != nil || l.unkeyed[row.Seq] != nil) {
 			r.reread(l, row, now)
@@ -142,7 +146,7 @@ func (r *relay) insert(l *laneState, row *fetchedRow, now time.Time, loaded bool
 			return
 		}
 		if old.attempts > 0 {
-			l.retries[seq] = retryInfo{attempts: old.attempts}
+			l.retries[seq] = store.RetryInfo{Attempts: old.attempts}
 			r.reread(l, row, now)
 		}
 		m := r.newMsg(l, row, ok)
@@ -211,13 +215,13 @@ func (kq *keyQ) find(seq int64) (int, bool) {
 // Client.RescheduleMessages), so its deliver_at replaces the time the
 // relay's own retry backoff had set; the attempts are kept. It returns when
 // the message is due.
-func (r *relay) reread(l *laneState, row *fetchedRow, now time.Time) time.Time {
+func (r *relay) reread(l *laneState, row *store.Row, now time.Time) time.Time {
 	due := now
 	if at := r.toLocal(row.DeliverAt); !row.DeliverAt.IsZero() && at.After(due) {
 		due = at
 	}
 	if ri, ok := l.retries[row.Seq]; ok {
-		ri.next = r.toDB(due)
+		ri.Next = r.toDB(due)
 		l.retries[row.Seq] = ri
 	}
 	return due
@@ -317,7 +321,7 @@ func (r *relay) hold(kq *keyQ, until time.Time) {
 	stubs := make([]int64, 0, len(kq.msgs)+len(kq.stubs))
 	for _, m := range kq.msgs {
 		if m.attempts > 0 {
-			l.retries[m.Seq] = retryInfo{attempts: m.attempts, next: r.toDB(m.due)}
+			l.retries[m.Seq] = store.RetryInfo{Attempts: m.attempts, Next: r.toDB(m.due)}
 		}
 		stubs = append(stubs, m.Seq)
 		r.unload(m)
@@ -359,10 +363,10 @@ func (r *relay) requestLoad(kq *keyQ) {
 	r.fetch.want = true
 	if len(kq.stubs) > 0 {
 		n := min(len(kq.stubs), r.perKeyCap)
-		r.loads = append(r.loads, loadReq{lane: l.id, fence: l.fence, key: kq.key, seqs: append([]int64(nil), kq.stubs[:n]...)})
+		r.loads = append(r.loads, store.LoadReq{Lane: l.id, Fence: l.fence, Key: kq.key, Seqs: append([]int64(nil), kq.stubs[:n]...)})
 		return
 	}
-	r.refills = append(r.refills, refillReq{lane: l.id, fence: l.fence, key: kq.key, okey: kq.rawKey, topic: kq.topic, from: kq.truncFrom})
+	r.refills = append(r.refills, store.RefillReq{Lane: l.id, Fence: l.fence, Key: kq.key, MsgKey: kq.rawKey, Topic: kq.topic, From: kq.truncFrom})
 }
 
 // insertUnkeyed adds an unkeyed message: loaded when it is due, a position in
@@ -378,7 +382,7 @@ func (r *relay) insertUnkeyed(l *laneState, m *msg, now time.Time) {
 	delete(l.held, m.Seq)
 	if m.due.After(now) {
 		if m.attempts > 0 {
-			l.retries[m.Seq] = retryInfo{attempts: m.attempts, next: r.toDB(m.due)}
+			l.retries[m.Seq] = store.RetryInfo{Attempts: m.attempts, Next: r.toDB(m.due)}
 		}
 		h := &heldMsg{seq: m.Seq, due: m.due, retry: m.attempts > 0, created: m.CreatedAt}
 		l.held[m.Seq] = h
@@ -392,40 +396,40 @@ func (r *relay) insertUnkeyed(l *laneState, m *msg, now time.Time) {
 
 // applyLoads puts back the messages the fetch read again by position. It runs
 // before the round's forward rows.
-func (r *relay) applyLoads(res fetchResult, now time.Time) {
+func (r *relay) applyLoads(res store.FetchResult, now time.Time) {
 	type pos struct {
 		lane int16
 		seq  int64
 	}
-	rows := make(map[pos]*fetchedRow, len(res.loadRows))
-	for i := range res.loadRows {
-		row := &res.loadRows[i]
-		rows[pos{row.lane, row.Seq}] = row
+	rows := make(map[pos]*store.Row, len(res.LoadRows))
+	for i := range res.LoadRows {
+		row := &res.LoadRows[i]
+		rows[pos{row.Lane, row.Seq}] = row
 	}
-	for _, req := range res.req.loads {
+	for _, req := range res.Req.Loads {
 		r.loading--
-		l := r.lanes[req.lane]
-		if l == nil || l.fence != req.fence || l.releasing {
+		l := r.lanes[req.Lane]
+		if l == nil || l.fence != req.Fence || l.releasing {
 			continue
 		}
-		if req.key == "" {
-			seq := req.seqs[0]
+		if req.Key == "" {
+			seq := req.Seqs[0]
 			h := l.held[seq]
 			delete(l.held, seq)
-			if row := rows[pos{req.lane, seq}]; row != nil {
+			if row := rows[pos{req.Lane, seq}]; row != nil {
 				r.insertUnkeyed(l, r.newMsg(l, row, ""), now)
 			} else if h != nil {
 				delete(l.retries, seq) // gone from the outbox: cancelled
 			}
 			continue
 		}
-		kq := l.keys[req.key]
+		kq := l.keys[req.Key]
 		if kq == nil {
 			continue
 		}
 		kq.loading = false
-		want := make(map[int64]bool, len(req.seqs))
-		for _, s := range req.seqs {
+		want := make(map[int64]bool, len(req.Seqs))
+		for _, s := range req.Seqs {
 			want[s] = true
 		}
 		kept := kq.stubs[:0]
@@ -439,8 +443,8 @@ func (r *relay) applyLoads(res fetchResult, now time.Time) {
 		// A key held again since the load was asked for keeps them as
 		// positions.
 		loaded := !kq.holdUntil.After(now)
-		for _, s := range req.seqs {
-			if row := rows[pos{req.lane, s}]; row != nil {
+		for _, s := range req.Seqs {
+			if row := rows[pos{req.Lane, s}]; row != nil {
 				r.insert(l, row, now, loaded)
 			} else {
 				delete(l.retries, s) // gone from the outbox: cancelled
@@ -453,31 +457,31 @@ func (r *relay) applyLoads(res fetchResult, now time.Time) {
 // applyRefills inserts the rows read again for truncated keys. It runs
 // before the round's forward rows, so a key whose refill came back short is no
 // longer truncated when its newer rows are inserted.
-func (r *relay) applyRefills(res fetchResult, now time.Time) {
+func (r *relay) applyRefills(res store.FetchResult, now time.Time) {
 	type rk struct {
 		lane int16
 		key  string
 	}
-	byKey := map[rk][]*fetchedRow{}
-	for i := range res.refillRows {
-		row := &res.refillRows[i]
-		k := rk{row.lane, orderingKey(row.Topic, row.Key, r.cfg.OrderAcrossTopics)}
+	byKey := map[rk][]*store.Row{}
+	for i := range res.RefillRows {
+		row := &res.RefillRows[i]
+		k := rk{row.Lane, orderingKey(row.Topic, row.Key, r.cfg.OrderAcrossTopics)}
 		byKey[k] = append(byKey[k], row)
 	}
-	for _, rf := range res.req.refills {
+	for _, rf := range res.Req.Refills {
 		r.loading--
-		l := r.lanes[rf.lane]
-		if l == nil || l.fence != rf.fence || l.releasing {
+		l := r.lanes[rf.Lane]
+		if l == nil || l.fence != rf.Fence || l.releasing {
 			continue
 		}
-		kq := l.keys[rf.key]
+		kq := l.keys[rf.Key]
 		if kq == nil {
 			continue
 		}
 		kq.loading = false
-		rows := byKey[rk{rf.lane, rf.key}]
-		r.log.Debug("wharf: refill returned", "lane", rf.lane, "rows", len(rows))
-		if len(rows) >= res.req.refillLimit {
+		rows := byKey[rk{rf.Lane, rf.Key}]
+		r.log.Debug("wharf: refill returned", "lane", rf.Lane, "rows", len(rows))
+		if len(rows) >= res.Req.RefillLimit {
 			kq.truncFrom = rows[len(rows)-1].Seq + 1
 		} else {
 			kq.truncFrom = 0

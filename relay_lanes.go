@@ -3,6 +3,8 @@ package wharf
 import (
 	"context"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/store"
 )
 
 type laneState struct {
@@ -11,14 +13,14 @@ type laneState struct {
 	leaseUntil time.Time // local clock, conservative (see lease.go)
 	cursor     int64
 	limit      int
-	filled     bool                // the last fetch brought the lane's whole limit
-	keys       map[string]*keyQ    // by ordering key
-	unkeyed    map[int64]*msg      // loaded unkeyed messages by seq
-	held       map[int64]*heldMsg  // unkeyed messages kept as positions
-	retries    map[int64]retryInfo // attempts of messages not loaded
-	mem        memUse              // loaded messages of this lane
-	inflight   int                 // messages of this lane at a sink
-	pendingOps int                 // results of this lane not yet written
+	filled     bool                      // the last fetch brought the lane's whole limit
+	keys       map[string]*keyQ          // by ordering key
+	unkeyed    map[int64]*msg            // loaded unkeyed messages by seq
+	held       map[int64]*heldMsg        // unkeyed messages kept as positions
+	retries    map[int64]store.RetryInfo // attempts of messages not loaded
+	mem        memUse                    // loaded messages of this lane
+	inflight   int                       // messages of this lane at a sink
+	pendingOps int                       // results of this lane not yet written
 	batches    map[*sinkBatch]struct{}
 	releasing  bool
 	dropped    bool
@@ -57,19 +59,19 @@ func (r *relay) onLease(ev leaseEvent) {
 	r.stats.LeaseRenewals.Add(int64(len(ev.renewed)))
 	for _, a := range ev.acquired {
 		if r.stopping {
-			r.releaseCh <- laneRelease{lane: a.lane, fence: a.fence}
+			r.releaseCh <- store.LaneRelease{Lane: a.Lane, Fence: a.Fence}
 			continue
 		}
 		l := &laneState{
-			id: a.lane, fence: a.fence, leaseUntil: ev.until, keys: map[string]*keyQ{},
+			id: a.Lane, fence: a.Fence, leaseUntil: ev.until, keys: map[string]*keyQ{},
 			unkeyed: map[int64]*msg{}, held: map[int64]*heldMsg{}, batches: map[*sinkBatch]struct{}{},
-			retries: a.retries, limit: r.baseLimit(),
-			waitZombies: r.zombies[a.lane] > 0,
+			retries: a.Retries, limit: r.baseLimit(),
+			waitZombies: r.zombies[a.Lane] > 0,
 		}
 		if l.retries == nil {
-			l.retries = map[int64]retryInfo{}
+			l.retries = map[int64]store.RetryInfo{}
 		}
-		r.lanes[a.lane] = l
+		r.lanes[a.Lane] = l
 		r.fetch.want = true
 	}
 	for _, lane := range ev.release {
@@ -198,7 +200,7 @@ func (r *relay) maybeRelease(l *laneState) {
 		return
 	}
 	r.dropLane(l)
-	r.releaseCh <- laneRelease{lane: l.id, fence: l.fence}
+	r.releaseCh <- store.LaneRelease{Lane: l.id, Fence: l.fence}
 }
 
 // leaseMargin is how long before its lease ends a lane stops handing messages
@@ -255,9 +257,9 @@ func (r *relay) releaseAfterHardStop() {
 		}
 	}
 	if len(lanes) > 0 {
-		if err := r.st.releaseAll(ctx, lanes); err != nil {
+		if err := r.st.ReleaseAll(ctx, lanes); err != nil {
 			r.log.Warn("wharf: releasing lanes after a hard stop failed; they will expire", "err", err)
 		}
 	}
-	_ = r.st.unregister(ctx)
+	_ = r.st.Unregister(ctx)
 }

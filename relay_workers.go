@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"runtime/debug"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/store"
 )
 
 // ---- goroutines around the engine ----
@@ -19,7 +21,7 @@ func (r *relay) dbTimeout() time.Duration { return max(5*time.Second, r.cfg.Leas
 func (r *relay) fetcher() {
 	for req := range r.fetchReq {
 		ctx, cancel := context.WithTimeout(r.hardCtx, r.dbTimeout())
-		res := r.st.fetch(ctx, req)
+		res := r.st.Fetch(ctx, req)
 		cancel()
 		// run returns without reading this only on a hard stop, which
 		// cancels hardCtx: never block on it then.
@@ -34,7 +36,7 @@ func (r *relay) fetcher() {
 func (r *relay) completer() {
 	for ops := range r.opsReq {
 		ctx, cancel := context.WithTimeout(r.hardCtx, r.dbTimeout())
-		res := r.st.writeResults(ctx, ops)
+		res := r.st.WriteResults(ctx, ops)
 		cancel()
 		select {
 		case r.opsRes <- res:
@@ -157,7 +159,7 @@ func (r *relay) fireTimers(now time.Time) {
 			if l.dropped || l.releasing || l.held[h.seq] != h {
 				continue
 			}
-			r.loads = append(r.loads, loadReq{lane: l.id, fence: l.fence, seqs: []int64{h.seq}})
+			r.loads = append(r.loads, store.LoadReq{Lane: l.id, Fence: l.fence, Seqs: []int64{h.seq}})
 			r.fetch.want = true
 			continue
 		}

@@ -55,7 +55,7 @@ func (o RoleOptions) validate() (RoleOptions, error) {
 
 // roleGrants are the privileges of each role on the objects of the latest
 // schema version, found from the migrations and the queries the client runs
-// (queries.go, pgstore.go, lease.go): {S} stands for the schema, {R} for
+// (enqueue.go, internal/tablestore, internal/walstore): {S} stands for the schema, {R} for
 // the role.
 var (
 	producerGrants = []string{

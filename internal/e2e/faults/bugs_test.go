@@ -19,7 +19,7 @@ import (
 // A relay cut off from the database (or paused) for more than three lease
 // TTLs has its relays row deleted by another relay's heartbeat (the `gone`
 // step of the heartbeat query). When it reaches the database again, its own
-// heartbeat updates no row, leaseRound reports lostID, and the relay stops
+// heartbeat updates no row, LeaseRound reports LostID, and the relay stops
 // with "another relay took over this relay id" / "relay id in use by a live
 // relay" and exit status 1, although no other relay uses its id. Fixed: the
 // heartbeat registers the relay again when its row is gone.
@@ -94,10 +94,10 @@ func TestRelaysSurviveALongDatabaseOutage(t *testing.T) {
 // A message that fails again before the retry record of its previous
 // failure was written gets a second retry record in the same results batch
 // (relay_complete.go: a failed results write puts its ops back in front of
-// the newer ones). The retry statement (queries.go `retry`, INSERT ... ON
+// the newer ones). The retry statement (internal/tablestore/queries.go `retry`, INSERT ... ON
 // CONFLICT (id) DO UPDATE over unnest) then fails with "ON CONFLICT DO
 // UPDATE command cannot affect row a second time" (SQLSTATE 21000), and
-// pgStore.writeResults falls back to one transaction per result. With
+// the table store's WriteResults falls back to one transaction per result. With
 // thousands of failing messages that takes longer than the results write's
 // timeout, the whole batch is put back with the new failures added, and the
 // next attempt is larger still: results are never written again, and

@@ -1,25 +1,33 @@
-package wharf
+package walstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/backoff"
+	"github.com/wharfhq/wharf/internal/store"
+	"github.com/wharfhq/wharf/internal/tablestore"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/internal/walstream"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
-// walStore is the outbox in WAL mode (wharfmigrate.SetWALMode; the relay
+// Store is the outbox in WAL mode (wharfmigrate.SetWALMode; the relay
 // picks it when the outbox's mode is WAL, relay.streamWAL). Producers write
 // each enqueue call's messages as one transactional
 // logical decoding message (internal/walmsg); the store streams them from a
@@ -28,7 +36,7 @@ import (
 // it. Nothing is deleted: the slot is confirmed up to the end of the longest
 // run of streamed transactions whose messages are all settled
 // (walstream.Progress). Leases, registration, retry records and dead letters
-// stay in the tables (the embedded pgStore), fenced as in the table outbox;
+// stay in the tables (the embedded table store), fenced as in the table outbox;
 // the relay holds every lane or none (Exclusive), and the slot itself admits
 // one stream at a time.
 //
@@ -37,11 +45,16 @@ import (
 // commit in the other order than they wrote their records, so a message can
 // reach the engine below its lane's cursor: the engine's late-commit rule,
 // as for the table outbox's rows.
-type walStore struct {
-	*pgStore
-	slot        string
-	publication string
-	prefix      string // the outbox's schema: the logical messages' prefix
+type Store struct {
+	*tablestore.Store // leases, registration, retry records, dead letters, spilled rows
+	pool              *pgxpool.Pool
+	schema            string
+	owner             string
+	log               *slog.Logger
+	now               func() time.Time
+	slot              string
+	publication       string
+	prefix            string // the outbox's schema: the logical messages' prefix
 	// budget bounds the payload bytes of the messages held in memory (plus
 	// walRowOverhead each); past it the store stops reading the stream
 	// (walstream.Conn.Hold), and the walsender waits. It also stops
@@ -64,29 +77,62 @@ type walStore struct {
 	conn      *walstream.Conn
 	err       error  // the stream's last failure, for the next fetch to report
 	wake      func() // the engine's wake-up (set by listen)
-	stats     *Stats
+	gauges    Gauges
 	wq        walQ // the writes to the tables
 	stopRun   context.CancelFunc
 	runDone   chan struct{}
 	// tableRows is set while the outbox table may hold spilled messages
-	// (spill): fetches then read it too, through the embedded pgStore, from
+	// (spill): fetches then read it too, through the embedded table store, from
 	// tablePos.
 	tableRows  bool
-	tablePos   readPos
-	spillAfter time.Duration // walSpillAfter, unless a test shortens it
+	tablePos   store.Pos
+	spillAfter time.Duration // DefaultSpillAfter, unless a test shortens it
 	// spilling holds the seqs a spill is writing to the table; a message
 	// settled from memory meanwhile (delivered while the spill ran) is
 	// noted as gone from the table (walLane.table) and its row deleted
 	// again (staleOps, retried each round until it succeeds).
 	spilling  map[int64]bool
-	staleOps  []op
+	staleOps  []store.Op
 	emptySeen bool // the table was empty at the last lease round
 	// target is the WAL flush position when the stream started (or the
 	// slot's confirmed position, if later); caughtUp is set once the
 	// stream passed it: until then an empty fetch does not mean an empty
-	// outbox (fetchResult.more), which Drain relies on.
+	// outbox (store.FetchResult.More), which Drain relies on.
 	target   walstream.LSN
 	caughtUp bool
+}
+
+// Gauges are the relay's metrics a WAL store keeps current: the bytes it
+// holds in memory, and the slot's lag in bytes and in nanoseconds.
+type Gauges struct {
+	HeldBytes, LagBytes, Lag *atomic.Int64
+}
+
+// Config is what a WAL store needs besides the table store it keeps its
+// leases, retries and dead letters in.
+type Config struct {
+	Table   *tablestore.Store
+	Pool    *pgxpool.Pool
+	Schema  string // the outbox's schema: also the slot's, the publication's and the messages' prefix
+	RelayID string
+	Logger  *slog.Logger
+	Now     func() time.Time
+	// Budget bounds the payload bytes held in memory (Store.budget).
+	Budget int64
+	// SpillAfter is how long a message handed to the engine may stay
+	// unsettled before it moves to the table; 0 means DefaultSpillAfter.
+	SpillAfter time.Duration
+	Gauges     Gauges
+}
+
+// New returns the WAL store of an outbox in WAL mode.
+func New(c Config) *Store {
+	if c.SpillAfter <= 0 {
+		c.SpillAfter = DefaultSpillAfter
+	}
+	return &Store{Store: c.Table, pool: c.Pool, schema: c.Schema, owner: c.RelayID, log: c.Logger, now: c.Now,
+		slot: c.Schema, publication: c.Schema, prefix: c.Schema, budget: c.Budget, gauges: c.Gauges,
+		wq: walQueries(c.Schema), spillAfter: c.SpillAfter}
 }
 
 // walRowOverhead approximates a held message's memory besides its payload
@@ -102,7 +148,7 @@ type walLane struct {
 	rows  map[int64]*walRow // unsettled, by seq
 	// table holds the seqs of the lane's messages that are, or were, rows
 	// of the outbox table (spilled, or read from it): true while the row
-	// is there (its results are the table outbox's: pgStore.writeResults),
+	// is there (its results are the table outbox's: tablestore.Store.WriteResults),
 	// false once it was settled. The engine knows every seq noted here, so
 	// a fetch of the table hands none of them again as a new row (a
 	// snapshot from before their move or their removal shows them as late
@@ -113,18 +159,17 @@ type walLane struct {
 }
 
 type walRow struct {
-	fetchedRow
-	nonce   int64
+	store.Row
 	tx      walstream.Tx
 	settled bool
-	queued  bool      // in its lane's queue, not handed to the engine (counted in walStore.queued)
+	queued  bool      // in its lane's queue, not handed to the engine (counted in Store.queued)
 	handed  time.Time // when it was last handed to the engine
 }
 
-// size is what the row counts for in walStore.held and queued.
+// size is what the row counts for in Store.held and queued.
 func (r *walRow) size() int64 { return int64(len(r.Payload)) + walRowOverhead }
 
-func (s *walStore) listen(ctx context.Context, wake func()) {
+func (s *Store) Listen(ctx context.Context, wake func()) {
 	s.mu.Lock()
 	s.wake = wake
 	s.mu.Unlock()
@@ -132,7 +177,7 @@ func (s *walStore) listen(ctx context.Context, wake func()) {
 }
 
 // startStream starts the goroutine that streams the slot, unless it runs.
-func (s *walStore) startStream() {
+func (s *Store) startStream() {
 	if s.stopRun != nil {
 		return
 	}
@@ -148,7 +193,7 @@ func (s *walStore) startStream() {
 // the slot next starts from its confirmed position. Results of messages
 // handed out before are ignored from here on (they arrive for rows that are
 // gone), which stays within at least once.
-func (s *walStore) stopStream() {
+func (s *Store) stopStream() {
 	s.mu.Lock()
 	cancel, done := s.stopRun, s.runDone
 	s.stopRun, s.runDone = nil, nil
@@ -165,18 +210,18 @@ func (s *walStore) stopStream() {
 }
 
 // resetLocked forgets every message held.
-func (s *walStore) resetLocked() {
+func (s *Store) resetLocked() {
 	for i := range s.lanes {
 		s.lanes[i] = walLane{fence: -1} // hands everything out again, whatever the next fence
 	}
 	s.progress = walstream.Progress{}
 	s.held, s.queued, s.lastEnd, s.caughtUp = 0, 0, 0, false
 	s.tableRows, s.tablePos = false, nil
-	s.stats.WALHeldBytes.Store(0)
+	s.gauges.HeldBytes.Store(0)
 }
 
-func (s *walStore) claimAlone(ctx context.Context) ([]laneLease, error) {
-	got, err := s.pgStore.claimAlone(ctx)
+func (s *Store) ClaimAlone(ctx context.Context) ([]store.LaneLease, error) {
+	got, err := s.Store.ClaimAlone(ctx)
 	if err == nil && len(got) > 0 {
 		s.mu.Lock()
 		s.startStream()
@@ -185,23 +230,23 @@ func (s *walStore) claimAlone(ctx context.Context) ([]laneLease, error) {
 	return got, err
 }
 
-func (s *walStore) claim(context.Context, int) ([]laneLease, error) {
+func (s *Store) Claim(context.Context, int) ([]store.LaneLease, error) {
 	return nil, errors.New("wharf: an outbox in WAL mode is streamed by one relay: lanes are claimed all at once (Exclusive)")
 }
 
-// leaseRound stops the stream once the relay owns no lane: another relay
+// LeaseRound stops the stream once the relay owns no lane: another relay
 // may take the slot over. The relay that streams reads the slot's lag for
 // the metrics too: in bytes, and in time as the age of the oldest commit it
 // streamed and has not settled, on the database's clock (commit times are
 // the server's); and records how far it confirmed (recordProgress).
-func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
-	lr, err := s.pgStore.leaseRound(ctx, ttl)
-	if err == nil && len(lr.renewed) == 0 {
+func (s *Store) LeaseRound(ctx context.Context, ttl time.Duration) (store.LeaseRound, error) {
+	lr, err := s.Store.LeaseRound(ctx, ttl)
+	if err == nil && len(lr.Renewed) == 0 {
 		s.stopStream()
-		s.stats.WALLagBytes.Store(0)
-		s.stats.WALLag.Store(0)
+		s.gauges.LagBytes.Store(0)
+		s.gauges.Lag.Store(0)
 	}
-	if err == nil && len(lr.renewed) > 0 {
+	if err == nil && len(lr.Renewed) > 0 {
 		s.mu.Lock()
 		oldest := s.progress.Oldest()
 		s.mu.Unlock()
@@ -214,10 +259,10 @@ func (s *walStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRoun
 		if s.pool.QueryRow(ctx, `SELECT coalesce(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn), 0)::bigint,
        coalesce(greatest(extract(epoch FROM now() - $2::timestamptz), 0), 0)::float8
 FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &age) == nil {
-			s.stats.WALLagBytes.Store(bytes)
-			s.stats.WALLag.Store(int64(age * float64(time.Second)))
+			s.gauges.LagBytes.Store(bytes)
+			s.gauges.Lag.Store(int64(age * float64(time.Second)))
 		}
-		if err := s.spill(ctx, lr.renewed); err != nil {
+		if err := s.spill(ctx, lr.Renewed); err != nil {
 			s.log.Warn("wharf: moving held WAL messages to the outbox table failed; they stay in memory", "err", err)
 		}
 		s.mu.Lock()
@@ -244,25 +289,25 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &ag
 	return lr, err
 }
 
-func (s *walStore) releaseAll(ctx context.Context, lanes []int16) error {
+func (s *Store) ReleaseAll(ctx context.Context, lanes []int16) error {
 	s.stopAndRecord(ctx)
-	return s.pgStore.releaseAll(ctx, lanes)
+	return s.Store.ReleaseAll(ctx, lanes)
 }
 
-func (s *walStore) release(ctx context.Context, rel laneRelease) error {
+func (s *Store) Release(ctx context.Context, rel store.LaneRelease) error {
 	s.stopAndRecord(ctx)
-	return s.pgStore.release(ctx, rel)
+	return s.Store.Release(ctx, rel)
 }
 
-func (s *walStore) unregister(ctx context.Context) error {
+func (s *Store) Unregister(ctx context.Context) error {
 	s.stopAndRecord(ctx)
-	return s.pgStore.unregister(ctx)
+	return s.Store.Unregister(ctx)
 }
 
 // stopAndRecord stops the stream and records how far it was settled, for
 // whoever streams next. A relay that was not streaming (a standby) records
 // nothing: another relay may be streaming.
-func (s *walStore) stopAndRecord(ctx context.Context) {
+func (s *Store) stopAndRecord(ctx context.Context) {
 	s.mu.Lock()
 	streaming := s.stopRun != nil
 	s.mu.Unlock()
@@ -276,8 +321,8 @@ func (s *walStore) stopAndRecord(ctx context.Context) {
 }
 
 // run streams the slot until ctx ends, starting again after a failure.
-func (s *walStore) run(ctx context.Context) {
-	retry := retryState{}
+func (s *Store) run(ctx context.Context) {
+	retry := backoff.State{}
 	for ctx.Err() == nil {
 		began := time.Now()
 		err := s.stream(ctx)
@@ -285,9 +330,9 @@ func (s *walStore) run(ctx context.Context) {
 			return
 		}
 		if time.Since(began) > 10*time.Second {
-			retry.ok() // it streamed: start the backoff over
+			retry.OK() // it streamed: start the backoff over
 		}
-		d := retry.fail(time.Now())
+		d := retry.Fail(time.Now())
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.Is(err, walstream.ErrSlotMissing) || errors.As(err, &pgErr) && pgErr.Code == "42704":
@@ -313,7 +358,7 @@ func (s *walStore) run(ctx context.Context) {
 // stream reads the slot from its confirmed position. Transactions that end
 // at or before the last one taken are already held (or settled): a stream
 // started again after a failure skips them, so they are not delivered twice.
-func (s *walStore) stream(ctx context.Context) error {
+func (s *Store) stream(ctx context.Context) error {
 	conn, err := walstream.ConnectConfig(ctx, &s.pool.Config().ConnConfig.Config, walstream.Options{Prefix: s.prefix, StatusInterval: 100 * time.Millisecond})
 	if err != nil {
 		return err
@@ -408,20 +453,20 @@ func (s *walStore) stream(ctx context.Context) error {
 	}
 }
 
-// walSpillAfter is how long a message handed to the engine may stay
+// DefaultSpillAfter is how long a message handed to the engine may stay
 // unsettled before it is moved to the outbox table (spill): a message
 // scheduled for later, or waiting behind its key's failing message.
-const walSpillAfter = 5 * time.Second
+const DefaultSpillAfter = 5 * time.Second
 
-// spill moves the messages handed to the engine at least walSpillAfter ago
+// spill moves the messages handed to the engine at least DefaultSpillAfter ago
 // and still unsettled (held: scheduled, or behind a failing message of
 // their key) to the outbox table, which a WAL outbox has and otherwise
 // leaves empty, as ordinary rows with their ids: written fenced in lanes
 // the relay still holds (fences), they settle in the stream's progress (the
 // slot is confirmed past them, and the WAL behind them is released) and
 // leave memory. From then on they are the table outbox's rows: fetched,
-// loaded, acknowledged and dead-lettered by the embedded pgStore.
-func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
+// loaded, acknowledged and dead-lettered by the embedded table store.
+func (s *Store) spill(ctx context.Context, fences map[int16]int64) error {
 	if err := s.deleteStale(ctx); err != nil {
 		return err
 	}
@@ -461,7 +506,7 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 	keys, headers := make([]*string, n), make([]*string, n)
 	deliverAt, created := make([]*time.Time, n), make([]time.Time, n)
 	for i, r := range rows {
-		rl[i], ids[i], nonces[i], topics[i], payloads[i] = r.lane, r.Seq, r.nonce, r.Topic, r.Payload
+		rl[i], ids[i], nonces[i], topics[i], payloads[i] = r.Lane, r.Seq, r.Nonce, r.Topic, r.Payload
 		keys[i] = nonEmpty(r.Key)
 		if len(r.Headers) > 0 {
 			b, _ := json.Marshal(r.Headers)
@@ -496,7 +541,7 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 		return err
 	})
 	if err != nil {
-		return storeErr("move held WAL messages to the outbox table", err)
+		return store.Wrap("move held WAL messages to the outbox table", err)
 	}
 	s.mu.Lock()
 	for _, p := range moved {
@@ -507,7 +552,7 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 			// dead-lettered from memory): the row must go again, and
 			// fetches of the table drop it until then.
 			l.noteTable(p.seq, false)
-			s.staleOps = append(s.staleOps, op{kind: opAck, lane: p.lane, fence: fences[p.lane], seq: p.seq})
+			s.staleOps = append(s.staleOps, store.Op{Kind: store.OpAck, Lane: p.lane, Fence: fences[p.lane], Seq: p.seq})
 			continue
 		}
 		l.noteTable(p.seq, true)
@@ -520,7 +565,7 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 	}
 	s.tableRows = s.tableRows || len(moved) > 0
 	s.confirmLocked(s.progress.Confirmable())
-	s.stats.WALHeldBytes.Store(s.held)
+	s.gauges.HeldBytes.Store(s.held)
 	s.mu.Unlock()
 	s.log.Debug("wharf: moved held WAL messages to the outbox table", "messages", len(moved))
 	return s.deleteStale(ctx)
@@ -529,7 +574,7 @@ func (s *walStore) spill(ctx context.Context, fences map[int16]int64) error {
 // deleteStale deletes the table rows a spill wrote for messages settled
 // meanwhile (fenced, as acknowledgements; walLane.table keeps fetches from
 // handing them out until then); what fails is tried again at the next round.
-func (s *walStore) deleteStale(ctx context.Context) error {
+func (s *Store) deleteStale(ctx context.Context) error {
 	s.mu.Lock()
 	ops := s.staleOps
 	s.staleOps = nil
@@ -539,17 +584,17 @@ func (s *walStore) deleteStale(ctx context.Context) error {
 	}
 	// A lane lost meanwhile keeps its row: its next owner delivers it
 	// again (at least once).
-	if w := s.pgStore.writeResults(ctx, ops); w.err != nil {
+	if w := s.Store.WriteResults(ctx, ops); w.Err != nil {
 		s.mu.Lock()
 		s.staleOps = append(s.staleOps, ops...)
 		s.mu.Unlock()
-		return w.err
+		return w.Err
 	}
 	return nil
 }
 
 // confirmLocked confirms the slot up to lsn (never back).
-func (s *walStore) confirmLocked(lsn walstream.LSN) {
+func (s *Store) confirmLocked(lsn walstream.LSN) {
 	s.confirmed = max(s.confirmed, lsn)
 	if s.conn != nil {
 		s.conn.Confirm(s.confirmed)
@@ -560,7 +605,7 @@ func (s *walStore) confirmLocked(lsn walstream.LSN) {
 // and the commit time of the oldest message held unsettled (zero: none, or
 // the stream stopped) for status. The write needs no fence: a position any
 // relay confirmed is settled, and the position only grows.
-func (s *walStore) recordProgress(ctx context.Context, oldest time.Time) error {
+func (s *Store) recordProgress(ctx context.Context, oldest time.Time) error {
 	s.mu.Lock()
 	lsn := s.confirmed
 	s.mu.Unlock()
@@ -569,7 +614,7 @@ func (s *walStore) recordProgress(ctx context.Context, oldest time.Time) error {
 		at = pgtype.Timestamptz{Time: oldest, Valid: true}
 	}
 	if _, err := s.pool.Exec(ctx, s.wq.recordProgress, lsn.String(), at); err != nil {
-		return storeErr("record the settled WAL position", err)
+		return store.Wrap("record the settled WAL position", err)
 	}
 	return nil
 }
@@ -582,7 +627,7 @@ func (s *walStore) recordProgress(ctx context.Context, oldest time.Time) error {
 // off, and what follows them, can wait unflushed on an idle server, so the
 // WAL end is read in a transaction that commits with synchronous_commit on:
 // its commit flushes everything before it.
-func (s *walStore) walEnd(ctx context.Context) (end, confirmed, settled walstream.LSN, tableRows bool, err error) {
+func (s *Store) walEnd(ctx context.Context) (end, confirmed, settled walstream.LSN, tableRows bool, err error) {
 	var e, c, st string
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
@@ -598,7 +643,7 @@ func (s *walStore) walEnd(ctx context.Context) (end, confirmed, settled walstrea
 		return 0, 0, 0, false, fmt.Errorf("wharf: outbox %s has no wal_progress table (WAL mode from an earlier build): run `wharf migrate up --mode wal` again to add it", s.schema)
 	}
 	if err != nil {
-		return 0, 0, 0, false, storeErr("read the WAL end", err)
+		return 0, 0, 0, false, store.Wrap("read the WAL end", err)
 	}
 	end, err1 := walstream.ParseLSN(e)
 	confirmed, err2 := walstream.ParseLSN(c)
@@ -606,13 +651,13 @@ func (s *walStore) walEnd(ctx context.Context) (end, confirmed, settled walstrea
 	return end, confirmed, settled, tableRows, errors.Join(err1, err2, err3)
 }
 
-func (s *walStore) lastEndLocked() walstream.LSN {
+func (s *Store) lastEndLocked() walstream.LSN {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lastEnd
 }
 
-func (s *walStore) full() bool {
+func (s *Store) full() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.held >= s.budget || s.queued >= s.budget/readAhead
@@ -623,14 +668,13 @@ func newWALRow(rec *walmsg.Record, seq int64, committed time.Time) *walRow {
 	if rec.Key != "" {
 		lane = walmsg.Lane(rec.Key)
 	}
-	return &walRow{nonce: rec.Nonce, fetchedRow: fetchedRow{lane: lane, Message: Message{
-		ID: FormatID(seq, rec.Nonce), Seq: seq, Topic: rec.Topic, Key: rec.Key,
+	return &walRow{Row: store.Row{Lane: lane, Seq: seq, Nonce: rec.Nonce, Topic: rec.Topic, Key: rec.Key,
 		Headers: rec.Headers, DeliverAt: rec.DeliverAt, Payload: rec.Payload, CreatedAt: committed,
-	}}}
+	}}
 }
 
 // take adds a committed transaction's messages and wakes the engine.
-func (s *walStore) take(end walstream.LSN, committed time.Time, rows []*walRow) error {
+func (s *Store) take(end walstream.LSN, committed time.Time, rows []*walRow) error {
 	s.mu.Lock()
 	tx, err := s.progress.Add(end, committed, len(rows))
 	if err != nil {
@@ -648,7 +692,7 @@ func (s *walStore) take(end walstream.LSN, committed time.Time, rows []*walRow) 
 	}
 	for _, r := range rows {
 		r.tx = tx
-		l := &s.lanes[r.lane]
+		l := &s.lanes[r.Lane]
 		if l.rows == nil {
 			l.rows = map[int64]*walRow{}
 		}
@@ -668,7 +712,7 @@ func (s *walStore) take(end walstream.LSN, committed time.Time, rows []*walRow) 
 		s.confirmLocked(s.progress.Confirmable())
 	}
 	wake := s.wake
-	s.stats.WALHeldBytes.Store(s.held)
+	s.gauges.HeldBytes.Store(s.held)
 	s.mu.Unlock()
 	if wake != nil && len(rows) > 0 {
 		wake()
@@ -687,7 +731,7 @@ type badContent struct {
 // format): it cannot be delivered, and dropping it would lose it, so it
 // becomes a dead letter of topic wharf.undecodable with the raw content as
 // its payload.
-func (s *walStore) deadLetterContents(ctx context.Context, bad []badContent, committed time.Time) error {
+func (s *Store) deadLetterContents(ctx context.Context, bad []badContent, committed time.Time) error {
 	b := &pgx.Batch{}
 	for _, c := range bad {
 		seq := int64(c.lsn) - 1
@@ -696,51 +740,51 @@ func (s *walStore) deadLetterContents(ctx context.Context, bad []badContent, com
 VALUES ($1, 0, 'wharf.undecodable', $2, $3, 0, $4) ON CONFLICT (id) DO NOTHING`, seq, c.content, committed, "at WAL position "+c.lsn.String()+": "+c.err.Error())
 	}
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return storeErr("move an undecodable WAL message to the dead letters", err)
+		return store.Wrap("move an undecodable WAL message to the dead letters", err)
 	}
 	return nil
 }
 
-// fetch hands out, per lane asked, the messages not handed out yet: every one
+// Fetch hands out, per lane asked, the messages not handed out yet: every one
 // at or below the lane's cursor (late commits), then the next ones above it
 // up to the lane's limit and byte share. Loads and refills read the held
 // messages. Nothing here waits for the database.
-func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult) {
-	res = fetchResult{req: req, started: s.now()}
-	defer func() { res.finished = s.now() }()
+func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.FetchResult) {
+	res = store.FetchResult{Req: req, Started: s.now()}
+	defer func() { res.Finished = s.now() }()
 	// Spilled messages are rows of the outbox table: while there may be
 	// some, the table outbox's fetch reads them too (forward, late, loads
 	// and refills), and the memory's results are added to its.
 	s.mu.Lock()
 	useTable, pos := s.tableRows, s.tablePos
 	s.mu.Unlock()
-	var table fetchResult
+	var table store.FetchResult
 	if useTable {
 		treq := req
-		treq.pos = pos
-		if table = s.pgStore.fetch(ctx, treq); table.err != nil {
-			res.err = table.err
+		treq.Pos = pos
+		if table = s.Store.Fetch(ctx, treq); table.Err != nil {
+			res.Err = table.Err
 			return res
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if useTable {
-		s.tablePos = table.pos
-		res.dbNow = table.dbNow
+		s.tablePos = table.Pos
+		res.DBNow = table.DBNow
 		defer func() { s.addTableRows(&res, &table) }()
 	}
 	if s.err != nil {
-		res.err, s.err = storeErr("stream the WAL", s.err), nil
+		res.Err, s.err = store.Wrap("stream the WAL", s.err), nil
 		return res
 	}
-	res.more = !s.caughtUp
-	res.rows = make([]fetchedRow, 0, req.expectedRows())
-	for i, lane := range req.lanes {
+	res.More = !s.caughtUp
+	res.Rows = make([]store.Row, 0, req.ExpectedRows())
+	for i, lane := range req.Lanes {
 		l := &s.lanes[lane]
-		if l.fence != req.fences[i] {
+		if l.fence != req.Fences[i] {
 			// The lane was claimed again: every held message goes out again.
-			l.fence = req.fences[i]
+			l.fence = req.Fences[i]
 			l.queue, l.head = l.queue[:0], 0
 			for _, r := range l.rows {
 				l.queue = append(l.queue, r)
@@ -749,9 +793,9 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 					s.queued += r.size()
 				}
 			}
-			slices.SortFunc(l.queue, func(a, b *walRow) int { return cmpSeq(a.Seq, b.Seq) })
+			slices.SortFunc(l.queue, func(a, b *walRow) int { return cmp.Compare(a.Seq, b.Seq) })
 		}
-		cursor, limit, budget := req.cursors[i], int(req.limits[i]), req.bytes[i]
+		cursor, limit, budget := req.Cursors[i], int(req.Limits[i]), req.Bytes[i]
 		var used int64
 		n := 0
 		for l.head < len(l.queue) {
@@ -767,8 +811,8 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 				n++
 				used += int64(len(r.Payload))
 			}
-			res.rows = append(res.rows, r.fetchedRow)
-			r.handed = res.started
+			res.Rows = append(res.Rows, r.Row)
+			r.handed = res.Started
 			r.queued = false
 			s.queued -= r.size()
 			l.queue[l.head] = nil
@@ -779,39 +823,39 @@ func (s *walStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult
 			l.head = 0
 		}
 	}
-	for _, ld := range req.loads {
-		l := &s.lanes[ld.lane]
-		for _, seq := range ld.seqs {
+	for _, ld := range req.Loads {
+		l := &s.lanes[ld.Lane]
+		for _, seq := range ld.Seqs {
 			if r := l.rows[seq]; r != nil {
-				res.loadRows = append(res.loadRows, r.fetchedRow)
+				res.LoadRows = append(res.LoadRows, r.Row)
 			}
 		}
 	}
-	for _, rf := range req.refills {
+	for _, rf := range req.Refills {
 		var got []*walRow
-		for _, r := range s.lanes[rf.lane].rows {
-			if r.Seq >= rf.from && r.Seq <= rf.to && r.Key == rf.okey && (rf.topic == "" || r.Topic == rf.topic) {
+		for _, r := range s.lanes[rf.Lane].rows {
+			if r.Seq >= rf.From && r.Seq <= rf.To && r.Key == rf.MsgKey && (rf.Topic == "" || r.Topic == rf.Topic) {
 				got = append(got, r)
 			}
 		}
-		slices.SortFunc(got, func(a, b *walRow) int { return cmpSeq(a.Seq, b.Seq) })
-		for _, r := range got[:min(len(got), req.refillLimit)] {
-			res.refillRows = append(res.refillRows, r.fetchedRow)
+		slices.SortFunc(got, func(a, b *walRow) int { return cmp.Compare(a.Seq, b.Seq) })
+		for _, r := range got[:min(len(got), req.RefillLimit)] {
+			res.RefillRows = append(res.RefillRows, r.Row)
 		}
 	}
 	return res
 }
 
 // addTableRows adds the rows a fetch of the outbox table returned to res,
-// and notes them as table rows (their results go to pgStore). The caller
+// and notes them as table rows (their results go to the table store). The caller
 // holds mu.
-func (s *walStore) addTableRows(res, table *fetchResult) {
-	if res.err != nil {
+func (s *Store) addTableRows(res, table *store.FetchResult) {
+	if res.Err != nil {
 		return
 	}
-	add := func(dst *[]fetchedRow, rows []fetchedRow, asked bool) {
+	add := func(dst *[]store.Row, rows []store.Row, asked bool) {
 		for _, r := range rows {
-			l := &s.lanes[r.lane]
+			l := &s.lanes[r.Lane]
 			if there, known := l.table[r.Seq]; known && (!there || !asked) {
 				continue // settled, or a new row the engine already holds
 			}
@@ -819,9 +863,9 @@ func (s *walStore) addTableRows(res, table *fetchResult) {
 			*dst = append(*dst, r)
 		}
 	}
-	add(&res.rows, table.rows, false)
-	add(&res.loadRows, table.loadRows, true)
-	add(&res.refillRows, table.refillRows, true)
+	add(&res.Rows, table.Rows, false)
+	add(&res.LoadRows, table.LoadRows, true)
+	add(&res.RefillRows, table.RefillRows, true)
 }
 
 // noteTable records that seq is a row of the outbox table (there) or was.
@@ -832,31 +876,21 @@ func (l *walLane) noteTable(seq int64, there bool) {
 	l.table[seq] = there
 }
 
-func cmpSeq(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-// writeResults settles what was delivered or moved to the dead letters. An
+// WriteResults settles what was delivered or moved to the dead letters. An
 // acknowledgement of a message that never failed needs no write: nothing
 // of it is in a table. Retry records, the acknowledgements that clear one
 // and dead-letter moves are written fenced, as in the table outbox; only
 // after they committed are their messages settled.
-func (s *walStore) writeResults(ctx context.Context, all []op) opsResult {
-	res := opsResult{ops: all, valid: map[int16]bool{}}
+func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResult {
+	res := store.OpsResult{Ops: all, Valid: map[int16]bool{}}
 	// The results of messages that are rows of the outbox table (spilled)
 	// are the table outbox's.
-	ops, table := all, []op(nil)
+	ops, table := all, []store.Op(nil)
 	s.mu.Lock()
 	if s.tableRows { // else no seq is a table row: no copy of the results
 		ops = nil
 		for _, o := range all {
-			if l := &s.lanes[o.lane]; l.table[o.seq] && l.rows[o.seq] == nil {
+			if l := &s.lanes[o.Lane]; l.table[o.Seq] && l.rows[o.Seq] == nil {
 				table = append(table, o)
 			} else {
 				ops = append(ops, o)
@@ -865,63 +899,63 @@ func (s *walStore) writeResults(ctx context.Context, all []op) opsResult {
 	}
 	s.mu.Unlock()
 	if len(table) > 0 {
-		t := s.pgStore.writeResults(ctx, table)
-		if t.err != nil {
-			res.err = t.err
+		t := s.Store.WriteResults(ctx, table)
+		if t.Err != nil {
+			res.Err = t.Err
 			return res
 		}
-		res.isolated = t.isolated
+		res.Isolated = t.Isolated
 		s.mu.Lock()
 		for _, o := range table {
-			if t.valid[o.lane] {
-				res.valid[o.lane] = true
-				if o.kind != opRetry {
-					s.lanes[o.lane].noteTable(o.seq, false)
+			if t.Valid[o.Lane] {
+				res.Valid[o.Lane] = true
+				if o.Kind != store.OpRetry {
+					s.lanes[o.Lane].noteTable(o.Seq, false)
 				}
 			}
 		}
 		s.mu.Unlock()
 	}
-	var db []op
+	var db []store.Op
 	for _, o := range ops {
-		if o.kind != opAck || o.attempts > 0 {
+		if o.Kind != store.OpAck || o.Attempts > 0 {
 			db = append(db, o)
 		}
 	}
 	if len(db) > 0 {
-		w := writeIsolated(ctx, db, s.writeTables)
-		if w.err != nil {
-			res.err = w.err
+		w := tablestore.WriteIsolated(ctx, db, s.writeTables)
+		if w.Err != nil {
+			res.Err = w.Err
 			return res
 		}
-		res.isolated = res.isolated || w.isolated
-		for l := range w.valid {
-			res.valid[l] = true
+		res.Isolated = res.Isolated || w.Isolated
+		for l := range w.Valid {
+			res.Valid[l] = true
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, o := range ops {
-		if o.kind == opAck && o.attempts == 0 && s.lanes[o.lane].fence == o.fence && s.stopRun != nil {
-			res.valid[o.lane] = true // the lanes are the stream's while it runs
+		if o.Kind == store.OpAck && o.Attempts == 0 && s.lanes[o.Lane].fence == o.Fence && s.stopRun != nil {
+			res.Valid[o.Lane] = true // the lanes are the stream's while it runs
 		}
-		if o.kind == opRetry || !res.valid[o.lane] {
+		if o.Kind == store.OpRetry || !res.Valid[o.Lane] {
 			continue
 		}
-		l := &s.lanes[o.lane]
-		r := l.rows[o.seq]
+		l := &s.lanes[o.Lane]
+		r := l.rows[o.Seq]
 		if r == nil {
 			continue
 		}
-		delete(l.rows, o.seq)
+		delete(l.rows, o.Seq)
 		r.settled = true
 		s.held -= r.size()
 		if r.queued {
 			r.queued = false
 			s.queued -= r.size()
 		}
-		if s.spilling[o.seq] {
-			l.noteTable(o.seq, false) // the spill writes it to the table: not a message there
+		if s.spilling[o.Seq] {
+			l.noteTable(o.Seq, false) // the spill writes it to the table: not a message there
 		}
 		if err := s.progress.Settle(r.tx); err != nil {
 			// Each held message settles once, so this is a bug; the slot
@@ -932,7 +966,7 @@ func (s *walStore) writeResults(ctx context.Context, all []op) opsResult {
 	if s.conn != nil {
 		s.confirmLocked(s.progress.Confirmable())
 	}
-	s.stats.WALHeldBytes.Store(s.held)
+	s.gauges.HeldBytes.Store(s.held)
 	return res
 }
 
@@ -941,8 +975,8 @@ func (s *walStore) writeResults(ctx context.Context, all []op) opsResult {
 // outbox's, groupOps); the dead letters' content comes from the held
 // messages. A dead letter whose message is no longer held (the stream was
 // started over) is left out: it is streamed and tried again.
-func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bool) error {
-	g := groupOps(ops)
+func (s *Store) writeTables(ctx context.Context, ops []store.Op, valid map[int16]bool) error {
+	g := tablestore.GroupOps(ops)
 	var deadLane []int16
 	var deadID, deadNonce []int64
 	var deadAtt []int32
@@ -952,14 +986,14 @@ func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bo
 	var deadDeliver []*time.Time
 	var deadCreated []time.Time
 	s.mu.Lock()
-	for i, seq := range g.deadID {
-		r := s.lanes[g.deadLane[i]].rows[seq]
+	for i, seq := range g.DeadID {
+		r := s.lanes[g.DeadLane[i]].rows[seq]
 		if r == nil {
 			continue
 		}
-		deadLane = append(deadLane, g.deadLane[i])
+		deadLane = append(deadLane, g.DeadLane[i])
 		deadID = append(deadID, seq)
-		deadNonce = append(deadNonce, r.nonce)
+		deadNonce = append(deadNonce, r.Nonce)
 		deadTopic = append(deadTopic, r.Topic)
 		deadKey = append(deadKey, nonEmpty(r.Key))
 		var h *string
@@ -976,26 +1010,26 @@ func (s *walStore) writeTables(ctx context.Context, ops []op, valid map[int16]bo
 		}
 		deadDeliver = append(deadDeliver, d)
 		deadCreated = append(deadCreated, r.CreatedAt)
-		deadAtt = append(deadAtt, g.deadAtt[i])
-		deadErr = append(deadErr, g.deadErr[i])
+		deadAtt = append(deadAtt, g.DeadAtt[i])
+		deadErr = append(deadErr, g.DeadErr[i])
 	}
 	s.mu.Unlock()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if len(g.clearRetry) > 0 {
-		b.Queue(s.wq.clear, g.lanes, g.fences, s.owner, g.clearRetry)
+	if len(g.ClearRetry) > 0 {
+		b.Queue(s.wq.clear, g.Lanes, g.Fences, s.owner, g.ClearRetry)
 	}
-	if len(g.retryID) > 0 {
-		b.Queue(s.q.retry, g.lanes, g.fences, s.owner, g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr)
+	if len(g.RetryID) > 0 {
+		b.Queue(s.RetrySQL(), g.Lanes, g.Fences, s.owner, g.RetryLane, g.RetryID, g.RetryAtt, g.RetryAt, g.RetryErr)
 	}
 	if len(deadID) > 0 {
-		b.Queue(s.wq.dead, g.lanes, g.fences, s.owner, deadLane, deadID, deadNonce, deadTopic, deadKey, deadPayload, deadHeaders, deadDeliver, deadCreated, deadAtt, deadErr)
+		b.Queue(s.wq.dead, g.Lanes, g.Fences, s.owner, deadLane, deadID, deadNonce, deadTopic, deadKey, deadPayload, deadHeaders, deadDeliver, deadCreated, deadAtt, deadErr)
 	}
 	if b.Len() == 1 {
-		b.Queue(s.wq.fence, g.lanes, g.fences, s.owner) // only dead letters no longer held: still learn the lanes
+		b.Queue(s.wq.fence, g.Lanes, g.Fences, s.owner) // only dead letters no longer held: still learn the lanes
 	}
 	b.Queue("COMMIT")
-	return sendFenced(ctx, s.pool, b, 1, valid)
+	return tablestore.SendFenced(ctx, s.pool, b, 1, valid)
 }
 
 func nonEmpty(s string) *string {
@@ -1009,16 +1043,16 @@ type walQ struct{ fence, clear, dead, walEnd, recordProgress, spill, tableRows s
 
 // walQueries are the WAL outbox's queries of its tables. The writes of
 // results lock the caller's lanes whose fence still matches, as the table
-// outbox's do, and return them (sendFenced).
+// outbox's do, and return them (tablestore.SendFenced).
 func walQueries(schema string) walQ {
 	r := func(s string) string { return strings.ReplaceAll(s, "S.", schema+".") }
 	return walQ{
-		fence: r(`WITH ` + fenced + ` SELECT lane FROM f`),
-		clear: r(`WITH ` + fenced + `, c AS (
+		fence: r(`WITH ` + tablestore.Fenced + ` SELECT lane FROM f`),
+		clear: r(`WITH ` + tablestore.Fenced + `, c AS (
     DELETE FROM S.retries WHERE id = ANY($4::bigint[]) AND lane IN (SELECT lane FROM f)
 )
 SELECT lane FROM f`),
-		dead: r(`WITH ` + fenced + `, ins AS (
+		dead: r(`WITH ` + tablestore.Fenced + `, ins AS (
     INSERT INTO S.dead_letters (id, nonce, topic, key, payload, headers, deliver_at, created_at, attempts, last_error)
     SELECT d.id, d.nonce, d.topic, d.key, d.payload, d.headers::jsonb, d.deliver_at, d.created_at, d.attempts, d.err
     FROM unnest($4::smallint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::timestamptz[], $12::timestamptz[], $13::int[], $14::text[])
@@ -1034,7 +1068,7 @@ SELECT lane FROM f`),
        EXISTS (SELECT 1 FROM S.outbox)
 FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`),
 		recordProgress: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn), oldest_unsettled = $2, recorded_at = now()`),
-		spill: r(`WITH ` + fenced + `
+		spill: r(`WITH ` + tablestore.Fenced + `
 INSERT INTO S.outbox (id, nonce, topic, key, payload, headers, deliver_at, created_at)
 OVERRIDING SYSTEM VALUE
 SELECT d.id, d.nonce, d.topic, d.key, d.payload, d.headers::jsonb, d.deliver_at, d.created_at

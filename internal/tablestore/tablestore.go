@@ -1,7 +1,9 @@
-package wharf
+package tablestore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/wharfhq/wharf/internal/store"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,10 +31,10 @@ import (
 // backlog above the cursor, sorted, to keep the first rows.
 const hotPathSettings = `SELECT set_config('jit', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
-// pgStore is the table outbox: messages are rows of <schema>.outbox, read by
+// Store is the table outbox: messages are rows of <schema>.outbox, read by
 // per-lane cursors plus exact late-commit probes, removed by fenced batched
 // deletes (docs/architecture.md).
-type pgStore struct {
+type Store struct {
 	pool        *pgxpool.Pool
 	q           queries
 	schema      string
@@ -42,13 +46,37 @@ type pgStore struct {
 	now         func() time.Time // the relay's clock: fetch times measure its offset from the database's
 }
 
+// Config is what a table store needs: the pool, the outbox's schema, the
+// relay's id, its logger and its clock (fetch times measure its offset from
+// the database's).
+type Config struct {
+	Pool    *pgxpool.Pool
+	Schema  string
+	RelayID string
+	Logger  *slog.Logger
+	Now     func() time.Time
+}
+
+// New returns the table store of one relay incarnation (a random id that
+// tells this run of the relay from an earlier one with the same relay id).
+func New(c Config) *Store {
+	var inc [8]byte
+	_, _ = rand.Read(inc[:])
+	return &Store{pool: c.Pool, q: newQueries(c.Schema), schema: c.Schema, owner: c.RelayID,
+		incarnation: hex.EncodeToString(inc[:]), log: c.Logger, now: c.Now}
+}
+
+// RetrySQL is the fenced upsert of retry records, for a layout that keeps
+// its retries in the same table (its arguments are those of Groups).
+func (s *Store) RetrySQL() string { return s.q.retry }
+
 // pgPos is the table outbox's read position: the previous fetch's snapshot.
 type pgPos struct {
 	xmax string
 	xip  []string
 }
 
-func (s *pgStore) register(ctx context.Context, ttl time.Duration) error {
+func (s *Store) Register(ctx context.Context, ttl time.Duration) error {
 	host, _ := os.Hostname()
 	s.host, s.pid = host, os.Getpid()
 	var (
@@ -59,58 +87,58 @@ func (s *pgStore) register(ctx context.Context, ttl time.Duration) error {
 	)
 	err := s.pool.QueryRow(ctx, s.q.register, s.owner, host, os.Getpid(), s.incarnation, interval(ttl)).Scan(&ok, &ohost, &opid, &seconds)
 	if err != nil {
-		return storeErr("register relay", err)
+		return store.Wrap("register relay", err)
 	}
 	if !ok {
 		return fmt.Errorf("%w: relay id %q is held by a relay on host %q (pid %d) that heartbeated %.1fs ago; give each relay its own --relay-id (or leave it unset for a unique one), or wait %s after that relay stopped",
-			ErrRelayIDInUse, s.owner, ohost, opid, seconds, 3*ttl)
+			store.ErrRelayIDInUse, s.owner, ohost, opid, seconds, 3*ttl)
 	}
 	return nil
 }
 
 func interval(d time.Duration) string { return fmt.Sprintf("%d milliseconds", d.Milliseconds()) }
 
-func (s *pgStore) leaseRound(ctx context.Context, ttl time.Duration) (leaseRound, error) {
-	var lr leaseRound
-	lr.renewed = map[int16]int64{}
+func (s *Store) LeaseRound(ctx context.Context, ttl time.Duration) (store.LeaseRound, error) {
+	var lr store.LeaseRound
+	lr.Renewed = map[int16]int64{}
 	iv := interval(ttl)
 	var ours int
 	// A batch runs as one transaction: the heartbeat extends the lease of
 	// the lanes the renewal reads.
 	b := &pgx.Batch{}
-	b.Queue(s.q.heartbeat, s.owner, s.incarnation, iv, s.host, s.pid).QueryRow(func(row pgx.Row) error { return row.Scan(&ours, &lr.live) })
+	b.Queue(s.q.heartbeat, s.owner, s.incarnation, iv, s.host, s.pid).QueryRow(func(row pgx.Row) error { return row.Scan(&ours, &lr.Live) })
 	b.Queue(s.q.renew, s.owner).Query(func(rows pgx.Rows) error {
 		var lane int16
 		var fence int64
 		_, err := pgx.ForEachRow(rows, []any{&lane, &fence}, func() error {
-			lr.renewed[lane] = fence
+			lr.Renewed[lane] = fence
 			return nil
 		})
 		return err
 	})
-	b.Queue(s.q.laneOwners, iv).QueryRow(func(row pgx.Row) error { return row.Scan(&lr.uncovered) })
+	b.Queue(s.q.laneOwners, iv).QueryRow(func(row pgx.Row) error { return row.Scan(&lr.Uncovered) })
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return lr, storeErr("lease renewal", err)
+		return lr, store.Wrap("lease renewal", err)
 	}
-	lr.lostID = ours == 0
+	lr.LostID = ours == 0
 	return lr, nil
 }
 
-// claimAlone takes a transaction-scoped advisory lock first, in a statement
+// ClaimAlone takes a transaction-scoped advisory lock first, in a statement
 // of its own: the claim's snapshot is then taken after the previous exclusive
 // claim committed, and sees its owner live. (Waiting for the lane rows alone
 // is not enough: a row checked again after its lock is granted is checked
 // against the claim's older snapshot, which may not see the winner's
 // registration yet, and the lanes would change hands twice.)
-func (s *pgStore) claimAlone(ctx context.Context) ([]laneLease, error) {
-	var got []laneLease
+func (s *Store) ClaimAlone(ctx context.Context) ([]store.LaneLease, error) {
+	var got []store.LaneLease
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "wharf claimAlone "+s.schema)
 	b.Queue(s.q.claimAlone, s.owner).Query(func(rows pgx.Rows) error {
 		var lane int16
 		var fence int64
 		_, err := pgx.ForEachRow(rows, []any{&lane, &fence}, func() error {
-			got = append(got, laneLease{lane: lane, fence: fence})
+			got = append(got, store.LaneLease{Lane: lane, Fence: fence})
 			return nil
 		})
 		return err
@@ -118,74 +146,74 @@ func (s *pgStore) claimAlone(ctx context.Context) ([]laneLease, error) {
 	// A batch runs as one transaction: the lock is held until the claim
 	// commits.
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, storeErr("claim lanes", err)
+		return nil, store.Wrap("claim lanes", err)
 	}
 	return got, nil
 }
 
-func (s *pgStore) claim(ctx context.Context, n int) ([]laneLease, error) {
+func (s *Store) Claim(ctx context.Context, n int) ([]store.LaneLease, error) {
 	rows, err := s.pool.Query(ctx, s.q.claim, s.owner, n)
 	if err != nil {
-		return nil, storeErr("claim lanes", err)
+		return nil, store.Wrap("claim lanes", err)
 	}
-	var got []laneLease
+	var got []store.LaneLease
 	var lane int16
 	var fence int64
 	_, err = pgx.ForEachRow(rows, []any{&lane, &fence}, func() error {
-		got = append(got, laneLease{lane: lane, fence: fence})
+		got = append(got, store.LaneLease{Lane: lane, Fence: fence})
 		return nil
 	})
 	if err != nil {
-		return nil, storeErr("claim lanes", err)
+		return nil, store.Wrap("claim lanes", err)
 	}
 	return got, nil
 }
 
-func (s *pgStore) release(ctx context.Context, rel laneRelease) error {
-	_, err := s.pool.Exec(ctx, s.q.release, rel.lane, s.owner, rel.fence)
+func (s *Store) Release(ctx context.Context, rel store.LaneRelease) error {
+	_, err := s.pool.Exec(ctx, s.q.release, rel.Lane, s.owner, rel.Fence)
 	return err
 }
 
-func (s *pgStore) releaseAll(ctx context.Context, lanes []int16) error {
+func (s *Store) ReleaseAll(ctx context.Context, lanes []int16) error {
 	_, err := s.pool.Exec(ctx, s.q.releaseAll, s.owner, lanes)
 	return err
 }
 
-func (s *pgStore) unregister(ctx context.Context) error {
+func (s *Store) Unregister(ctx context.Context) error {
 	_, err := s.pool.Exec(ctx, s.q.unregister, s.owner, s.incarnation)
 	return err
 }
 
-func (s *pgStore) loadRetries(ctx context.Context, lanes []int16) (map[int16]map[int64]retryInfo, error) {
-	out := make(map[int16]map[int64]retryInfo, len(lanes))
+func (s *Store) LoadRetries(ctx context.Context, lanes []int16) (map[int16]map[int64]store.RetryInfo, error) {
+	out := make(map[int16]map[int64]store.RetryInfo, len(lanes))
 	for _, l := range lanes {
-		out[l] = map[int64]retryInfo{}
+		out[l] = map[int64]store.RetryInfo{}
 	}
 	rows, err := s.pool.Query(ctx, s.q.loadRetries, lanes)
 	if err != nil {
-		return nil, storeErr("load retries", err)
+		return nil, store.Wrap("load retries", err)
 	}
 	var id int64
 	var attempts int
 	var next time.Time
 	var lane int16
 	_, err = pgx.ForEachRow(rows, []any{&id, &attempts, &next, &lane}, func() error {
-		out[lane][id] = retryInfo{attempts: attempts, next: next}
+		out[lane][id] = store.RetryInfo{Attempts: attempts, Next: next}
 		return nil
 	})
 	if err != nil {
-		return nil, storeErr("load retries", err)
+		return nil, store.Wrap("load retries", err)
 	}
 	return out, nil
 }
 
-// fetch runs the one-statement read described in queries.go, and the loads
+// Fetch runs the one-statement read described in queries.go, and the loads
 // and refills the engine asked for, in one read-only transaction and one
 // round trip.
-func (s *pgStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult) {
-	res = fetchResult{req: req, started: s.now()}
-	defer func() { res.finished = s.now() }()
-	prev, _ := req.pos.(pgPos)
+func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.FetchResult) {
+	res = store.FetchResult{Req: req, Started: s.now()}
+	defer func() { res.Finished = s.now() }()
+	prev, _ := req.Pos.(pgPos)
 	if prev.xmax == "" {
 		prev.xmax = "0"
 	}
@@ -199,83 +227,83 @@ func (s *pgStore) fetch(ctx context.Context, req fetchRequest) (res fetchResult)
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN READ ONLY")
 	batch.Queue(hotPathSettings)
-	batch.Queue(s.q.fetch, req.lanes, req.cursors, req.limits, prev.xmax, xip)
+	batch.Queue(s.q.fetch, req.Lanes, req.Cursors, req.Limits, prev.xmax, xip)
 	loadN := 0
-	if len(req.loads) > 0 {
+	if len(req.Loads) > 0 {
 		var lanes []int16
 		var seqs []int64
-		for _, l := range req.loads {
-			for _, seq := range l.seqs {
-				lanes = append(lanes, l.lane)
+		for _, l := range req.Loads {
+			for _, seq := range l.Seqs {
+				lanes = append(lanes, l.Lane)
 				seqs = append(seqs, seq)
 			}
 		}
 		batch.Queue(s.q.load, lanes, seqs)
 		loadN = len(seqs)
 	}
-	if len(req.refills) > 0 {
-		lanes := make([]int16, len(req.refills))
-		keys := make([]string, len(req.refills))
-		from := make([]int64, len(req.refills))
-		to := make([]int64, len(req.refills))
-		topics := make([]*string, len(req.refills))
-		for i, rf := range req.refills {
-			lanes[i], keys[i], from[i], to[i] = rf.lane, rf.okey, rf.from, rf.to
-			if rf.topic != "" {
-				topics[i] = &req.refills[i].topic
+	if len(req.Refills) > 0 {
+		lanes := make([]int16, len(req.Refills))
+		keys := make([]string, len(req.Refills))
+		from := make([]int64, len(req.Refills))
+		to := make([]int64, len(req.Refills))
+		topics := make([]*string, len(req.Refills))
+		for i, rf := range req.Refills {
+			lanes[i], keys[i], from[i], to[i] = rf.Lane, rf.MsgKey, rf.From, rf.To
+			if rf.Topic != "" {
+				topics[i] = &req.Refills[i].Topic
 			}
 		}
-		batch.Queue(s.q.refill, lanes, keys, from, to, req.refillLimit, topics)
+		batch.Queue(s.q.refill, lanes, keys, from, to, req.RefillLimit, topics)
 	}
 	batch.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, batch)
 	defer br.Close()
 	for i := 0; i < 2; i++ {
 		if _, err := br.Exec(); err != nil {
-			res.err = storeErr("fetch", err)
+			res.Err = store.Wrap("fetch", err)
 			return res
 		}
 	}
 	var snap string
 	var err error
 	cut := newByteCut(req)
-	res.rows, snap, res.dbNow, err = scanRows(br, true, cut, req.expectedRows())
+	res.Rows, snap, res.DBNow, err = scanRows(br, true, cut, req.ExpectedRows())
 	if err != nil {
-		res.err = storeErr("fetch", err)
+		res.Err = store.Wrap("fetch", err)
 		return res
 	}
-	if len(req.loads) > 0 {
-		if res.loadRows, _, _, err = scanRows(br, false, nil, loadN); err != nil {
-			res.err = storeErr("load held messages", err)
+	if len(req.Loads) > 0 {
+		if res.LoadRows, _, _, err = scanRows(br, false, nil, loadN); err != nil {
+			res.Err = store.Wrap("load held messages", err)
 			return res
 		}
 	}
-	if len(req.refills) > 0 {
-		if res.refillRows, _, _, err = scanRows(br, false, nil, 0); err != nil {
-			res.err = storeErr("refill", err)
+	if len(req.Refills) > 0 {
+		if res.RefillRows, _, _, err = scanRows(br, false, nil, 0); err != nil {
+			res.Err = store.Wrap("refill", err)
 			return res
 		}
 	}
 	if _, err := br.Exec(); err != nil {
-		res.err = storeErr("fetch", err)
+		res.Err = store.Wrap("fetch", err)
 		return res
 	}
 	if snap == "" {
-		res.err = errors.New("wharf: fetch returned no snapshot")
+		res.Err = errors.New("wharf: fetch returned no snapshot")
 		return res
 	}
 	next, err := parseSnapshot(snap)
 	if err != nil {
-		res.err = err
+		res.Err = err
 		return res
 	}
-	res.pos = next
+	res.Pos = next
 	// xids only grow; a smaller xmax means this is not the database history
 	// the previous reads saw (asynchronous failover, point-in-time restore):
 	// rows below the cursors may carry xids the previous snapshot already
 	// counted as finished, so every lane must be read again.
 	if a, b := xid8(prev.xmax), xid8(next.xmax); b < a {
-		res.rewound = true
+		res.Rewound = true
 	}
 	return res
 }
@@ -302,11 +330,11 @@ type byteCut struct {
 	asked  [wharfmigrate.Lanes]bool // the request reads the lane
 }
 
-func newByteCut(req fetchRequest) *byteCut {
+func newByteCut(req store.FetchRequest) *byteCut {
 	c := &byteCut{}
-	for i, l := range req.lanes {
-		c.cursor[l] = req.cursors[i]
-		c.budget[l] = req.bytes[i]
+	for i, l := range req.Lanes {
+		c.cursor[l] = req.Cursors[i]
+		c.budget[l] = req.Bytes[i]
 		c.asked[l] = true
 	}
 	return c
@@ -330,13 +358,13 @@ func (c *byteCut) keep(lane int16, seq int64, size int) bool {
 // scanRows reads one result set of outbox rows; with snapshot, the row of
 // lane -1 carries the snapshot and the database clock. sizeHint is the rows
 // expected: growing the slice row by row copied every row about twice.
-func scanRows(br pgx.BatchResults, snapshot bool, cut *byteCut, sizeHint int) (out []fetchedRow, snap string, dbNow time.Time, err error) {
+func scanRows(br pgx.BatchResults, snapshot bool, cut *byteCut, sizeHint int) (out []store.Row, snap string, dbNow time.Time, err error) {
 	rows, err := br.Query()
 	if err != nil {
 		return nil, "", dbNow, err
 	}
 	defer rows.Close()
-	out = make([]fetchedRow, 0, sizeHint)
+	out = make([]store.Row, 0, sizeHint)
 	var (
 		lane      int16
 		id, nonce int64
@@ -365,21 +393,21 @@ func scanRows(br pgx.BatchResults, snapshot bool, cut *byteCut, sizeHint int) (o
 		if !cut.keep(lane, id, len(payload)) {
 			continue
 		}
-		m := Message{ID: FormatID(id, nonce), Seq: id, Topic: topic, Key: key.String, Payload: append([]byte{}, payload...), CreatedAt: createdAt.Time}
+		m := store.Row{Seq: id, Nonce: nonce, Topic: topic, Key: key.String, Payload: append([]byte{}, payload...), CreatedAt: createdAt.Time, Lane: lane, At: at}
 		if deliverAt.Valid {
 			m.DeliverAt = deliverAt.Time
 		}
 		if len(headers) > 0 {
-			m.Headers = decodeHeaders(headers)
+			m.Headers = DecodeHeaders(headers)
 		}
-		out = append(out, fetchedRow{Message: m, lane: lane, at: at})
+		out = append(out, m)
 	}
 	return out, snap, dbNow, rows.Err()
 }
 
-// decodeHeaders accepts any JSON object; non-string values (possible only
+// DecodeHeaders accepts any JSON object; non-string values (possible only
 // when rows were inserted around wharf.enqueue) are kept as their JSON text.
-func decodeHeaders(b []byte) map[string]string {
+func DecodeHeaders(b []byte) map[string]string {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return map[string]string{"wharf-invalid-headers": string(b)}
@@ -439,164 +467,160 @@ func parseSnapshot(s string) (pgPos, error) {
 // underscore).
 func parseXid(s string) (uint64, error) { return strconv.ParseUint(s, 10, 64) }
 
-// writeResults writes a group of delivery results in one round trip and one
+// WriteResults writes a group of delivery results in one round trip and one
 // transaction: removals of delivered rows, retry records, dead-letter moves.
 // Each statement is fenced; the result says which lanes were still ours.
-func (s *pgStore) writeResults(ctx context.Context, ops []op) opsResult {
-	return writeIsolated(ctx, ops, s.writeTx)
+func (s *Store) WriteResults(ctx context.Context, ops []store.Op) store.OpsResult {
+	return WriteIsolated(ctx, ops, s.writeTx)
 }
 
-// writeIsolated writes ops with write, in one transaction. If it fails for a
+// WriteIsolated writes ops with write, in one transaction. If it fails for a
 // reason other than the connection (a statement PostgreSQL refuses), one bad
 // result must not hold back the others: the acknowledgements are written
 // alone first, then each retry and dead-letter move on its own, with its
 // error text replaced if that text was the problem.
-func writeIsolated(ctx context.Context, ops []op, write func(context.Context, []op, map[int16]bool) error) opsResult {
-	res := opsResult{ops: ops, valid: map[int16]bool{}}
-	err := write(ctx, ops, res.valid)
+func WriteIsolated(ctx context.Context, ops []store.Op, write func(context.Context, []store.Op, map[int16]bool) error) store.OpsResult {
+	res := store.OpsResult{Ops: ops, Valid: map[int16]bool{}}
+	err := write(ctx, ops, res.Valid)
 	if err == nil {
 		return res
 	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || ctx.Err() != nil {
-		res.err = storeErr("write results", err)
+		res.Err = store.Wrap("write results", err)
 		return res
 	}
-	res.isolated = true
-	var acks []op
+	res.Isolated = true
+	var acks []store.Op
 	for _, o := range ops {
-		if o.kind == opAck {
+		if o.Kind == store.OpAck {
 			acks = append(acks, o)
 		}
 	}
 	if len(acks) > 0 {
-		if err := write(ctx, acks, res.valid); err != nil {
-			res.err = storeErr("write acknowledgements", err)
+		if err := write(ctx, acks, res.Valid); err != nil {
+			res.Err = store.Wrap("write acknowledgements", err)
 			return res
 		}
 	}
 	for i := range ops {
-		if ops[i].kind == opAck {
+		if ops[i].Kind == store.OpAck {
 			continue
 		}
 		one := ops[i : i+1]
-		err := write(ctx, one, res.valid)
+		err := write(ctx, one, res.Valid)
 		if err != nil && errors.As(err, &pgErr) {
-			ops[i].err = fmt.Sprintf("wharf: the delivery error could not be stored (%s); see the relay's log", pgErr.Code)
-			err = write(ctx, one, res.valid)
+			ops[i].Err = fmt.Sprintf("wharf: the delivery error could not be stored (%s); see the relay's log", pgErr.Code)
+			err = write(ctx, one, res.Valid)
 		}
 		if err != nil {
-			res.err = storeErr("write results", err)
+			res.Err = store.Wrap("write results", err)
 			return res
 		}
 	}
 	return res
 }
 
-// opGroups are a write's results as the statements take them: one record
+// Groups are a write's results as the statements take them: one record
 // per message and statement, since an upsert cannot affect a row twice
 // (SQLSTATE 21000). A write that failed is queued again ahead of newer
 // results, so a message that failed again meanwhile has two retry records;
 // the later one wins. A message acknowledged in the same write keeps no
 // retry record.
-type opGroups struct {
-	lanes                              []int16 // every lane of the write, with its fence
-	fences                             []int64
-	ackLane, retryLane, deadLane       []int16
-	ackID, retryID, deadID, clearRetry []int64
-	retryAtt, deadAtt                  []int32
-	retryAt                            []time.Time
-	retryErr, deadErr                  []string
-	ackAt                              []pgtype.TID // where each acknowledged row was read
+type Groups struct {
+	Lanes                              []int16 // every lane of the write, with its fence
+	Fences                             []int64
+	AckLane, RetryLane, DeadLane       []int16
+	AckID, RetryID, DeadID, ClearRetry []int64
+	RetryAtt, DeadAtt                  []int32
+	RetryAt                            []time.Time
+	RetryErr, DeadErr                  []string
+	AckAt                              []pgtype.TID // where each acknowledged row was read
 }
 
-func groupOps(ops []op) *opGroups {
-	g := &opGroups{}
+func GroupOps(ops []store.Op) *Groups {
+	g := &Groups{}
 	fences := map[int16]int64{}
 	// The maps cost only writes that hold failures: a write of
 	// acknowledgements alone (the hot path) builds none.
 	var acked map[int64]bool
 	var retryAtIdx, deadAtIdx map[int64]int
 	for _, o := range ops {
-		if o.kind != opAck {
+		if o.Kind != store.OpAck {
 			acked, retryAtIdx, deadAtIdx = map[int64]bool{}, map[int64]int{}, map[int64]int{}
 			for _, a := range ops {
-				if a.kind == opAck {
-					acked[a.seq] = true
+				if a.Kind == store.OpAck {
+					acked[a.Seq] = true
 				}
 			}
 			break
 		}
 	}
 	for _, o := range ops {
-		fences[o.lane] = o.fence
-		switch o.kind {
-		case opAck:
-			g.ackLane = append(g.ackLane, o.lane)
-			g.ackID = append(g.ackID, o.seq)
-			var at pgtype.TID
-			if o.m != nil {
-				at = o.m.at
+		fences[o.Lane] = o.Fence
+		switch o.Kind {
+		case store.OpAck:
+			g.AckLane = append(g.AckLane, o.Lane)
+			g.AckID = append(g.AckID, o.Seq)
+			g.AckAt = append(g.AckAt, o.At)
+			if o.Attempts > 0 {
+				g.ClearRetry = append(g.ClearRetry, o.Seq)
 			}
-			g.ackAt = append(g.ackAt, at)
-			if o.attempts > 0 {
-				g.clearRetry = append(g.clearRetry, o.seq)
-			}
-		case opRetry:
-			if acked[o.seq] {
+		case store.OpRetry:
+			if acked[o.Seq] {
 				continue
 			}
-			if i, ok := retryAtIdx[o.seq]; ok {
-				g.retryLane[i], g.retryAtt[i], g.retryAt[i], g.retryErr[i] = o.lane, int32(o.attempts), o.nextAt, o.err
+			if i, ok := retryAtIdx[o.Seq]; ok {
+				g.RetryLane[i], g.RetryAtt[i], g.RetryAt[i], g.RetryErr[i] = o.Lane, int32(o.Attempts), o.NextAt, o.Err
 				continue
 			}
-			retryAtIdx[o.seq] = len(g.retryID)
-			g.retryLane = append(g.retryLane, o.lane)
-			g.retryID = append(g.retryID, o.seq)
-			g.retryAtt = append(g.retryAtt, int32(o.attempts))
-			g.retryAt = append(g.retryAt, o.nextAt)
-			g.retryErr = append(g.retryErr, o.err)
-		case opDead:
-			if i, ok := deadAtIdx[o.seq]; ok {
-				g.deadLane[i], g.deadAtt[i], g.deadErr[i] = o.lane, int32(o.attempts), o.err
+			retryAtIdx[o.Seq] = len(g.RetryID)
+			g.RetryLane = append(g.RetryLane, o.Lane)
+			g.RetryID = append(g.RetryID, o.Seq)
+			g.RetryAtt = append(g.RetryAtt, int32(o.Attempts))
+			g.RetryAt = append(g.RetryAt, o.NextAt)
+			g.RetryErr = append(g.RetryErr, o.Err)
+		case store.OpDead:
+			if i, ok := deadAtIdx[o.Seq]; ok {
+				g.DeadLane[i], g.DeadAtt[i], g.DeadErr[i] = o.Lane, int32(o.Attempts), o.Err
 				continue
 			}
-			deadAtIdx[o.seq] = len(g.deadID)
-			g.deadLane = append(g.deadLane, o.lane)
-			g.deadID = append(g.deadID, o.seq)
-			g.deadAtt = append(g.deadAtt, int32(o.attempts))
-			g.deadErr = append(g.deadErr, o.err)
+			deadAtIdx[o.Seq] = len(g.DeadID)
+			g.DeadLane = append(g.DeadLane, o.Lane)
+			g.DeadID = append(g.DeadID, o.Seq)
+			g.DeadAtt = append(g.DeadAtt, int32(o.Attempts))
+			g.DeadErr = append(g.DeadErr, o.Err)
 		}
 	}
 	for l, f := range fences {
-		g.lanes = append(g.lanes, l)
-		g.fences = append(g.fences, f)
+		g.Lanes = append(g.Lanes, l)
+		g.Fences = append(g.Fences, f)
 	}
 	return g
 }
 
-func (s *pgStore) writeTx(ctx context.Context, ops []op, valid map[int16]bool) error {
-	g := groupOps(ops)
+func (s *Store) writeTx(ctx context.Context, ops []store.Op, valid map[int16]bool) error {
+	g := GroupOps(ops)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(hotPathSettings)
-	if len(g.ackID) > 0 {
-		b.Queue(s.q.ack, g.lanes, g.fences, s.owner, g.ackLane, g.ackID, g.clearRetry, g.ackAt)
+	if len(g.AckID) > 0 {
+		b.Queue(s.q.ack, g.Lanes, g.Fences, s.owner, g.AckLane, g.AckID, g.ClearRetry, g.AckAt)
 	}
-	if len(g.retryID) > 0 {
-		b.Queue(s.q.retry, g.lanes, g.fences, s.owner, g.retryLane, g.retryID, g.retryAtt, g.retryAt, g.retryErr)
+	if len(g.RetryID) > 0 {
+		b.Queue(s.q.retry, g.Lanes, g.Fences, s.owner, g.RetryLane, g.RetryID, g.RetryAtt, g.RetryAt, g.RetryErr)
 	}
-	if len(g.deadID) > 0 {
-		b.Queue(s.q.dead, g.lanes, g.fences, s.owner, g.deadLane, g.deadID, g.deadAtt, g.deadErr)
+	if len(g.DeadID) > 0 {
+		b.Queue(s.q.dead, g.Lanes, g.Fences, s.owner, g.DeadLane, g.DeadID, g.DeadAtt, g.DeadErr)
 	}
 	b.Queue("COMMIT")
-	return sendFenced(ctx, s.pool, b, 2, valid)
+	return SendFenced(ctx, s.pool, b, 2, valid)
 }
 
-// sendFenced runs b in one round trip: its first skip statements (BEGIN,
+// SendFenced runs b in one round trip: its first skip statements (BEGIN,
 // settings), then fenced statements that each return lanes still the
 // caller's, then COMMIT. Those lanes go into valid once it committed.
-func sendFenced(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, skip int, valid map[int16]bool) error {
+func SendFenced(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, skip int, valid map[int16]bool) error {
 	got := map[int16]bool{}
 	br := pool.SendBatch(ctx, b)
 	err := func() error {
@@ -630,9 +654,9 @@ func sendFenced(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, skip int,
 	return nil
 }
 
-// listen wakes the engine on every notification from the outbox trigger. It
+// Listen wakes the engine on every notification from the outbox trigger. It
 // uses a connection of its own so it never holds one of the pool's.
-func (s *pgStore) listen(ctx context.Context, wake func()) {
+func (s *Store) Listen(ctx context.Context, wake func()) {
 	channel := wharfmigrate.NotifyChannel(s.schema)
 	logged := false
 	for ctx.Err() == nil {
@@ -664,8 +688,4 @@ func (s *pgStore) listen(ctx context.Context, wake func()) {
 		case <-ctx.Done():
 		}
 	}
-}
-
-func isUndefined(err error) bool {
-	return wharfmigrate.IsUndefinedTable(err) || wharfmigrate.IsUndefinedColumn(err)
 }

@@ -1,4 +1,4 @@
-package wharf
+package tablestore
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -127,7 +128,7 @@ func TestClaimAloneLosesToAClaimInProgress(t *testing.T) {
 	if _, err := pool.Exec(ctx, register, "relay-b"); err != nil {
 		t.Fatal(err)
 	}
-	stB := &pgStore{pool: pool, q: q, schema: schema, owner: "relay-b"}
+	stB := &Store{pool: pool, q: q, schema: schema, owner: "relay-b"}
 
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -144,12 +145,12 @@ func TestClaimAloneLosesToAClaimInProgress(t *testing.T) {
 		}
 	}
 	type result struct {
-		got []laneLease
+		got []store.LaneLease
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		got, err := stB.claimAlone(ctx)
+		got, err := stB.ClaimAlone(ctx)
 		done <- result{got, err}
 	}()
 	select {

@@ -1,4 +1,4 @@
-package wharf
+package tablestore
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -23,21 +24,21 @@ func TestAckFindsRowsThatMovedSinceTheFetch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := scratchOutbox(t, "ackmv")
-	ps := &pgStore{pool: pool, q: newQueries(schema), schema: schema, owner: "r1", incarnation: "i1",
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)), now: time.Now}
-	require.NoError(t, ps.register(ctx, time.Minute))
-	leases, err := ps.claimAlone(ctx)
+	ps := New(Config{Pool: pool, Schema: schema, RelayID: "r1",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now})
+	require.NoError(t, ps.Register(ctx, time.Minute))
+	leases, err := ps.ClaimAlone(ctx)
 	require.NoError(t, err)
 	require.Len(t, leases, wharfmigrate.Lanes)
 	fences := map[int16]int64{}
-	req := fetchRequest{}
+	req := store.FetchRequest{}
 	for _, l := range leases {
-		fences[l.lane] = l.fence
-		req.lanes = append(req.lanes, l.lane)
-		req.cursors = append(req.cursors, 0)
-		req.limits = append(req.limits, 100)
-		req.bytes = append(req.bytes, 1<<20)
-		req.fences = append(req.fences, l.fence)
+		fences[l.Lane] = l.Fence
+		req.Lanes = append(req.Lanes, l.Lane)
+		req.Cursors = append(req.Cursors, 0)
+		req.Limits = append(req.Limits, 100)
+		req.Bytes = append(req.Bytes, 1<<20)
+		req.Fences = append(req.Fences, l.Fence)
 	}
 	insert := func(n int) []int64 {
 		t.Helper()
@@ -49,12 +50,12 @@ func TestAckFindsRowsThatMovedSinceTheFetch(t *testing.T) {
 		return ids
 	}
 	a := insert(10)
-	res := ps.fetch(ctx, req)
-	require.NoError(t, res.err)
-	require.Len(t, res.rows, 10)
-	at := map[int64]fetchedRow{}
-	for _, r := range res.rows {
-		require.True(t, r.at.Valid, "the fetch returns where it read each row")
+	res := ps.Fetch(ctx, req)
+	require.NoError(t, res.Err)
+	require.Len(t, res.Rows, 10)
+	at := map[int64]store.Row{}
+	for _, r := range res.Rows {
+		require.True(t, r.At.Valid, "the fetch returns where it read each row")
 		at[r.Seq] = r
 	}
 
@@ -73,17 +74,17 @@ func TestAckFindsRowsThatMovedSinceTheFetch(t *testing.T) {
 	require.NoError(t, err)
 	for i, id := range a[8:] {
 		r := at[id]
-		r.at = newAt[i]
+		r.At = newAt[i]
 		at[id] = r
 	}
 
-	var ops []op
+	var ops []store.Op
 	for _, id := range a[5:] {
 		r := at[id]
-		ops = append(ops, op{kind: opAck, m: &msg{Message: r.Message, at: r.at}, lane: r.lane, fence: fences[r.lane], seq: id})
+		ops = append(ops, store.Op{Kind: store.OpAck, At: r.At, Lane: r.Lane, Fence: fences[r.Lane], Seq: id})
 	}
-	wr := ps.writeResults(ctx, ops)
-	require.NoError(t, wr.err)
+	wr := ps.WriteResults(ctx, ops)
+	require.NoError(t, wr.Err)
 	rows, err = pool.Query(ctx, "SELECT id FROM "+schema+".outbox ORDER BY id")
 	require.NoError(t, err)
 	left, err := pgx.CollectRows(rows, pgx.RowTo[int64])

@@ -1,4 +1,4 @@
-package wharf
+package walstore
 
 import (
 	"context"
@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wharfhq/wharf/internal/store"
+	"github.com/wharfhq/wharf/internal/tablestore"
 	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/internal/walstream"
 	"github.com/wharfhq/wharf/wharfmigrate"
@@ -43,38 +46,38 @@ func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 	})
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ps := &pgStore{pool: pool, q: newQueries(schema), schema: schema, owner: "r1", incarnation: "i1", log: log, now: time.Now}
-	require.NoError(t, ps.register(ctx, 10*time.Second))
-	leases, err := ps.claimAlone(ctx)
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	require.NoError(t, ps.Register(ctx, 10*time.Second))
+	leases, err := ps.ClaimAlone(ctx)
 	require.NoError(t, err)
 	require.Len(t, leases, wharfmigrate.Lanes)
-	ws := &walStore{pgStore: ps, slot: schema, publication: schema, prefix: schema, budget: 1 << 20, stats: newStats(), wq: walQueries(schema)}
-	row := &walRow{nonce: 7, fetchedRow: fetchedRow{lane: 5, Message: Message{ID: FormatID(43, 7), Seq: 43, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}}
+	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	row := &walRow{Row: store.Row{Lane: 5, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}
 	require.NoError(t, ws.take(100, row.CreatedAt, []*walRow{row}))
-	fence := leases[5].fence
-	require.Equal(t, int16(5), leases[5].lane)
+	fence := leases[5].Fence
+	require.Equal(t, int16(5), leases[5].Lane)
 	ws.lanes[5].fence = fence
 
 	now := time.Now()
-	res := ws.writeResults(ctx, []op{
-		{kind: opRetry, lane: 5, fence: fence, seq: 42, attempts: 1, nextAt: now, err: "first"},
-		{kind: opRetry, lane: 5, fence: fence, seq: 42, attempts: 2, nextAt: now, err: "second"},
+	res := ws.WriteResults(ctx, []store.Op{
+		{Kind: store.OpRetry, Lane: 5, Fence: fence, Seq: 42, Attempts: 1, NextAt: now, Err: "first"},
+		{Kind: store.OpRetry, Lane: 5, Fence: fence, Seq: 42, Attempts: 2, NextAt: now, Err: "second"},
 	})
-	require.NoError(t, res.err)
-	require.False(t, res.isolated, "the write was refused and split")
-	require.True(t, res.valid[5])
+	require.NoError(t, res.Err)
+	require.False(t, res.Isolated, "the write was refused and split")
+	require.True(t, res.Valid[5])
 	var attempts int
 	var last string
 	require.NoError(t, pool.QueryRow(ctx, "SELECT attempts, last_error FROM "+schema+".retries WHERE id = 42").Scan(&attempts, &last))
 	require.Equal(t, 2, attempts)
 	require.Equal(t, "second", last)
 
-	res = ws.writeResults(ctx, []op{
-		{kind: opDead, lane: 5, fence: fence, seq: 43, attempts: 3, err: "dead once"},
-		{kind: opDead, lane: 5, fence: fence, seq: 43, attempts: 4, err: "dead twice"},
+	res = ws.WriteResults(ctx, []store.Op{
+		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 43, Attempts: 3, Err: "dead once"},
+		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 43, Attempts: 4, Err: "dead twice"},
 	})
-	require.NoError(t, res.err)
-	require.False(t, res.isolated)
+	require.NoError(t, res.Err)
+	require.False(t, res.Isolated)
 	require.NoError(t, pool.QueryRow(ctx, "SELECT attempts, last_error FROM "+schema+".dead_letters WHERE id = 43").Scan(&attempts, &last))
 	require.Equal(t, 4, attempts)
 	require.Equal(t, "dead twice", last)
@@ -88,12 +91,12 @@ func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 // taken does not (it still counts in what is held), and a lane claimed again
 // puts everything it holds back in the queue, counted once.
 func TestWALStoreReadsAheadAQuarterOfItsBudget(t *testing.T) {
-	ws := &walStore{pgStore: &pgStore{now: time.Now}, budget: 1 << 20, stats: newStats()}
+	ws := New(Config{Table: tablestore.New(tablestore.Config{Now: time.Now}), Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
 	rows := func(from int64, n int) []*walRow {
 		out := make([]*walRow, n)
 		for i := range out {
 			seq := from + int64(i)
-			out[i] = &walRow{fetchedRow: fetchedRow{lane: 3, Message: Message{Seq: seq, Key: "k", Payload: make([]byte, 1000)}}}
+			out[i] = &walRow{Row: store.Row{Lane: 3, Seq: seq, Key: "k", Payload: make([]byte, 1000)}}
 		}
 		return out
 	}
@@ -105,11 +108,11 @@ func TestWALStoreReadsAheadAQuarterOfItsBudget(t *testing.T) {
 	require.Less(t, ws.held, ws.budget)
 	require.True(t, ws.full(), "%d bytes queued, past a quarter of the budget", ws.queued)
 
-	fetch := func(fence int64, limit int32) []fetchedRow {
-		res := ws.fetch(context.Background(), fetchRequest{lanes: []int16{3}, cursors: []int64{0}, limits: []int32{limit},
-			bytes: []int64{1 << 30}, fences: []int64{fence}})
-		require.NoError(t, res.err)
-		return res.rows
+	fetch := func(fence int64, limit int32) []store.Row {
+		res := ws.Fetch(context.Background(), store.FetchRequest{Lanes: []int16{3}, Cursors: []int64{0}, Limits: []int32{limit},
+			Bytes: []int64{1 << 30}, Fences: []int64{fence}})
+		require.NoError(t, res.Err)
+		return res.Rows
 	}
 	require.Len(t, fetch(1, 150), 150)
 	require.Equal(t, int64(50*size), ws.queued)
@@ -119,4 +122,8 @@ func TestWALStoreReadsAheadAQuarterOfItsBudget(t *testing.T) {
 	require.Empty(t, fetch(2, 0), "a limit of 0 hands nothing out")
 	require.Equal(t, int64(200*size), ws.queued, "claimed again: all 200 queued, the 50 not handed out counted once")
 	require.True(t, ws.full())
+}
+
+func testGauges() Gauges {
+	return Gauges{HeldBytes: new(atomic.Int64), LagBytes: new(atomic.Int64), Lag: new(atomic.Int64)}
 }

@@ -1,18 +1,11 @@
-package wharf
+package tablestore
 
 import "strings"
 
-// queries holds the SQL statements of the table outbox, with the schema filled
+// queries holds the relay's SQL statements on the table outbox, with the schema filled
 // in once. The hot-path statements (fetch, load, ack) and their plans are
 // described in docs/architecture.md and docs/plans.md.
 type queries struct {
-	enqueueArrays      string
-	enqueueArraysDedup string
-	enqueueJSON        string
-	enqueueJSONDedup   string
-	dedupLookup        string
-	dedupLookupJSON    string
-
 	fetch  string
 	load   string
 	refill string
@@ -32,14 +25,14 @@ type queries struct {
 	laneOwners  string
 }
 
-// fenced locks the caller's lanes whose fence still matches, FOR SHARE, so
+// Fenced locks the caller's lanes whose fence still matches, FOR SHARE, so
 // a takeover (UPDATE of the lane row) cannot commit between the check and
 // the write: a relay that lost a lane writes nothing for it. Every
 // statement that locks several lane rows locks them in lane order (the
 // sort runs below the row locking): the lease loop renews the same rows
 // while the completer writes, and two orders would deadlock. $1 are the
 // lanes, $2 their fences, $3 the relay id.
-const fenced = `f AS (
+const Fenced = `f AS (
     SELECT l.lane FROM S.lanes l
     JOIN unnest($1::smallint[], $2::bigint[]) AS mine(lane, fence) ON mine.lane = l.lane AND mine.fence = l.fence
     WHERE l.owner = $3
@@ -50,24 +43,9 @@ func newQueries(schema string) queries {
 	r := strings.NewReplacer("S.", schema+".")
 	q := func(s string) string { return r.Replace(s) }
 
-	const insertCols = `INSERT INTO S.outbox (topic, key, payload, headers, deliver_at, dedup_key) `
-	const onConflict = ` ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`
-	arrays := insertCols + `SELECT t, k, p, h::jsonb, d, u FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::timestamptz[], $6::text[]) AS m(t, k, p, h, d, u)`
-	// database/sql drivers disagree on array parameters, so that path sends
-	// the batch as one JSON document instead.
-	jsonSrc := insertCols + `SELECT e->>'topic', e->>'key', decode(e->>'payload', 'base64'), e->'headers', (e->>'deliver_at')::timestamptz, e->>'dedup_key'
-FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS m(e, n) ORDER BY n`
-
 	const cols = `o.lane, o.id, o.nonce, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.created_at, o.ctid`
 
 	return queries{
-		enqueueArrays:      q(arrays + ` RETURNING id, nonce`),
-		enqueueArraysDedup: q(arrays + onConflict + ` RETURNING id, nonce, dedup_key`),
-		enqueueJSON:        q(jsonSrc + ` RETURNING id, nonce`),
-		enqueueJSONDedup:   q(jsonSrc + onConflict + ` RETURNING id, nonce, dedup_key`),
-		dedupLookup:        q(`SELECT id, nonce, dedup_key FROM S.outbox WHERE dedup_key = ANY($1::text[])`),
-		dedupLookupJSON:    q(`SELECT id, nonce, dedup_key FROM S.outbox WHERE dedup_key IN (SELECT jsonb_array_elements_text($1::jsonb))`),
-
 		// One statement, one snapshot: forward rows above each lane's cursor
 		// (at most lim), plus rows below the cursor that were invisible to the
 		// previous read (their transaction started after it, or was in
@@ -145,7 +123,7 @@ CROSS JOIN LATERAL (
 		// has no join order to choose, so wrong statistics (a queue table
 		// vacuumed while nearly empty) cannot turn the removal into a scan of
 		// whole lanes.
-		ack: q(`WITH ` + fenced + `, hit AS (
+		ack: q(`WITH ` + Fenced + `, hit AS (
     SELECT x.ctid FROM unnest($4::smallint[], $5::bigint[], $7::tid[]) AS d(lane, id, at)
     CROSS JOIN LATERAL (
         SELECT o.ctid FROM S.outbox o WHERE o.ctid = d.at AND o.id = d.id
@@ -161,7 +139,7 @@ CROSS JOIN LATERAL (
 )
 SELECT lane FROM f`),
 
-		retry: q(`WITH ` + fenced + `
+		retry: q(`WITH ` + Fenced + `
 INSERT INTO S.retries AS r (id, lane, attempts, next_attempt_at, last_error)
 SELECT d.id, d.lane, d.attempts, d.next_at, d.err
 FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::timestamptz[], $8::text[]) AS d(lane, id, attempts, next_at, err)
@@ -170,7 +148,7 @@ ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, next_attempt_at = e
     last_error = excluded.last_error, updated_at = now()
 RETURNING lane`),
 
-		dead: q(`WITH ` + fenced + `, hit AS (
+		dead: q(`WITH ` + Fenced + `, hit AS (
     SELECT x.ctid, d.attempts, d.err FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::text[]) AS d(lane, id, attempts, err)
     CROSS JOIN LATERAL (SELECT o.ctid FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id LIMIT 1) x
     WHERE d.lane IN (SELECT lane FROM f)
@@ -230,7 +208,7 @@ WHERE l.lane IN (
 RETURNING l.lane, l.fence`),
 		// claimAlone is claim for an exclusive relay: every lane, and none
 		// while another live relay holds one. Exclusive claims take turns
-		// (pgStore.claimAlone), so the second of two finds every lane taken.
+		// (Store.ClaimAlone), so the second of two finds every lane taken.
 		claimAlone: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1
 WHERE l.lane IN (
     SELECT x.lane FROM S.lanes x
