@@ -168,6 +168,9 @@ type Result struct {
 	// RelayUsageNote for what was measured).
 	RelayCPUSeconds   float64 `json:"relay_cpu_seconds"`
 	RelayPeakRSSBytes int64   `json:"relay_peak_rss_bytes"`
+	// PoisonDeadLettered is how many poison messages (--poison-percent) the
+	// probe sink failed on their last attempt, i.e. the relay dead-lettered.
+	PoisonDeadLettered int64 `json:"poison_dead_lettered,omitempty"`
 	// Messages is how many messages the run enqueued.
 	Messages int64 `json:"messages"`
 	// Relays is how many relays ran.
@@ -183,8 +186,9 @@ type Result struct {
 	// Start is the state the (last) steady run started from.
 	Start *StartState `json:"start,omitempty"`
 
-	// Delivered is the distinct messages acknowledged (in-process relay), or
-	// enqueued minus left in the outbox (relay processes).
+	// Delivered is the distinct messages acknowledged (in-process relay; the
+	// dead-lettered poison messages not included), or enqueued minus left in
+	// the outbox (relay processes).
 	Delivered int64 `json:"delivered"`
 	// Redelivered counts acknowledgements of already acknowledged messages
 	// (in-process relay only).
@@ -533,6 +537,7 @@ func (e *env) stopRelays(r relays, res *Result) error {
 	res.RelayCPUSeconds = u.cpu.Seconds()
 	res.RelayPeakRSSBytes = u.peakRSS
 	res.RelayUsageNote = u.note
+	res.PoisonDeadLettered = u.deadLettered
 	return err
 }
 

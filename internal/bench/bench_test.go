@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
@@ -202,6 +203,42 @@ func TestSteady(t *testing.T) {
 	require.NotContains(t, html, "--messages<")
 }
 
+// With --poison-percent the probe sink fails every N-th message on every
+// attempt: the relay retries it, dead-letters it after the poison schedule's
+// attempts, and the run still works its backlog off (a dead letter counts
+// as worked off, not as delivered, and has no latency).
+func TestSteadyWithPoison(t *testing.T) {
+	o := smokeOptions(ModeSteady)
+	o.Rate = 2000
+	o.Duration = 3 * time.Second
+	o.PoisonPercent = 1
+	o.Keep = true
+	r, err := Run(context.Background(), o)
+	require.NoError(t, err)
+	m := decode(t, r)
+	require.EqualValues(t, 1, m["settings"].(map[string]any)["poison_percent"])
+	require.Zero(t, r.OutboxRemaining, "the poison messages left the outbox")
+	require.True(t, r.Sustainable, r.VerdictReason)
+
+	// Every 100th seq is poison; the relay dead-letters each after 3 attempts.
+	pool, err := pgxpool.New(context.Background(), databaseURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	schema := r.Settings.Schema
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	var dead, notPoison, attempts3 int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT count(*), count(*) FILTER (WHERE id % 100 <> 0), count(*) FILTER (WHERE attempts = 3) FROM "+schema+".dead_letters").
+		Scan(&dead, &notPoison, &attempts3))
+	require.Zero(t, notPoison, "only poison messages are dead-lettered")
+	require.Equal(t, dead, attempts3, "each after 3 attempts")
+	require.Equal(t, dead, r.PoisonDeadLettered)
+	require.InDelta(t, float64(r.Messages)/100, float64(dead), 2)
+	require.Equal(t, r.Messages-dead, r.Delivered)
+	sum, _ := report(t, r)
+	require.Contains(t, sum, "poison messages")
+}
+
 func TestSweep(t *testing.T) {
 	o := smokeOptions(ModeSweep)
 	// Rates any machine sustains even while other tests load it: this test
@@ -314,6 +351,18 @@ func TestRelayProcessesNeedAnExecutable(t *testing.T) {
 	o.RelayCommand = []string{filepath.Join(t.TempDir(), "no-such-wharf")}
 	_, err := Run(context.Background(), o)
 	require.ErrorContains(t, err, "--relays")
+}
+
+func TestPoisonNeedsTheRelayInProcess(t *testing.T) {
+	o := smokeOptions(ModeDrain)
+	o.PoisonPercent = 1
+	_, err := Run(context.Background(), o)
+	require.ErrorContains(t, err, "--poison-percent fails messages in the in-process relay's sink: use it with --mode steady, sweep or soak")
+	o = smokeOptions(ModeSteady)
+	o.Rate = 1000
+	o.PoisonPercent = 60
+	_, err = Run(context.Background(), o)
+	require.ErrorContains(t, err, "--poison-percent must be between 0 and 50, got 60")
 }
 
 func TestOptionsErrorsNameTheFlag(t *testing.T) {

@@ -124,6 +124,13 @@ type Options struct {
 	InProcess bool
 	// Sink is the sink URL. Defaults to "null:".
 	Sink string
+	// PoisonPercent, when positive, makes that share of the messages poison
+	// (steady, sweep and soak, relay in this process): the probe sink fails
+	// them on every attempt, so each is retried and then dead-lettered
+	// (3 attempts and a 50 ms first backoff unless RelayConfig sets them),
+	// and the messages behind it of its key wait. Dead-lettered messages
+	// count as worked off in the backlog and are left out of the latency.
+	PoisonPercent float64
 	// RelayConfig tunes the in-process relay (Schema, Sink and Logger are set
 	// by Run).
 	RelayConfig wharf.Config
@@ -296,6 +303,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.InProcess && o.Relays != 1 {
 		return o, fmt.Errorf("--in-process needs --relays 1 (got %d): several relays run as processes", o.Relays)
 	}
+	switch {
+	case o.PoisonPercent < 0 || o.PoisonPercent > 50:
+		return o, fmt.Errorf("--poison-percent must be between 0 and 50, got %g", o.PoisonPercent)
+	case o.PoisonPercent > 0 && (o.Mode == ModeDrain || o.Mode == ModeBaseline || !o.InProcess):
+		return o, fmt.Errorf("--poison-percent fails messages in the in-process relay's sink: use it with --mode steady, sweep or soak and --relays 1 (got --mode %s, in-process %t)", o.Mode, o.InProcess)
+	}
 	return o, nil
 }
 
@@ -324,6 +337,7 @@ type Settings struct {
 	Relays         int      `json:"relays"`
 	InProcess      bool     `json:"in_process"`
 	Sink           string   `json:"sink"`
+	PoisonPercent  float64  `json:"poison_percent,omitempty"`
 	RelayArgs      []string `json:"relay_args"`
 	SampleInterval string   `json:"sample_interval"`
 	TailWait       string   `json:"tail_wait"`
@@ -340,7 +354,7 @@ func (o Options) settings() Settings {
 		Rate: o.Rate, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
 		MaxP99: o.MaxP99.String(), P99Floor: o.P99Floor.String(), Limits: o.Limits || o.Mode == ModeBaseline,
 		Producers: o.Producers, ProducerBatch: o.ProducerBatch, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
-		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink,
+		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink, PoisonPercent: o.PoisonPercent,
 		RelayArgs: append([]string{}, o.RelayArgs...), SampleInterval: si, TailWait: o.TailWait.String(),
 		Timeout: o.Timeout.String(),
 	}
@@ -385,6 +399,7 @@ func (s Settings) Applicable() []Setting {
 	add(true, "relays", s.Relays)
 	add(true, "in-process", s.InProcess)
 	add(true, "sink", s.Sink)
+	add(s.PoisonPercent > 0, "poison-percent", s.PoisonPercent)
 	add(len(s.RelayArgs) > 0, "relay-arg", strings.Join(s.RelayArgs, " "))
 	add(steady || sweep, "tail-wait", s.TailWait)
 	add(drain || baseline, "timeout", s.Timeout)

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,11 +18,19 @@ import (
 	"github.com/wharfhq/wharf/internal/sinkurl"
 )
 
+// The retry schedule of poison messages unless the relay's configuration
+// sets one: as in the fault suite's poison scenario.
+const (
+	PoisonAttempts = 3
+	PoisonBackoff  = 50 * time.Millisecond
+)
+
 // relayUsage is what the relays cost, as far as it can be measured.
 type relayUsage struct {
-	cpu     time.Duration
-	peakRSS int64
-	note    string
+	cpu          time.Duration
+	peakRSS      int64
+	note         string
+	deadLettered int64 // poison messages failed on their last attempt
 }
 
 // relays are the relays under test: one in this process, or processes.
@@ -32,14 +42,31 @@ type relays interface {
 	stop(ctx context.Context) (relayUsage, error)
 }
 
-// probeSink wraps the real sink and records acknowledgement times.
+// probeSink wraps the real sink and records acknowledgement times. With
+// poisonEvery > 0 it fails every message whose seq is a multiple of it, on
+// every attempt; the last attempt (maxAttempts) is the one the relay
+// dead-letters, and the message counts as worked off, without a latency.
 type probeSink struct {
-	inner wharf.Sink
-	tr    *tracker
+	inner       wharf.Sink
+	tr          *tracker
+	poisonEvery int64
+	maxAttempts int
+	deadLetters atomic.Int64 // poison messages failed on their last attempt
 }
 
+// errPoison is what the probe sink answers for a poison message.
+var errPoison = errors.New("bench: poison message (--poison-percent)")
+
 func (p *probeSink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
+	if p.poisonEvery > 0 {
+		return p.publishPoisoned(ctx, msgs)
+	}
 	errs := p.inner.Publish(ctx, msgs)
+	p.acked(msgs, errs)
+	return errs
+}
+
+func (p *probeSink) acked(msgs []*wharf.Message, errs []error) {
 	now := time.Now()
 	ids := make([]int64, 0, len(msgs))
 	for i, m := range msgs {
@@ -48,7 +75,45 @@ func (p *probeSink) Publish(ctx context.Context, msgs []*wharf.Message) []error 
 		}
 	}
 	p.tr.ackedIDs(ids, now)
-	return errs
+}
+
+// publishPoisoned fails the poison messages and, as every sink must, does
+// not attempt the later messages of their keys; the rest go to the sink.
+func (p *probeSink) publishPoisoned(ctx context.Context, msgs []*wharf.Message) []error {
+	res := wharf.NewResults(msgs)
+	var pass []*wharf.Message
+	var at []int
+	var dead []int64
+	for i, m := range msgs {
+		if res.Blocked(i) {
+			continue
+		}
+		if m.Seq%p.poisonEvery == 0 {
+			res.Fail(i, errPoison)
+			if m.Attempt >= p.maxAttempts {
+				dead = append(dead, m.Seq)
+			}
+			continue
+		}
+		pass = append(pass, m)
+		at = append(at, i)
+	}
+	if len(pass) > 0 {
+		errs := p.inner.Publish(ctx, pass)
+		for j, i := range at {
+			var err error
+			if errs != nil {
+				err = errs[j]
+			}
+			res.Set(i, err)
+		}
+		p.acked(pass, errs)
+	}
+	if len(dead) > 0 {
+		p.tr.settledIDs(dead, time.Now())
+		p.deadLetters.Add(int64(len(dead)))
+	}
+	return res.Errors()
 }
 
 func (p *probeSink) Close() error { return p.inner.Close() }
@@ -57,6 +122,7 @@ type inProcessRelay struct {
 	client *wharf.Client
 	pool   *pgxpool.Pool
 	sink   wharf.Sink
+	probe  *probeSink
 	cpu0   time.Duration
 	done   chan error
 	inProd bool // producers share the process
@@ -75,7 +141,18 @@ func startInProcess(ctx context.Context, o Options, schema string, tr *tracker, 
 	cfg := o.RelayConfig
 	cfg.Schema = schema
 	cfg.Logger = o.Logger
-	cfg.Sink = &probeSink{inner: sink, tr: tr}
+	probe := &probeSink{inner: sink, tr: tr}
+	if o.PoisonPercent > 0 {
+		probe.poisonEvery = max(1, int64(math.Round(100/o.PoisonPercent)))
+		if cfg.MaxAttempts == 0 {
+			cfg.MaxAttempts = PoisonAttempts
+		}
+		if cfg.RetryBackoff == 0 {
+			cfg.RetryBackoff = PoisonBackoff
+		}
+		probe.maxAttempts = cfg.MaxAttempts
+	}
+	cfg.Sink = probe
 	client, err := wharf.NewClient(pool, &cfg)
 	if err != nil {
 		pool.Close()
@@ -83,7 +160,7 @@ func startInProcess(ctx context.Context, o Options, schema string, tr *tracker, 
 		return nil, fmt.Errorf("--relay-arg: %w", err)
 	}
 	cpu0, _, _ := selfUsage()
-	r := &inProcessRelay{client: client, pool: pool, sink: sink, cpu0: cpu0, done: make(chan error, 1), inProd: withProducers}
+	r := &inProcessRelay{client: client, pool: pool, sink: sink, probe: probe, cpu0: cpu0, done: make(chan error, 1), inProd: withProducers}
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		pool.Close()
 		sink.Close()
@@ -107,6 +184,7 @@ func (r *inProcessRelay) stop(ctx context.Context) (relayUsage, error) {
 			u.note += "; CPU includes the producers (use --in-process=false for relay-only figures)"
 		}
 	}
+	u.deadLettered = r.probe.deadLetters.Load()
 	return u, err
 }
 

@@ -145,6 +145,9 @@ func (r *Result) rows() []row {
 	add("dead tuples at end", strconv.FormatInt(r.DeadTuples, 10))
 	add("deadlocks", strconv.FormatInt(r.Deadlocks, 10)+" (detected by PostgreSQL in this database during the run)")
 	add("outbox rows at end", strconv.FormatInt(r.OutboxRemaining, 10))
+	if p := r.Settings.PoisonPercent; p > 0 {
+		add("poison messages", fmt.Sprintf("%g %% (every %d-th seq): %d dead-lettered", p, int64(math.Round(100/p)), r.PoisonDeadLettered))
+	}
 	add("relay CPU", fmt.Sprintf("%.2f s", r.RelayCPUSeconds))
 	add("relay peak RSS", fmt.Sprintf("%.1f MB", float64(r.RelayPeakRSSBytes)/1e6))
 	add("relay usage", r.RelayUsageNote)

@@ -298,10 +298,13 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	}
 	res.Samples = sm.samples
 	if o.InProcess {
-		res.Delivered = tr.acked.Load()
+		res.Delivered = tr.acked.Load() - res.PoisonDeadLettered
 		res.LatencyMS, res.Redelivered = tr.summary()
 		res.LatencyNote = "commit → sink ack: the producer records the time its Commit returned per message position, the in-process relay's probe sink the time the sink acknowledged; messages acknowledged during the warm-up are excluded"
-		if missing := res.Messages - res.Delivered; missing > 0 {
+		if res.PoisonDeadLettered > 0 {
+			res.LatencyNote += "; dead-lettered poison messages are not counted (the messages of their keys that waited behind them are)"
+		}
+		if missing := res.Messages - tr.acked.Load(); missing > 0 {
 			res.LatencyNote += fmt.Sprintf("; %d messages not acknowledged by the end are not counted", missing)
 		}
 	} else {

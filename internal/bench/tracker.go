@@ -270,6 +270,53 @@ func (t *tracker) ackedIDs(ids []int64, at time.Time) {
 	}
 }
 
+// settledIDs records that ids were worked off at time at without an
+// acknowledgement (dead-lettered): they count as acknowledged for the
+// backlog, and their latency is not recorded (one settled before the
+// producer recorded its commit, which a retry schedule makes unlikely,
+// records a latency of 0, as an ack before the commit does).
+func (t *tracker) settledIDs(ids []int64, at time.Time) {
+	ns := int64(at.Sub(t.start))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range ids {
+		if t.sparse {
+			v, ok := t.pending[id]
+			if !ok {
+				continue
+			}
+			if v < 0 { // acknowledged already
+				continue
+			}
+			t.acked.Add(1)
+			if v > 0 { // committed: done
+				delete(t.pending, id)
+			} else { // its commit is not recorded yet: as an ack before the commit
+				t.pending[id] = -(ns + 1)
+			}
+			continue
+		}
+		c, s := t.slot(id)
+		switch {
+		case s == nil || *s < 0:
+		case *s == 0:
+			// Not committed yet as far as the producer recorded: the
+			// commit finishes it, with no latency (ack before commit).
+			*s = -(ns + 1)
+			t.acked.Add(1)
+		default:
+			t.acked.Add(1)
+			*s = doneSlot
+			c.done++
+			if c.done == len(c.slots) {
+				ci := id >> chunkBits
+				delete(t.chunks, ci)
+				t.freed[ci] = true
+			}
+		}
+	}
+}
+
 // enqueued registers seqs written by a transaction that has not committed
 // yet (sparse layout; a no-op in the dense one, which needs no
 // registration). The producers call it between the enqueue statement and

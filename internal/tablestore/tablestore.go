@@ -538,6 +538,7 @@ type Groups struct {
 	AckAt                              []pgtype.TID // where each acknowledged row was read
 }
 
+// GroupOps sorts ops into the statements' arrays (see Groups).
 func GroupOps(ops []store.Op) *Groups {
 	g := &Groups{}
 	fences := map[int16]int64{}
