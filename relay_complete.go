@@ -13,14 +13,31 @@ func (r *relay) enqueueOp(o store.Op) {
 	o.Lane = l.id
 	o.Fence = l.fence
 	l.pendingOps++
+	if len(r.ops.pending) == 0 {
+		r.ops.since = r.now()
+	}
+	if o.Kind == store.OpAck {
+		r.ops.acks++
+	}
 	r.ops.pending = append(r.ops.pending, o)
+}
+
+// opsLingering reports whether the pending results wait for company (see
+// opsLinger): none is an acknowledgement, the completer is free and the
+// relay is not stopping.
+func (r *relay) opsLingering() bool {
+	return len(r.ops.pending) > 0 && r.ops.acks == 0 && !r.ops.busy && !r.stopping
 }
 
 func (r *relay) maybeFlushOps(now time.Time) {
 	if r.ops.busy || len(r.ops.pending) == 0 || now.Before(r.ops.retry.At) {
 		return
 	}
+	if r.opsLingering() && now.Sub(r.ops.since) < opsLinger {
+		return
+	}
 	r.ops.busy = true
+	r.ops.acks = 0
 	ops := r.ops.pending
 	r.ops.pending, r.ops.spare = r.ops.spare, nil
 	r.opsReq <- ops
@@ -35,6 +52,12 @@ func (r *relay) onOps(res store.OpsResult) {
 		r.log.Error("wharf: writing delivery results failed; retrying", "err", res.Err, "retry_in", d.Round(time.Millisecond))
 		if r.hardCtx.Err() == nil {
 			r.ops.pending = append(res.Ops, r.ops.pending...)
+			r.ops.acks = 0
+			for _, o := range r.ops.pending {
+				if o.Kind == store.OpAck {
+					r.ops.acks++
+				}
+			}
 		}
 		return
 	}

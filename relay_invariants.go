@@ -69,6 +69,15 @@ func (r *relay) checkInvariants() {
 	if total != r.mem {
 		panic(fmt.Sprintf("wharf invariant: relay counts %+v loaded, lanes %+v", r.mem, total))
 	}
+	acks := 0
+	for _, o := range r.ops.pending {
+		if o.Kind == store.OpAck {
+			acks++
+		}
+	}
+	if acks != r.ops.acks {
+		panic(fmt.Sprintf("wharf invariant: %d acknowledgements pending, %d counted", acks, r.ops.acks))
+	}
 	if stubs != r.stubs {
 		panic(fmt.Sprintf("wharf invariant: %d positions counted, %d held", r.stubs, stubs))
 	}
