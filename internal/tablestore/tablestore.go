@@ -13,13 +13,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/wharfhq/wharf/internal/store"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 

@@ -13,22 +13,21 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/wharfhq/wharf/internal/backoff"
-	"github.com/wharfhq/wharf/internal/store"
-	"github.com/wharfhq/wharf/internal/tablestore"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wharfhq/wharf/internal/backoff"
+	"github.com/wharfhq/wharf/internal/store"
+	"github.com/wharfhq/wharf/internal/tablestore"
 	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/internal/walstream"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
 // Store is the outbox in WAL mode (wharfmigrate.SetWALMode; the relay
-// picks it when the outbox's mode is WAL, relay.streamWAL). Producers write
+// picks it when the outbox's mode is WAL: newRelay). Producers write
 // each enqueue call's messages as one transactional
 // logical decoding message (internal/walmsg); the store streams them from a
 // logical replication slot in commit order and keeps every message that is
