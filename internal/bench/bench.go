@@ -63,11 +63,15 @@ type Sample struct {
 	Phase string `json:"phase"`
 	// Soak mode only: this process's resident memory and Go heap in bytes,
 	// its goroutines, and the outbox's dead tuples (n_dead_tup) at the
-	// sample.
-	RSSBytes   int64 `json:"rss_bytes,omitempty"`
-	HeapBytes  int64 `json:"heap_bytes,omitempty"`
-	Goroutines int   `json:"goroutines,omitempty"`
-	DeadTuples int64 `json:"dead_tuples,omitempty"`
+	// sample; for an outbox in WAL mode, instead of the dead tuples, the
+	// WAL its replication slot retains (SlotLagBytes: written and not yet
+	// confirmed) and the bytes the relay holds in memory (HeldBytes).
+	RSSBytes     int64 `json:"rss_bytes,omitempty"`
+	HeapBytes    int64 `json:"heap_bytes,omitempty"`
+	Goroutines   int   `json:"goroutines,omitempty"`
+	DeadTuples   int64 `json:"dead_tuples,omitempty"`
+	SlotLagBytes int64 `json:"slot_lag_bytes,omitempty"`
+	HeldBytes    int64 `json:"held_bytes,omitempty"`
 }
 
 // StartState is the outbox a steady run started from: every run starts from
@@ -231,6 +235,9 @@ type env struct {
 	// walStart and walTarget bound the WAL a pre-fill of an outbox in WAL
 	// mode wrote (drain).
 	walStart, walTarget walstream.LSN
+	// heldBytes reads the in-process relay's WAL held bytes while a steady
+	// run's relay runs (nil otherwise).
+	heldBytes func() int64
 }
 
 // Run measures what opts.Mode says and returns the result. The schema it

@@ -512,7 +512,6 @@ func TestDrainWALOutbox(t *testing.T) {
 		limits bool
 		want   string
 	}{
-		{ModeSoak, "wal", false, "--outbox-mode wal does not work with --mode soak"},
 		{ModeDrain, "wal", true, "--limits measures the table outbox's removal limit"},
 		{ModeDrain, "heap", false, `--outbox-mode must be table or wal, got "heap"`},
 	} {

@@ -41,7 +41,8 @@ const (
 	// ModeSoak is a long steady run (Rate msgs/s for Warmup+Duration, e.g.
 	// 30m at a fraction of the sustainable rate) with the relay in this
 	// process: besides the steady verdict it samples the process's RSS, Go
-	// heap and goroutines, the p99 latency and the outbox's dead tuples, and
+	// heap and goroutines, the p99 latency and the outbox's dead tuples (in
+	// WAL mode: the WAL its slot retains and the bytes the relay holds), and
 	// tests that none of them trends upward.
 	ModeSoak Mode = "soak"
 )
@@ -55,9 +56,8 @@ type Options struct {
 	// Mode is what to measure. Required.
 	Mode Mode
 	// OutboxMode is where the bench's outbox keeps messages: table (the
-	// default) or wal (wharfmigrate.SetWALMode): not with soak; one relay,
-	// in this process for steady and sweep, a process for drain and
-	// baseline.
+	// default) or wal (wharfmigrate.SetWALMode): one relay, in this
+	// process for steady, sweep and soak, a process for drain and baseline.
 	OutboxMode string
 	// DatabaseURL is the PostgreSQL to measure. Required (the CLI starts a
 	// throwaway cluster when none is given).
@@ -221,8 +221,6 @@ func (o Options) withDefaults() (Options, error) {
 			return o, fmt.Errorf("--outbox-mode wal streams one replication slot, which one relay reads: use --relays 1 (got --relays %d)", o.Relays)
 		}
 		switch o.Mode {
-		case ModeSoak:
-			return o, errors.New("--outbox-mode wal does not work with --mode soak yet (its trends read the outbox table); use --mode steady with a long --duration, or a table outbox")
 		case ModeDrain:
 			if o.Limits {
 				return o, errors.New("--limits measures the table outbox's removal limit; leave it out with --outbox-mode wal")
@@ -234,7 +232,7 @@ func (o Options) withDefaults() (Options, error) {
 		case ModeBaseline:
 			// Its drain phase is a drain of pre-filled messages, as above.
 			o.InProcess = false
-		case ModeSteady, ModeSweep:
+		case ModeSteady, ModeSweep, ModeSoak:
 			// Latency needs the tracker: the relay runs in this process.
 			o.InProcess = true
 		}

@@ -10,6 +10,7 @@ import (
 	"runtime/metrics"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -31,7 +32,8 @@ type Soak struct {
 
 // Trend is one sampled quantity over a soak's measurement window.
 type Trend struct {
-	// Name is rss_bytes, heap_bytes, goroutines, p99_ms or dead_tuples.
+	// Name is rss_bytes, heap_bytes, goroutines, p99_ms, and dead_tuples
+	// (table outbox) or slot_lag_bytes and held_bytes (WAL mode).
 	Name string `json:"name"`
 	// First, Last, Median and Max are the readings' values.
 	First  float64 `json:"first"`
@@ -60,6 +62,10 @@ func soakTolerance(name string, median, rate float64) float64 {
 		return math.Max(2, 0.05*median)
 	case "p99_ms":
 		return math.Max(2, 0.10*median)
+	case "slot_lag_bytes", "held_bytes":
+		// WAL retained and messages held: a few seconds' worth at most
+		// while the relay keeps up; 16 MiB or 10 % an hour is a leak.
+		return math.Max(16<<20, 0.10*median)
 	default: // dead_tuples: vacuum keeps up unless they grow like a backlog
 		return 3600 * GrowthTolerance(rate)
 	}
@@ -74,7 +80,7 @@ func (e *env) soak(ctx context.Context, schema string) (*Result, error) {
 		return nil, err
 	}
 	res.Mode = ModeSoak
-	res.Soak = soakTrends(res.Samples, float64(o.Rate))
+	res.Soak = soakTrends(res.Samples, float64(o.Rate), e.wal())
 	for _, t := range res.Soak.Trends {
 		c := Criterion{Name: "trend_" + t.Name, Judged: t.Growth.Valid, Met: t.Flat, Detail: t.String()}
 		if !c.Judged {
@@ -86,30 +92,44 @@ func (e *env) soak(ctx context.Context, schema string) (*Result, error) {
 			res.VerdictReason = "failed: " + c.Detail + "; " + res.VerdictReason
 		}
 	}
-	res.note("soak: every %s the bench process's resident memory (/proc/self/statm; it holds the relay, the producers and the bench), Go heap (runtime/metrics), goroutines and the outbox's n_dead_tup were read; each trend over the measurement window is tested like the backlog's growth; flat means no rise above max(4 MiB, 5 %%)/h for memory, max(2, 5 %%)/h for goroutines, max(2 ms, 10 %%)/h for p99, and the backlog tolerance for dead tuples, with 95 %% confidence", o.SampleInterval)
+	if e.wal() {
+		res.note("soak: every %s the bench process's resident memory (/proc/self/statm; it holds the relay, the producers and the bench), Go heap (runtime/metrics), goroutines, the WAL the outbox's replication slot retains (pg_current_wal_lsn() - confirmed_flush_lsn) and the bytes the relay holds in memory (wharf_wal_held_bytes) were read; each trend over the measurement window is tested like the backlog's growth; flat means no rise above max(4 MiB, 5 %%)/h for memory, max(2, 5 %%)/h for goroutines, max(2 ms, 10 %%)/h for p99, and max(16 MiB, 10 %%)/h for the retained WAL and the held bytes, with 95 %% confidence", o.SampleInterval)
+	} else {
+		res.note("soak: every %s the bench process's resident memory (/proc/self/statm; it holds the relay, the producers and the bench), Go heap (runtime/metrics), goroutines and the outbox's n_dead_tup were read; each trend over the measurement window is tested like the backlog's growth; flat means no rise above max(4 MiB, 5 %%)/h for memory, max(2, 5 %%)/h for goroutines, max(2 ms, 10 %%)/h for p99, and the backlog tolerance for dead tuples, with 95 %% confidence", o.SampleInterval)
+	}
 	return res, nil
 }
 
 // soakTrends tests the trend of each soak quantity over the samples of the
-// measurement window.
-func soakTrends(samples []Sample, rate float64) *Soak {
-	get := []struct {
+// measurement window; wal selects an outbox in WAL mode's quantities (the
+// slot's retained WAL and the relay's held bytes instead of dead tuples).
+func soakTrends(samples []Sample, rate float64, wal bool) *Soak {
+	type quantity struct {
 		name string
 		v    func(Sample) float64
-	}{
+	}
+	get := []quantity{
 		{"rss_bytes", func(x Sample) float64 { return float64(x.RSSBytes) }},
 		{"heap_bytes", func(x Sample) float64 { return float64(x.HeapBytes) }},
 		{"goroutines", func(x Sample) float64 { return float64(x.Goroutines) }},
 		{"p99_ms", func(x Sample) float64 { return x.P99 }},
-		{"dead_tuples", func(x Sample) float64 { return float64(x.DeadTuples) }},
 	}
+	if wal {
+		get = append(get, quantity{"slot_lag_bytes", func(x Sample) float64 { return float64(x.SlotLagBytes) }},
+			quantity{"held_bytes", func(x Sample) float64 { return float64(x.HeldBytes) }})
+	} else {
+		get = append(get, quantity{"dead_tuples", func(x Sample) float64 { return float64(x.DeadTuples) }})
+	}
+	// Zero is a reading for these (nothing retained, held or dead), not a
+	// missing one.
+	zeroCounts := map[string]bool{"dead_tuples": true, "slot_lag_bytes": true, "held_bytes": true}
 	out := &Soak{Flat: true}
 	for _, g := range get {
 		var xs, ys []float64
 		for _, x := range samples {
 			// Zero is "not read" (a p99 with no acknowledgement in the
 			// interval, RSS off Linux), except for dead tuples.
-			if v := g.v(x); x.Phase == "measure" && (v > 0 || g.name == "dead_tuples") {
+			if v := g.v(x); x.Phase == "measure" && (v > 0 || zeroCounts[g.name]) {
 				xs, ys = append(xs, x.Seconds), append(ys, v)
 			}
 		}
@@ -124,7 +144,7 @@ func soakTrends(samples []Sample, rate float64) *Soak {
 		t.Growth = TestGrowth(xs, ys, t.TolerancePerHour/3600)
 		t.PerHour, t.Upper95PerHour = 3600*t.Growth.Slope, 3600*t.Growth.Upper
 		t.Flat = !t.Growth.Growing()
-		if len(ys) == 0 && g.name != "dead_tuples" {
+		if len(ys) == 0 && !zeroCounts[g.name] {
 			// Not measurable here (no /proc): not judged, not failed.
 			t.Flat = true
 		}
@@ -137,7 +157,7 @@ func soakTrends(samples []Sample, rate float64) *Soak {
 // String is the trend's evidence in one line.
 func (t Trend) String() string {
 	f := func(v float64) string {
-		if t.Name == "rss_bytes" || t.Name == "heap_bytes" {
+		if strings.HasSuffix(t.Name, "_bytes") {
 			return fmt.Sprintf("%.1f MiB", v/(1<<20))
 		}
 		return strconv.FormatFloat(v, 'f', 1, 64)
@@ -155,6 +175,14 @@ func (e *env) soakReadings(ctx context.Context, schema string, x *Sample) error 
 	x.RSSBytes = residentBytes()
 	x.HeapBytes = heapBytes()
 	x.Goroutines = runtime.NumGoroutine()
+	if e.wal() {
+		if e.heldBytes != nil {
+			x.HeldBytes = e.heldBytes()
+		}
+		// The slot is named after the schema.
+		return e.ctl.QueryRow(ctx, `SELECT coalesce((SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+FROM pg_replication_slots WHERE slot_name = $1), 0)`, schema).Scan(&x.SlotLagBytes)
+	}
 	return e.ctl.QueryRow(ctx, `SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'outbox'), 0)`, schema).Scan(&x.DeadTuples)
 }
 

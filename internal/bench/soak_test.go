@@ -30,7 +30,7 @@ func soakSeries(rssPerHour float64, seed uint64) []Sample {
 }
 
 func TestSoakTrendsFlat(t *testing.T) {
-	s := soakTrends(soakSeries(0, 1), 5000)
+	s := soakTrends(soakSeries(0, 1), 5000, false)
 	for _, tr := range s.Trends {
 		require.True(t, tr.Flat, tr.String())
 		require.True(t, tr.Growth.Valid, tr.Name)
@@ -42,7 +42,7 @@ func TestSoakTrendsFlat(t *testing.T) {
 // even though each reading's noise (1 MiB) hides it from one sample to the next.
 func TestSoakTrendsCatchAMemoryLeak(t *testing.T) {
 	for seed := range uint64(10) {
-		s := soakTrends(soakSeries(16<<20, seed), 5000)
+		s := soakTrends(soakSeries(16<<20, seed), 5000, false)
 		require.False(t, s.Flat, "seed %d", seed)
 		require.Equal(t, "rss_bytes", s.Trends[0].Name)
 		require.False(t, s.Trends[0].Flat, s.Trends[0].String())
@@ -50,11 +50,41 @@ func TestSoakTrendsCatchAMemoryLeak(t *testing.T) {
 	}
 }
 
+// In WAL mode the slot's retained WAL and the relay's held bytes replace the
+// dead tuples: flat when they hover, failed when the retained WAL climbs
+// (a slot confirmed less and less far: 64 MiB an hour here).
+func TestSoakTrendsWALMode(t *testing.T) {
+	series := func(lagPerHour float64, seed uint64) []Sample {
+		ss := soakSeries(0, seed)
+		rng := rand.New(rand.NewPCG(seed, 2))
+		for i := range ss {
+			ss[i].DeadTuples = 0
+			ss[i].SlotLagBytes = int64(2<<20 + lagPerHour*ss[i].Seconds/3600 + rng.NormFloat64()*(1<<20))
+			ss[i].HeldBytes = int64(8<<20 + rng.NormFloat64()*(2<<20))
+		}
+		return ss
+	}
+	s := soakTrends(series(0, 1), 5000, true)
+	var names []string
+	for _, tr := range s.Trends {
+		names = append(names, tr.Name)
+		require.True(t, tr.Flat, tr.String())
+	}
+	require.Equal(t, []string{"rss_bytes", "heap_bytes", "goroutines", "p99_ms", "slot_lag_bytes", "held_bytes"}, names)
+	require.True(t, s.Flat)
+	for seed := range uint64(5) {
+		s := soakTrends(series(64<<20, seed), 5000, true)
+		require.False(t, s.Flat, "seed %d", seed)
+		require.False(t, s.Trends[4].Flat, s.Trends[4].String())
+		require.Contains(t, s.Trends[4].String(), "MiB")
+	}
+}
+
 // Warm-up and tail samples are not part of the trend.
 func TestSoakTrendsUseTheMeasurementWindowOnly(t *testing.T) {
 	ss := soakSeries(0, 3)
 	ss = append(ss, Sample{Seconds: 2000, Phase: "tail", RSSBytes: 900 << 20, Goroutines: 4000, P99: 900, DeadTuples: 1e7})
-	require.True(t, soakTrends(ss, 5000).Flat)
+	require.True(t, soakTrends(ss, 5000, false).Flat)
 }
 
 // A short soak against the real database: every sample carries the

@@ -138,6 +138,12 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if ip, ok := r.(*inProcessRelay); ok {
+		// The soak's readings of what the relay holds (WAL mode).
+		m := ip.client.Metrics()
+		e.heldBytes = m.WALHeldBytes.Load
+		defer func() { e.heldBytes = nil }()
+	}
 	relaysStopped := false
 	defer func() {
 		if !relaysStopped {

@@ -60,7 +60,8 @@ Modes:
   soak      a long steady run (e.g. --rate at half the sustainable rate,
             --duration 30m) with the relay in this process; samples the process's
             resident memory, Go heap and goroutines, the p99 of each interval and
-            the outbox's dead tuples, and fails when any of them rises faster
+            the outbox's dead tuples (in WAL mode: the WAL the slot retains and
+            the bytes the relay holds), and fails when any of them rises faster
             than its tolerance per hour with 95 % confidence (same trend test as
             the backlog's growth)
 
@@ -95,7 +96,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	o := &f.opts
 	fl := cmd.Flags()
 	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady, sweep or soak")
-	fl.StringVar(&o.OutboxMode, "outbox-mode", "table", "where the bench's outbox keeps messages: table, or wal (needs wal_level=logical and --relays 1; not with soak; steady and sweep run the relay in this process, drain and baseline as a process; baseline adds the emit limit)")
+	fl.StringVar(&o.OutboxMode, "outbox-mode", "table", "where the bench's outbox keeps messages: table, or wal (needs wal_level=logical and --relays 1; steady, sweep and soak run the relay in this process, drain and baseline as a process; baseline adds the emit limit)")
 	fl.IntVar(&o.Messages, "messages", 200000, "drain: messages to pre-fill")
 	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady, soak and each sweep step: how long the producers run after the warm-up")
 	fl.DurationVar(&o.Warmup, "warmup", 5*time.Second, "steady, soak and sweep: warm-up before --duration, excluded from the rates, slope and latency (0 = none)")

@@ -15,7 +15,8 @@ func TestBenchOutboxModeErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--mode", "soak", "--rate", "100", "--duration", "1m"}, "--outbox-mode wal does not work with --mode soak"},
+		{[]string{"--mode", "drain", "--poison-percent", "1"}, "--poison-percent fails messages in the in-process relay's sink"},
+		{[]string{"--mode", "soak", "--rate", "100", "--duration", "1m", "--poison-percent", "51"}, "--poison-percent must be between 0 and 50, got 51"},
 		{[]string{"--mode", "steady", "--rate", "100", "--relays", "2"}, "use --relays 1 (got --relays 2)"},
 		{[]string{"--mode", "drain", "--limits"}, "--limits measures the table outbox's removal limit"},
 	} {
