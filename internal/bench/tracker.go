@@ -191,7 +191,6 @@ func (t *tracker) slot(id int64) (*chunk, *int64) {
 }
 
 func (t *tracker) finish(c *chunk, id int64, s *int64, commitNs, ackNs int64) {
-	*s = doneSlot
 	// record's body, repeated: the dense path is the table outbox's hot
 	// path, and the call costs it about 5 %.
 	lat := time.Duration(max(0, ackNs-commitNs))
@@ -202,6 +201,12 @@ func (t *tracker) finish(c *chunk, id int64, s *int64, commitNs, ackNs int64) {
 		}
 	}
 	t.interval.add(lat)
+	t.slotDone(c, id, s)
+}
+
+// slotDone marks id's slot done and frees its chunk once every slot is.
+func (t *tracker) slotDone(c *chunk, id int64, s *int64) {
+	*s = doneSlot
 	c.done++
 	if c.done == len(c.slots) {
 		ci := id >> chunkBits
@@ -306,13 +311,7 @@ func (t *tracker) settledIDs(ids []int64, at time.Time) {
 			t.acked.Add(1)
 		default:
 			t.acked.Add(1)
-			*s = doneSlot
-			c.done++
-			if c.done == len(c.slots) {
-				ci := id >> chunkBits
-				delete(t.chunks, ci)
-				t.freed[ci] = true
-			}
+			t.slotDone(c, id, s)
 		}
 	}
 }
