@@ -220,7 +220,7 @@ func (h *console) authorized(w http.ResponseWriter, r *http.Request) authResult 
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return authNo
 		}
-		client := h.clientOf(r)
+		client := clientOf(r)
 		if wait := h.failures.wait(client); wait > 0 {
 			tooMany(w, wait)
 			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many wrong tokens from your address: try again in %s", retrySeconds(wait)))
@@ -238,8 +238,6 @@ func (h *console) authorized(w http.ResponseWriter, r *http.Request) authResult 
 	}
 	return authNo
 }
-
-func (h *console) clientOf(r *http.Request) string { return clientOf(r) }
 
 // tooMany sets Retry-After for a client that must wait.
 func tooMany(w http.ResponseWriter, wait time.Duration) {
@@ -288,7 +286,7 @@ func (h *console) loginSubmit(w http.ResponseWriter, r *http.Request) {
 		redirect(w, r.URL.Path, "")
 		return
 	}
-	client := h.clientOf(r)
+	client := clientOf(r)
 	if wait := h.failures.wait(client); wait > 0 {
 		h.o.logger.Warn("wharfconsole: login refused: too many wrong tokens", "remote", r.RemoteAddr)
 		tooMany(w, wait)
