@@ -140,8 +140,11 @@ func (s *Store) Claim(ctx context.Context, n int) ([]store.LaneLease, error) {
 
 // claim runs a claim as one READ COMMITTED transaction (queries.go says
 // why it takes two statements): lock the candidate lanes, then take those
-// still free or expired on a snapshot taken after the locks. n is the most
-// lanes to take (nil: every one; alone: with claimAloneTake).
+// still free or expired on a snapshot taken after the locks. The isolation
+// level is explicit: under a database default of REPEATABLE READ the second
+// statement would see the first one's snapshot, and the check would be as
+// stale as the locks. n is the most lanes to take (nil: every one; alone:
+// with claimAloneTake).
 func (s *Store) claim(ctx context.Context, alone bool, n *int) ([]store.LaneLease, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
