@@ -39,7 +39,7 @@ type configJSON struct {
 }
 
 func (h *console) config(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, configJSON{ReadOnly: h.o.readOnly, Auth: h.session != "", Schema: h.c.Schema(), RelayID: h.c.RelayID()})
+	writeJSON(w, http.StatusOK, configJSON{ReadOnly: h.o.readOnly, Auth: h.o.token != "", Schema: h.c.Schema(), RelayID: h.c.RelayID()})
 }
 
 type countJSON struct {

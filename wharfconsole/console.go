@@ -15,10 +15,27 @@
 // # Security
 //
 // With [WithToken], every request needs the token: as an Authorization:
-// Bearer header, or the session cookie the login form sets (HttpOnly,
-// SameSite=Strict, holding a MAC of the token rather than the token). Tokens
-// are compared in constant time. Without a token anyone who reaches the
-// handler may use it: serve it on a loopback address only.
+// Bearer header, or the session cookie the login form sets. The cookie
+// (HttpOnly, SameSite=Strict, Secure when the request came over TLS, see
+// below) holds a random session id, not the token; the session ends 12 hours
+// after the login, however much it is used, or when it logs out, which ends
+// it on the server too, for every copy of the cookie. Sessions live in the
+// handler's memory: a restart logs everybody out. The cookie is Secure when
+// Go terminated TLS, or when a proxy on the same machine (a loopback peer)
+// sends X-Forwarded-Proto: https; a proxy elsewhere is not trusted with that
+// header. Tokens are compared in constant time. Wrong tokens (login form or
+// Bearer header) are counted per client address (an IPv6 client by its
+// /64): after 10 in a row, the client must wait 1 s before its next token is
+// checked (answered 429 with Retry-After meanwhile), twice as long after
+// each further failure, up to a minute; a correct token clears the count.
+// Behind a proxy every client is the proxy.
+//
+// Without a token anyone who reaches the handler may use it: serve it on a
+// loopback address only. It then answers only requests whose Host is
+// localhost or a loopback IP literal (127.0.0.0/8, [::1]), with any port,
+// and refuses others (403): a web page whose domain an attacker points at
+// 127.0.0.1 (DNS rebinding) would otherwise be the console's own origin to
+// the browser, and could read and change the outbox.
 //
 // Changes (cancel, reschedule, retry, purge) are POST requests with a JSON
 // body, refused from other origins ([http.CrossOriginProtection]: the
@@ -27,18 +44,19 @@
 package wharfconsole
 
 import (
-	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/wharfhq/wharf"
 )
@@ -53,6 +71,7 @@ type options struct {
 	token    string
 	readOnly bool
 	logger   *slog.Logger
+	now      func() time.Time // the sessions' and the login back-off's clock
 }
 
 // WithToken requires token on every request (see the package
@@ -76,11 +95,12 @@ func WithLogger(l *slog.Logger) Option {
 const cookieName = "wharf_console"
 
 type console struct {
-	c       *wharf.Client
-	o       options
-	session string // the cookie value: a MAC of the token
-	static  http.Handler
-	login   *template.Template
+	c        *wharf.Client
+	o        options
+	sessions *sessions
+	failures *failures
+	static   http.Handler
+	login    *template.Template
 	// indexHTML is the pages' one document.
 	indexHTML []byte
 }
@@ -94,7 +114,7 @@ type console struct {
 //   - /login, /logout : the token form, when a token is set;
 //   - /api/ : the JSON API the pages use (GET reads, POST changes).
 func Handler(c *wharf.Client, opts ...Option) http.Handler {
-	o := options{logger: slog.Default()}
+	o := options{logger: slog.Default(), now: time.Now}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -111,11 +131,8 @@ func Handler(c *wharf.Client, opts ...Option) http.Handler {
 	if h.indexHTML, err = assets.ReadFile("assets/index.html"); err != nil {
 		panic(err)
 	}
-	if o.token != "" {
-		mac := hmac.New(sha256.New, []byte(o.token))
-		mac.Write([]byte("wharf console session v1"))
-		h.session = hex.EncodeToString(mac.Sum(nil))
-	}
+	h.sessions = newSessions(o.now)
+	h.failures = newFailures(o.now)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", h.index)
 	mux.HandleFunc("GET /index.html", h.index)
@@ -128,7 +145,22 @@ func Handler(c *wharf.Client, opts ...Option) http.Handler {
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusForbidden, "cross-origin request refused: use the console from its own address")
 	}))
-	return cop.Handler(h.secure(mux))
+	return h.loopbackOnly(cop.Handler(h.secure(mux)))
+}
+
+// loopbackOnly refuses, on a console without a token, requests whose Host is
+// not a loopback name (see the package documentation: DNS rebinding).
+func (h *console) loopbackOnly(next http.Handler) http.Handler {
+	if h.o.token != "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host) {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("Host %q refused: a console without a token answers only to localhost, 127.0.0.1 or [::1]; open it by one of those, or set a token to serve it under other names", r.Host))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // secure sets the security headers, and asks for the token on everything but
@@ -143,8 +175,15 @@ func (h *console) secure(next http.Handler) http.Handler {
 		if r.URL.Path == "" {
 			r.URL.Path = "/" // mounted with StripPrefix("/console") and asked for /console
 		}
-		if h.session == "" || r.URL.Path == "/login" || r.URL.Path == "/assets/app.css" || h.authorized(r) {
+		if h.o.token == "" || r.URL.Path == "/login" || r.URL.Path == "/assets/app.css" {
 			next.ServeHTTP(w, r)
+			return
+		}
+		switch h.authorized(w, r) {
+		case authOK:
+			next.ServeHTTP(w, r)
+			return
+		case authAnswered:
 			return
 		}
 		if strings.HasPrefix(r.URL.Path, "/api/") || r.Method != http.MethodGet {
@@ -167,13 +206,46 @@ func redirect(w http.ResponseWriter, path, target string) {
 	w.WriteHeader(http.StatusSeeOther)
 }
 
-func (h *console) authorized(r *http.Request) bool {
+type authResult int
+
+const (
+	authNo       authResult = iota // no valid token or session
+	authOK                         // a valid token or session
+	authAnswered                   // refused and answered (429: too many wrong tokens)
+)
+
+func (h *console) authorized(w http.ResponseWriter, r *http.Request) authResult {
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		scheme, tok, ok := strings.Cut(auth, " ")
-		return ok && strings.EqualFold(scheme, "Bearer") && h.tokenOK(strings.TrimSpace(tok))
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return authNo
+		}
+		client := clientOf(r)
+		if wait := h.failures.wait(client); wait > 0 {
+			tooMany(w, wait)
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many wrong tokens from your address: try again in %s", retrySeconds(wait)))
+			return authAnswered
+		}
+		if !h.tokenOK(strings.TrimSpace(tok)) {
+			h.failures.failed(client)
+			return authNo
+		}
+		h.failures.succeeded(client)
+		return authOK
 	}
-	ck, err := r.Cookie(cookieName)
-	return err == nil && subtle.ConstantTimeCompare([]byte(ck.Value), []byte(h.session)) == 1
+	if ck, err := r.Cookie(cookieName); err == nil && h.sessions.valid(ck.Value) {
+		return authOK
+	}
+	return authNo
+}
+
+// tooMany sets Retry-After for a client that must wait.
+func tooMany(w http.ResponseWriter, wait time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+}
+
+func retrySeconds(wait time.Duration) string {
+	return strconv.Itoa(int((wait+time.Second-1)/time.Second)) + " s"
 }
 
 // tokenOK compares in constant time (hashing first, so that the time does
@@ -197,7 +269,7 @@ type loginData struct {
 }
 
 func (h *console) loginPage(w http.ResponseWriter, _ *http.Request) {
-	h.renderLogin(w, http.StatusOK, loginData{NoToken: h.session == ""})
+	h.renderLogin(w, http.StatusOK, loginData{NoToken: h.o.token == ""})
 }
 
 func (h *console) renderLogin(w http.ResponseWriter, status int, d loginData) {
@@ -210,28 +282,45 @@ func (h *console) renderLogin(w http.ResponseWriter, status int, d loginData) {
 }
 
 func (h *console) loginSubmit(w http.ResponseWriter, r *http.Request) {
-	if h.session == "" {
+	if h.o.token == "" {
 		redirect(w, r.URL.Path, "")
+		return
+	}
+	client := clientOf(r)
+	if wait := h.failures.wait(client); wait > 0 {
+		h.o.logger.Warn("wharfconsole: login refused: too many wrong tokens", "remote", r.RemoteAddr)
+		tooMany(w, wait)
+		h.renderLogin(w, http.StatusTooManyRequests, loginData{Error: "Too many wrong tokens from your address: try again in " + retrySeconds(wait) + "."})
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
 	if err := r.ParseForm(); err != nil || !h.tokenOK(r.PostForm.Get("token")) {
+		h.failures.failed(client)
 		h.o.logger.Warn("wharfconsole: login refused", "remote", r.RemoteAddr)
 		h.renderLogin(w, http.StatusUnauthorized, loginData{Error: "Wrong token: enter the token the console was started with (--console-token)."})
 		return
 	}
+	h.failures.succeeded(client)
+	id, end := h.sessions.create()
 	http.SetCookie(w, &http.Cookie{
 		Name:     cookieName,
-		Value:    h.session,
+		Value:    id,
+		Expires:  end,
+		MaxAge:   int(sessionTTL / time.Second),
 		HttpOnly: true,
 		SameSite: http.SameSiteStrictMode,
-		Secure:   r.TLS != nil,
+		Secure:   overTLS(r),
 	})
 	redirect(w, r.URL.Path, "")
 }
 
+// logout ends the session on the server (a copy of the cookie stops
+// working) and clears the cookie.
 func (h *console) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	if ck, err := r.Cookie(cookieName); err == nil {
+		h.sessions.remove(ck.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: overTLS(r)})
 	redirect(w, r.URL.Path, "login")
 }
 

@@ -227,6 +227,13 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 	q := newQueries(explainSchema)
 	fetchArgs := func(xip []string) []any { return []any{lanes, cursors, limits, prevXmax, xip} }
 	loadLanes, loadIDs := nextLanes[:200], nextIDs[:200]
+	claimSetup := []string{
+		"INSERT INTO " + explainSchema + ".relays (relay_id, lease_until) VALUES ('explain-relay-gone', now() - interval '1 second')",
+		"UPDATE " + explainSchema + ".lanes SET owner = 'explain-relay-gone' WHERE lane >= 32"}
+	upperLanes := make([]int16, 0, 32)
+	for l := int16(32); l < wharfmigrate.Lanes; l++ {
+		upperLanes = append(upperLanes, l)
+	}
 	cases := []explainCase{
 		{
 			title: "fetch", sql: q.fetch, args: fetchArgs(prevXip), outbox: true, bound: explainBatch,
@@ -260,13 +267,18 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 				deadIDs[0], deadIDs[9]),
 		},
 		{
-			title: "claim", sql: q.claim, outbox: false, bound: 64,
-			args: []any{"explain-relay-2", 32},
-			setup: []string{
-				"INSERT INTO " + explainSchema + ".relays (relay_id, lease_until) VALUES ('explain-relay-gone', now() - interval '1 second')",
-				"UPDATE " + explainSchema + ".lanes SET owner = 'explain-relay-gone' WHERE lane >= 32"},
-			params: "a second relay claims up to 32 lanes; in the same transaction lanes 32..63 were first given " +
-				"to a relay whose lease ran out, so it claims 32. Rolled back.",
+			title: "claim, lock", sql: q.claimLock, outbox: false, bound: 64,
+			args:  []any{32},
+			setup: claimSetup,
+			params: "a second relay locks up to 32 candidate lanes; in the same transaction lanes 32..63 were first given " +
+				"to a relay whose lease ran out, so it locks 32. Rolled back.",
+		},
+		{
+			title: "claim, take", sql: q.claimTake, outbox: false, bound: 64,
+			args:  []any{"explain-relay-2", upperLanes},
+			setup: claimSetup,
+			params: "the claim's second statement takes the 32 lanes (32..63) its first locked, whose owner's lease " +
+				"ran out (set up as for claim, lock). Rolled back.",
 		},
 		{
 			title: "renew", sql: q.renew, outbox: false, bound: 64,

@@ -13,16 +13,17 @@ type queries struct {
 	retry  string
 	dead   string
 
-	register    string
-	heartbeat   string
-	renew       string
-	claim       string
-	claimAlone  string
-	release     string
-	releaseAll  string
-	unregister  string
-	loadRetries string
-	laneOwners  string
+	register       string
+	heartbeat      string
+	renew          string
+	claimLock      string
+	claimTake      string
+	claimAloneTake string
+	release        string
+	releaseAll     string
+	unregister     string
+	loadRetries    string
+	laneOwners     string
 }
 
 // Fenced locks the caller's lanes whose fence still matches, FOR SHARE, so
@@ -198,22 +199,38 @@ SELECT (SELECT count(*) FROM hb), count(*) + 1 FROM S.relays WHERE heartbeat_at 
 		// writes nothing: the heartbeat in the same transaction extended
 		// the lease of all of them.
 		renew: q(`SELECT lane, fence FROM S.lanes WHERE owner = $1 ORDER BY lane FOR UPDATE`),
-		// claim takes free lanes and lanes whose owner's lease ran out (or
-		// whose owner's row is gone).
-		claim: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1
-WHERE l.lane IN (
-    SELECT x.lane FROM S.lanes x
-    WHERE x.owner IS NULL OR NOT EXISTS (SELECT 1 FROM S.relays r WHERE r.relay_id = x.owner AND r.lease_until > now())
-    ORDER BY x.lane LIMIT $2 FOR UPDATE OF x SKIP LOCKED)
+		// A claim runs in two statements of one READ COMMITTED transaction
+		// (Store.Claim, Store.ClaimAlone). claimLock locks the candidates:
+		// free lanes and lanes whose owner's lease ran out (or whose owner's
+		// row is gone), skipping lanes another transaction has locked.
+		// claimTake then takes those of the locked lanes that are still
+		// candidates, checked on its own snapshot, taken after every lock was
+		// granted. One statement doing both is not enough: a relay paused
+		// past its lease renews in a transaction that locks its lane rows
+		// but updates only its relays row, so a claim whose snapshot
+		// predates that renewal's commit and whose lock comes after it gets
+		// the lock with no recheck (the row was not updated) and would take
+		// the lane on its stale view of the owner's lease, while the owner
+		// believes its renewal. With the check after the locks, a renewal
+		// either committed before the check (the owner is live and keeps
+		// the lane) or still has to lock the lane row, which waits for the
+		// claim to commit and then finds the lane gone. $1 is the most lanes
+		// to lock (NULL: all).
+		claimLock: q(`SELECT x.lane FROM S.lanes x
+WHERE x.owner IS NULL OR NOT EXISTS (SELECT 1 FROM S.relays r WHERE r.relay_id = x.owner AND r.lease_until > now())
+ORDER BY x.lane LIMIT $1 FOR UPDATE OF x SKIP LOCKED`),
+		// claimTake: $1 the relay id, $2 the lanes claimLock locked.
+		claimTake: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1
+WHERE l.lane = ANY($2::smallint[])
+AND (l.owner IS NULL OR NOT EXISTS (SELECT 1 FROM S.relays r WHERE r.relay_id = l.owner AND r.lease_until > now()))
 RETURNING l.lane, l.fence`),
-		// claimAlone is claim for an exclusive relay: every lane, and none
-		// while another live relay holds one. Exclusive claims take turns
-		// (Store.ClaimAlone), so the second of two finds every lane taken.
-		claimAlone: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1
-WHERE l.lane IN (
-    SELECT x.lane FROM S.lanes x
-    WHERE x.owner IS NULL OR NOT EXISTS (SELECT 1 FROM S.relays r WHERE r.relay_id = x.owner AND r.lease_until > now())
-    ORDER BY x.lane FOR UPDATE OF x SKIP LOCKED)
+		// claimAloneTake is claimTake for an exclusive relay: it takes
+		// nothing while another live relay holds a lane. Exclusive claims
+		// take turns (Store.ClaimAlone), so the second of two finds every
+		// lane taken.
+		claimAloneTake: q(`UPDATE S.lanes l SET owner = $1, fence = l.fence + 1
+WHERE l.lane = ANY($2::smallint[])
+AND (l.owner IS NULL OR NOT EXISTS (SELECT 1 FROM S.relays r WHERE r.relay_id = l.owner AND r.lease_until > now()))
 AND NOT EXISTS (SELECT 1 FROM S.lanes y JOIN S.relays r ON r.relay_id = y.owner WHERE y.owner <> $1 AND r.lease_until > now())
 RETURNING l.lane, l.fence`),
 		release: q(`UPDATE S.lanes SET owner = NULL WHERE lane = $1 AND owner = $2 AND fence = $3`),

@@ -124,34 +124,74 @@ func (s *Store) LeaseRound(ctx context.Context, ttl time.Duration) (store.LeaseR
 }
 
 // ClaimAlone takes a transaction-scoped advisory lock first, in a statement
-// of its own: the claim's snapshot is then taken after the previous exclusive
-// claim committed, and sees its owner live. (Waiting for the lane rows alone
-// is not enough: a row checked again after its lock is granted is checked
-// against the claim's older snapshot, which may not see the winner's
+// of its own: the claim's snapshots are then taken after the previous
+// exclusive claim committed, and see its owner live. (Waiting for the lane
+// rows alone is not enough: a row checked again after its lock is granted is
+// checked against the claim's older snapshot, which may not see the winner's
 // registration yet, and the lanes would change hands twice.)
 func (s *Store) ClaimAlone(ctx context.Context) ([]store.LaneLease, error) {
-	var got []store.LaneLease
-	b := &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "wharf claimAlone "+s.schema)
-	b.Queue(s.q.claimAlone, s.owner).Query(func(rows pgx.Rows) error {
-		var lane int16
-		var fence int64
-		_, err := pgx.ForEachRow(rows, []any{&lane, &fence}, func() error {
-			got = append(got, store.LaneLease{Lane: lane, Fence: fence})
-			return nil
-		})
-		return err
-	})
-	// A batch runs as one transaction: the lock is held until the claim
-	// commits.
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+	return s.claim(ctx, true, nil)
+}
+
+// Claim takes up to n lanes that are free or whose owner's lease ran out.
+func (s *Store) Claim(ctx context.Context, n int) ([]store.LaneLease, error) {
+	return s.claim(ctx, false, &n)
+}
+
+// claim runs a claim as one READ COMMITTED transaction (queries.go says
+// why it takes two statements): lock the candidate lanes, then take those
+// still free or expired on a snapshot taken after the locks. The isolation
+// level is explicit: under a database default of REPEATABLE READ the second
+// statement would see the first one's snapshot, and the check would be as
+// stale as the locks. n is the most lanes to take (nil: every one; alone:
+// with claimAloneTake).
+func (s *Store) claim(ctx context.Context, alone bool, n *int) ([]store.LaneLease, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, store.Wrap("claim lanes", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if alone {
+		// Held until the claim commits.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "wharf claimAlone "+s.schema); err != nil {
+			return nil, store.Wrap("claim lanes", err)
+		}
+	}
+	lanes, err := s.lockCandidates(ctx, tx, n)
+	if err != nil || len(lanes) == 0 {
+		return nil, err
+	}
+	got, err := s.takeLocked(ctx, tx, alone, lanes)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return nil, store.Wrap("claim lanes", err)
 	}
 	return got, nil
 }
 
-func (s *Store) Claim(ctx context.Context, n int) ([]store.LaneLease, error) {
-	rows, err := s.pool.Query(ctx, s.q.claim, s.owner, n)
+// lockCandidates is a claim's first statement (queries.claimLock).
+func (s *Store) lockCandidates(ctx context.Context, tx pgx.Tx, n *int) ([]int16, error) {
+	rows, err := tx.Query(ctx, s.q.claimLock, n)
+	if err != nil {
+		return nil, store.Wrap("claim lanes", err)
+	}
+	lanes, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+	if err != nil {
+		return nil, store.Wrap("claim lanes", err)
+	}
+	return lanes, nil
+}
+
+// takeLocked is a claim's second statement (queries.claimTake or
+// claimAloneTake), on lanes its first locked.
+func (s *Store) takeLocked(ctx context.Context, tx pgx.Tx, alone bool, lanes []int16) ([]store.LaneLease, error) {
+	sql := s.q.claimTake
+	if alone {
+		sql = s.q.claimAloneTake
+	}
+	rows, err := tx.Query(ctx, sql, s.owner, lanes)
 	if err != nil {
 		return nil, store.Wrap("claim lanes", err)
 	}
