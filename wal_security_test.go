@@ -208,6 +208,13 @@ func TestWALEnqueueRefusedWhileTheSlotIsMissing(t *testing.T) {
 	_, err = b.pool.Exec(ctx, "SELECT "+b.schema+".enqueue('t', 'k', '{}'::jsonb)")
 	requireSQLState(t, err, "55000", "the SQL enqueue")
 
+	// A relay shows it: not ready, and the slot gauge set.
+	rc, rec, _ := runRelayClient(t, b, nil, nil)
+	require.Eventually(t, func() bool { return rc.Metrics().WALSlotGone.Load() == 1 }, 60*time.Second, 10*time.Millisecond)
+	h := rc.Health(ctx)
+	require.False(t, h.Ready)
+	require.Contains(t, h.Problems, "the replication slot "+b.schema+" is missing: enqueues are refused until `wharf migrate up --mode wal --schema "+b.schema+"` creates it again")
+
 	rep, err := m.SetWALModeReport(ctx, b.pool)
 	require.NoError(t, err)
 	require.Equal(t, wharfmigrate.SlotMissing, rep.Slot)
@@ -217,8 +224,9 @@ func TestWALEnqueueRefusedWhileTheSlotIsMissing(t *testing.T) {
 	require.Equal(t, wharfmigrate.WALReport{}, rep, "a second run changes nothing")
 
 	ids := commitMessages(t, b, keyed("back", 10, 3)...)
-	rec, _ := runRelay(t, b, nil, nil)
-	requireAllDelivered(t, rec, ids)
+	requireAllDeliveredWithin(t, rec, ids, 60*time.Second, "after the slot was created again")
+	require.Zero(t, rc.Metrics().WALSlotGone.Load())
+	require.Eventually(t, func() bool { return rc.Health(ctx).Ready }, 60*time.Second, 20*time.Millisecond)
 }
 
 // logicalDatabase creates a database of its own on the logical test server,

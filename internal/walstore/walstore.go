@@ -106,6 +106,10 @@ type Store struct {
 // holds in memory, and the slot's lag in bytes and in nanoseconds.
 type Gauges struct {
 	HeldBytes, LagBytes, Lag *atomic.Int64
+	// SlotGone is set to 1 when the stream fails because the slot is
+	// missing or lost (invalidated), and back to 0 once it streams (nil:
+	// not kept).
+	SlotGone *atomic.Int64
 }
 
 // Config is what a WAL store needs besides the table store it keeps its
@@ -335,8 +339,17 @@ func (s *Store) run(ctx context.Context) {
 		d := retry.Fail(time.Now())
 		var pgErr *pgconn.PgError
 		switch {
-		case errors.Is(err, walstream.ErrSlotMissing) || errors.As(err, &pgErr) && pgErr.Code == "42704":
-			err = fmt.Errorf("%w (create the slot and the publication with `wharf migrate up --mode wal`)", err)
+		case errors.Is(err, walstream.ErrSlotMissing):
+			// Producers' enqueue_wal refuses while the slot is missing, so
+			// nothing is committed meanwhile; what was committed before it
+			// went and was not delivered is lost.
+			s.setSlotGone(1)
+			err = fmt.Errorf("%w (enqueueing is refused until it exists: run `wharf migrate up --mode wal --schema %s`, which creates it again; messages committed before the slot went and not yet delivered are lost)", err, s.schema)
+		case errors.As(err, &pgErr) && pgErr.Code == "42704":
+			err = fmt.Errorf("%w (run `wharf migrate up --mode wal --schema %s`, which creates the publication and the slot again)", err, s.schema)
+		case errors.Is(err, walstream.ErrSlotInvalidated):
+			s.setSlotGone(1)
+			err = fmt.Errorf("%w; enqueueing is refused while it is lost: run `wharf migrate up --mode wal --schema %s`, which drops the lost slot and creates it again", err, s.schema)
 		case errors.Is(err, walstream.ErrSlotActive):
 			// The relay that held the lanes before has not closed its
 			// stream yet: a takeover, not a failure.
@@ -411,6 +424,7 @@ func (s *Store) stream(ctx context.Context) error {
 		}
 		switch ev := ev.(type) {
 		case walstream.Begin:
+			s.setSlotGone(0)
 			begin, inTx, rows, bad, msgs, origin = ev, true, nil, nil, nil, nil
 		case walstream.Message:
 			if !ev.Transactional {
@@ -459,8 +473,16 @@ func (s *Store) stream(ctx context.Context) error {
 				rows, origin, bad = refuseContents(rows, origin, msgs, held)
 			}
 		case walstream.Keepalive:
+			s.setSlotGone(0)
 			s.keepalive(ev, inTx)
 		}
+	}
+}
+
+// setSlotGone sets the SlotGone gauge, when it is kept.
+func (s *Store) setSlotGone(v int64) {
+	if s.gauges.SlotGone != nil {
+		s.gauges.SlotGone.Store(v)
 	}
 }
 
