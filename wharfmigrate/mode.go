@@ -311,6 +311,12 @@ func revokeEmitSQL(overloads []string) string {
 // PUBLIC has it, and returns the overloads it revoked. checkWALMode has
 // made sure the role may (a superuser) or need not.
 func revokeEmit(ctx context.Context, tx pgx.Tx) ([]string, error) {
+	// Two migrators revoking at once would update the same pg_proc rows
+	// ("tuple concurrently updated"): one at a time in the database, and
+	// the second sees the first's revoke once it commits.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('wharfmigrate:pg_logical_emit_message'))`); err != nil {
+		return nil, fmt.Errorf("wharfmigrate: lock: %w", err)
+	}
 	public, err := emitOverloads(ctx, tx)
 	if err != nil || len(public) == 0 {
 		return nil, err
