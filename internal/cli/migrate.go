@@ -37,7 +37,11 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Long: `Apply every pending migration. With --mode wal, also switch the outbox to WAL mode
 (messages kept in the WAL only, streamed by the relay from a logical replication slot
 named after the schema): it needs wal_level=logical, a role with REPLICATION (or
-superuser) and an empty outbox, and cannot be switched back to table mode.`,
+superuser) and an empty outbox, and cannot be switched back to table mode. It revokes
+EXECUTE on pg_logical_emit_message from PUBLIC, so that only producers write messages;
+a role that cannot (not a superuser) is told the SQL a superuser must run. What it needs
+is checked before any migration is applied. Run again on an outbox in WAL mode, it brings
+it up to date and creates a missing or lost replication slot again.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch wharfmigrate.Mode(mode) {
