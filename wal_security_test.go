@@ -73,16 +73,16 @@ func TestWALOnlyProducersCanWriteMessages(t *testing.T) {
 	rows, err := b.pool.Query(ctx, `SELECT p.oid::regprocedure::text, has_function_privilege('public', p.oid, 'EXECUTE')
 FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace`)
 	require.NoError(t, err)
-	overloads := 0
-	for rows.Next() {
-		var name string
-		var public bool
-		require.NoError(t, rows.Scan(&name, &public))
-		require.False(t, public, "PUBLIC may execute %s", name)
-		overloads++
+	type overload struct {
+		Name   string
+		Public bool
 	}
-	require.NoError(t, rows.Err())
-	require.GreaterOrEqual(t, overloads, 2)
+	overloads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[overload])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(overloads), 2)
+	for _, o := range overloads {
+		require.False(t, o.Public, "PUBLIC may execute %s", o.Name)
+	}
 
 	content, err := walmsg.Append(nil, []walmsg.Record{{Nonce: 1, Topic: "t", Payload: []byte("from a role with no grant")}})
 	require.NoError(t, err)
