@@ -127,3 +127,177 @@ func TestWALStoreReadsAheadAQuarterOfItsBudget(t *testing.T) {
 func testGauges() Gauges {
 	return Gauges{HeldBytes: new(atomic.Int64), LagBytes: new(atomic.Int64), Lag: new(atomic.Int64)}
 }
+
+// The slot is never confirmed past the WAL end the server reported on the
+// stream (its start, its keepalives, the ends of the transactions taken),
+// whatever position asks for it.
+func TestWALStoreConfirmsNoFurtherThanTheServersWALEnd(t *testing.T) {
+	ws := New(Config{Table: tablestore.New(tablestore.Config{Now: time.Now}), Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	ws.serverEnd = 1000
+	ws.confirmLocked(5000)
+	require.Equal(t, walstream.LSN(1000), ws.confirmed)
+	require.NoError(t, ws.take(1500, time.Now(), nil)) // a transaction the stream sent ends there
+	ws.confirmLocked(5000)
+	require.Equal(t, walstream.LSN(1500), ws.confirmed)
+	ws.confirmLocked(10)
+	require.Equal(t, walstream.LSN(1500), ws.confirmed, "never back")
+}
+
+// historyStore is a WAL store of a fresh WAL outbox on the logical test
+// cluster, and the server's identity as a stream start reads it.
+func historyStore(t *testing.T) (*Store, walstream.System) {
+	t.Helper()
+	ws := newHistoryStore(t)
+	return ws, identify(t)
+}
+
+// identify is the server's identity, as a stream start reads it after walEnd.
+func identify(t *testing.T) walstream.System {
+	t.Helper()
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	conn, err := walstream.Connect(ctx, url, walstream.Options{})
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	sys, err := conn.Identify(ctx)
+	require.NoError(t, err)
+	return sys
+}
+
+func newHistoryStore(t *testing.T) *Store {
+	t.Helper()
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	schema := "wh_" + hex.EncodeToString(rb[:])
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	t.Cleanup(func() {
+		_, _ = m.Down(context.Background(), pool, 0)
+		pool.Close()
+	})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	return New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+}
+
+// A stream start on another WAL history than the store's previous streams
+// (another system identifier or timeline, or a WAL end below what the
+// store streamed) forgets every held message and the positions, and the
+// next fetch tells the engine to read every lane again (handing out
+// nothing); the fetch after it hands out what the new stream brings.
+func TestWALStoreForgetsWhatItHeldWhenTheHistoryChanged(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		before func(ws *Store, sys walstream.System)
+	}{
+		{"WAL end below what was streamed", func(ws *Store, sys walstream.System) {
+			ws.sys = sys
+			require.NoError(t, ws.take(sys.WALEnd+1<<20, time.Now(), []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}}))
+		}},
+		{"another timeline", func(ws *Store, sys walstream.System) {
+			ws.sys = walstream.System{ID: sys.ID, Timeline: sys.Timeline + 1}
+			require.NoError(t, ws.take(10, time.Now(), []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}}))
+		}},
+		{"another cluster", func(ws *Store, sys walstream.System) {
+			ws.sys = walstream.System{ID: sys.ID + 1, Timeline: sys.Timeline}
+			require.NoError(t, ws.take(10, time.Now(), []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}}))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, sys := historyStore(t)
+			tc.before(ws, sys)
+			ws.confirmed = ws.lastEnd
+			w, err := ws.walEnd(ctx)
+			require.NoError(t, err)
+			settled, err := ws.checkHistory(ctx, sys, w)
+			require.NoError(t, err)
+			require.Zero(t, settled)
+			require.Zero(t, ws.held)
+			require.Zero(t, ws.lastEnd)
+			require.Zero(t, ws.confirmed)
+			require.Equal(t, sys, ws.sys)
+
+			fetch := func() store.FetchResult {
+				res := ws.Fetch(ctx, store.FetchRequest{Lanes: []int16{3}, Cursors: []int64{1 << 40}, Limits: []int32{100},
+					Bytes: []int64{1 << 30}, Fences: []int64{1}})
+				require.NoError(t, res.Err)
+				return res
+			}
+			require.NoError(t, ws.take(w.end+1, time.Now(), []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("new")}}}))
+			res := fetch()
+			require.True(t, res.Rewound)
+			require.Empty(t, res.Rows)
+			res = fetch()
+			require.False(t, res.Rewound)
+			require.Len(t, res.Rows, 1)
+			require.Equal(t, "new", string(res.Rows[0].Payload))
+		})
+	}
+}
+
+// A stream start on the same history keeps what the store holds and uses
+// the recorded position; wal_progress then carries the server's identity,
+// and a later write of a position past the WAL end is refused.
+func TestWALStoreKeepsItsStateOnTheSameHistory(t *testing.T) {
+	ctx := context.Background()
+	ws, sys := historyStore(t)
+	w, err := ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.Nil(t, w.sysID, "a new outbox's row has no identity yet")
+	_, err = ws.checkHistory(ctx, sys, w)
+	require.NoError(t, err)
+	w, err = ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.NotNil(t, w.sysID)
+	require.Equal(t, sys.ID, uint64(*w.sysID))
+	require.Equal(t, sys.Timeline, *w.timeline)
+
+	// A transaction the stream sent ends at or below the server's flushed
+	// WAL end.
+	end := identify(t).WALEnd
+	require.NoError(t, ws.take(end, time.Now(), []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("held")}}}))
+	ws.mu.Lock()
+	ws.confirmLocked(end - 1)
+	ws.mu.Unlock()
+	require.NoError(t, ws.recordProgress(ctx, time.Time{}))
+	require.Equal(t, end-1, ws.recorded)
+	w, err = ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ws.recorded, w.settled)
+	settled, err := ws.checkHistory(ctx, identify(t), w)
+	require.NoError(t, err)
+	require.Equal(t, w.settled, settled)
+	require.False(t, ws.rewound)
+	require.NotZero(t, ws.held, "the held message was forgotten")
+
+	// A position past the server's WAL end is not written.
+	ws.mu.Lock()
+	ws.confirmed = w.end + 1<<30
+	ws.mu.Unlock()
+	require.NoError(t, ws.recordProgress(ctx, time.Time{}))
+	w2, err := ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.Equal(t, w.settled, w2.settled)
+}
+
+// An outbox switched to WAL mode by an earlier build lacks the columns of
+// wal_progress that name a position's WAL history: the stream does not
+// start, with an error that says how to add them.
+func TestWALStoreRefusesAProgressTableWithoutTheHistoryColumns(t *testing.T) {
+	ctx := context.Background()
+	ws := newHistoryStore(t)
+	_, err := ws.pool.Exec(ctx, "ALTER TABLE "+ws.schema+".wal_progress DROP COLUMN system_identifier")
+	require.NoError(t, err)
+	_, err = ws.walEnd(ctx)
+	require.ErrorContains(t, err, "run `wharf migrate up --mode wal` again to add them")
+}
