@@ -6,16 +6,19 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/internal/tablestore"
 	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/internal/walstream"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
@@ -300,4 +303,85 @@ func TestWALStoreRefusesAProgressTableWithoutTheHistoryColumns(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ws.walEnd(ctx)
 	require.ErrorContains(t, err, "run `wharf migrate up --mode wal` again to add them")
+}
+
+// A message settled by a table write (moved to the outbox table, or to the
+// dead letters) lets the slot be confirmed past it once the write
+// commits: the write commits with synchronous_commit on even where the
+// session's setting is off, so a crash cannot lose it after the slot moved.
+func TestWALStoreTableWritesCommitSynchronously(t *testing.T) {
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	schema := "wy_" + hex.EncodeToString(rb[:])
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	t.Cleanup(func() {
+		_, _ = m.Down(context.Background(), pool, 0)
+		pool.Close()
+	})
+	// What synchronous_commit was where the rows were written.
+	_, err = pool.Exec(ctx, strings.ReplaceAll(`CREATE TABLE S.sync_seen (tbl text, setting text);
+CREATE FUNCTION S.note_sync() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO S.sync_seen VALUES (TG_TABLE_NAME, current_setting('synchronous_commit'));
+    RETURN NULL;
+END $fn$;
+CREATE TRIGGER note_sync AFTER INSERT ON S.outbox FOR EACH STATEMENT EXECUTE FUNCTION S.note_sync();
+CREATE TRIGGER note_sync AFTER INSERT ON S.dead_letters FOR EACH STATEMENT EXECUTE FUNCTION S.note_sync();`, "S.", schema+"."))
+	require.NoError(t, err)
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	require.NoError(t, ps.Register(ctx, 10*time.Second))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	fences := map[int16]int64{}
+	for _, l := range leases {
+		fences[l.Lane] = l.Fence
+	}
+	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	ws.spillAfter = time.Nanosecond
+	ws.serverEnd = 1 << 40
+	spilled, dead := walmsg.Lane("k"), walmsg.Lane("j")
+	require.NotEqual(t, spilled, dead)
+	rows := []*walRow{
+		{Row: store.Row{Lane: spilled, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("spilled"), CreatedAt: time.Now()}},
+		{Row: store.Row{Lane: dead, Seq: 44, Nonce: 8, Topic: "t", Key: "j", Payload: []byte("dead"), CreatedAt: time.Now()}},
+	}
+	require.NoError(t, ws.take(100, time.Now(), rows))
+	res := ws.Fetch(ctx, store.FetchRequest{Lanes: []int16{spilled, dead}, Cursors: []int64{0, 0}, Limits: []int32{10, 10},
+		Bytes: []int64{1 << 20, 1 << 20}, Fences: []int64{fences[spilled], fences[dead]}})
+	require.NoError(t, res.Err)
+	require.Len(t, res.Rows, 2)
+
+	w := ws.WriteResults(ctx, []store.Op{{Kind: store.OpDead, Lane: dead, Fence: fences[dead], Seq: 44, Attempts: 3, Err: "refused"}})
+	require.NoError(t, w.Err)
+	require.NoError(t, ws.spill(ctx, map[int16]int64{spilled: fences[spilled]}))
+	require.Zero(t, ws.held, "not settled")
+	require.Equal(t, walstream.LSN(100), ws.progress.Confirmable())
+
+	got, err := pgx.CollectRows(must(pool.Query(ctx, "SELECT tbl || ':' || setting FROM "+schema+".sync_seen ORDER BY tbl")), pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"dead_letters:on", "outbox:on"}, got)
+	var session string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&session))
+	require.Equal(t, "off", session, "the test shows nothing")
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
