@@ -732,6 +732,8 @@ func (s *Store) checkHistory(ctx context.Context, sys walstream.System, w walSta
 		s.resetLocked()
 		s.confirmed, s.recorded, s.serverEnd = 0, 0, 0
 		s.rewound, s.doubt = true, false
+		// Deletes of rows the old history spilled could hit the new one's.
+		s.staleOps = nil
 		if s.wake != nil {
 			defer s.wake() // after the unlock below
 		}
@@ -754,7 +756,7 @@ func (s *Store) checkHistory(ctx context.Context, sys walstream.System, w walSta
 	if ignored != "" {
 		// From the slot's position, which this history has.
 		settled = min(w.confirmed, w.end)
-		if w.settled != 0 {
+		if w.settled != 0 && changed == "" { // a change was logged above
 			s.log.Warn("wharf: wal_progress is not used to skip transactions: "+ignored+"; writing it again",
 				"settled", w.settled.String(), "slot_confirmed", w.confirmed.String(), "wal_end", w.end.String())
 		}
