@@ -36,15 +36,26 @@ func walSettled(t *testing.T, b *testBundle) walstream.LSN {
 
 // The WAL counterpart of TestRelayReadsAgainAfterTheDatabaseWentBackInTime.
 // After the database goes back in time under a running relay (a copy of the
-// data directory restored; a point-in-time restore or a failover to a
-// standby that lost commits does the same and also changes the timeline),
-// new commits reuse WAL positions the relay already streamed and settled.
-// The relay notices at its next stream start (the server's WAL end is below
-// what it streamed) and starts over from the slot: every message committed
-// on the new history is delivered, and neither the slot nor wal_progress is
-// moved past the new history's WAL end.
+// data directory put back; a point-in-time recovery, which also starts a new
+// timeline, as a promotion does), new commits reuse WAL positions the relay
+// already streamed and settled. The relay notices at its next stream start
+// (the server's WAL end is below what it streamed, or the timeline changed)
+// and starts over from the slot: every message committed on the new history
+// is delivered, and neither the slot nor wal_progress is moved past the new
+// history's WAL end; wal_progress then names the new timeline.
 func TestWALRelayAfterTheDatabaseWentBackInTime(t *testing.T) {
 	t.Parallel()
+	t.Run("copy put back", func(t *testing.T) {
+		t.Parallel()
+		walWentBackInTime(t, (*pgembed.Cluster).RestoreData, false)
+	})
+	t.Run("point-in-time recovery", func(t *testing.T) {
+		t.Parallel()
+		walWentBackInTime(t, (*pgembed.Cluster).RecoverData, true)
+	})
+}
+
+func walWentBackInTime(t *testing.T, restore func(*pgembed.Cluster, context.Context) error, newTimeline bool) {
 	ctx := context.Background()
 	cluster, err := pgembed.Start(ctx, pgembed.Options{})
 	require.NoError(t, err)
@@ -77,7 +88,8 @@ func TestWALRelayAfterTheDatabaseWentBackInTime(t *testing.T) {
 	oldEnd := b.committedTo()
 	require.Eventually(t, func() bool { return walSettled(t, b) >= oldEnd }, 60*time.Second, 20*time.Millisecond,
 		"the relay did not record the old history's settled position")
-	require.NoError(t, cluster.RestoreData(ctx))
+	timelineBefore := walTimeline(t, pool)
+	require.NoError(t, restore(cluster, ctx))
 
 	// New history: these commits are new messages, at positions the relay
 	// passed on the old one.
@@ -122,13 +134,31 @@ func TestWALRelayAfterTheDatabaseWentBackInTime(t *testing.T) {
 	insert := walInsertLSN(t, pool)
 	require.LessOrEqual(t, slotConfirmed(t, b), insert, "the slot was confirmed past the WAL end")
 	require.LessOrEqual(t, walSettled(t, b), insert, "wal_progress points past the WAL end")
+	timeline := walTimeline(t, pool)
+	if newTimeline {
+		require.Greater(t, timeline, timelineBefore, "the recovery did not start a new timeline")
+	} else {
+		require.Equal(t, timelineBefore, timeline)
+	}
+	var recordedOn int32
+	require.NoError(t, pool.QueryRow(ctx, "SELECT timeline_id FROM "+b.schema+".wal_progress").Scan(&recordedOn))
+	require.Equal(t, timeline, recordedOn, "wal_progress does not name the server's timeline")
 	got := deliveredIDs(rec.snapshot())
 	twice := 0
 	for _, id := range again {
 		twice += got[id] - 1
 	}
-	t.Logf("old history reached %s, new history at %s: all %d new messages delivered (%d twice), slot confirmed %s, wal_progress %s",
-		oldEnd, newEnd, len(again), twice, slotConfirmed(t, b), walSettled(t, b))
+	t.Logf("old history reached %s on timeline %d, new history at %s on timeline %d: all %d new messages delivered (%d twice), slot confirmed %s, wal_progress %s",
+		oldEnd, timelineBefore, newEnd, timeline, len(again), twice, slotConfirmed(t, b), walSettled(t, b))
+}
+
+// walTimeline is the timeline the server writes, as SQL can read it.
+func walTimeline(t *testing.T, pool *pgxpool.Pool) int32 {
+	t.Helper()
+	var tl int32
+	require.NoError(t, pool.QueryRow(context.Background(),
+		"SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int").Scan(&tl))
+	return tl
 }
 
 // wal_progress.settled ahead of the WAL (as after pg_dump/pg_restore to a
