@@ -800,8 +800,10 @@ type walStart struct {
 // wal_progress, and whether the outbox table holds rows. The stream sends
 // only flushed WAL, and commits made with synchronous_commit off, and what
 // follows them, can wait unflushed on an idle server, so the WAL end is read
-// in a transaction that commits with synchronous_commit on: its commit
-// flushes everything before it.
+// in a transaction that writes (the row, unchanged) and commits with
+// synchronous_commit on: its commit flushes everything before it, and the
+// server's flushed WAL end (walstream.Conn.Identify) is past w.end from
+// then on.
 func (s *Store) walEnd(ctx context.Context) (walStart, error) {
 	var w walStart
 	var e, c, st string
@@ -1275,9 +1277,14 @@ SELECT lane FROM f`),
     DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)
 )
 SELECT lane FROM f`),
-		walEnd: r(`SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, coalesce(p.settled, '0/0')::text,
+		// The update writes WAL, so the commit (synchronous_commit on)
+		// flushes the WAL up to it: a commit that wrote none is not flushed.
+		walEnd: r(`WITH p AS (
+    UPDATE S.wal_progress SET recorded_at = recorded_at RETURNING settled, system_identifier, timeline_id
+)
+SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, coalesce(p.settled, '0/0')::text,
        p.system_identifier, p.timeline_id, EXISTS (SELECT 1 FROM S.outbox)
-FROM pg_replication_slots LEFT JOIN S.wal_progress p ON true, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`),
+FROM pg_replication_slots LEFT JOIN p ON true WHERE slot_name = $1`),
 		recordProgress: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn), oldest_unsettled = $2, recorded_at = now()
 WHERE system_identifier = $3 AND timeline_id = $4 AND $1::pg_lsn <= pg_current_wal_insert_lsn()`),
 		stampProgress: r(`UPDATE S.wal_progress SET settled = $1::pg_lsn, system_identifier = $2, timeline_id = $3, oldest_unsettled = NULL, recorded_at = now()`),

@@ -386,3 +386,19 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// walEnd's WAL end is flushed when it returns, even after a commit made
+// with synchronous_commit off: the stream (which sends only flushed WAL)
+// reaches it, and the flushed WAL end a stream start identifies next is at
+// or past it.
+func TestWALEndIsFlushed(t *testing.T) {
+	ctx := context.Background()
+	ws := newHistoryStore(t)
+	for i := 0; i < 20; i++ {
+		_, err := ws.pool.Exec(ctx, "SET synchronous_commit = off; SELECT pg_logical_emit_message(true, 'someone_else', repeat('x', 1000)); RESET synchronous_commit")
+		require.NoError(t, err)
+		w, err := ws.walEnd(ctx)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, identify(t).WALEnd, w.end, "round %d", i)
+	}
+}
