@@ -173,3 +173,47 @@ func walLargeTransaction(t *testing.T, n, size int, budget int64) {
 	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 60*time.Second, 50*time.Millisecond,
 		"delivered rows left in the outbox table")
 }
+
+// After a crash, messages a relay had moved to the outbox table whose
+// transactions the slot was not confirmed past are both table rows and
+// streamed again, with the same ids. The next relay delivers each once, in
+// its key's order, before the key's newer messages, and removes the rows.
+func TestWALRelayAfterACrashDeliversTableAndStreamCopiesOnce(t *testing.T) {
+	t.Parallel()
+	b := walDB(t)
+	ctx := context.Background()
+	var ids []string
+	for i := 0; i < 4; i++ {
+		msgs := make([]wharf.Message, 50)
+		for j := range msgs {
+			msgs[j] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", j%3), Payload: []byte(fmt.Sprintf("m-%d-%d", i, j)),
+				Headers: map[string]string{"i": fmt.Sprint(i)}}
+		}
+		ids = append(ids, commitMessages(t, b, msgs...)...)
+	}
+	// The first 120 as a spill would have written them, the slot still
+	// before all of them (as after a crash before the confirmation).
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SET LOCAL wharf.spill = 'on'")
+	require.NoError(t, err)
+	for i, id := range ids[:120] {
+		seq, nonce, err := wharf.ParseID(id)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `INSERT INTO `+b.schema+`.outbox (id, nonce, topic, key, payload, headers) OVERRIDING SYSTEM VALUE
+VALUES ($1, $2, 't', $3, $4, $5)`, seq, nonce, fmt.Sprintf("k%d", (i%50)%3), []byte(fmt.Sprintf("m-%d-%d", i/50, i%50)), fmt.Sprintf(`{"i": "%d"}`, i/50))
+		require.NoError(t, err)
+	}
+	require.NoError(t, tx.Commit(ctx))
+	rec, _ := runRelay(t, b, nil, nil)
+	later := commitMessages(t, b, wharf.Message{Topic: "t", Key: "k0", Payload: []byte("later")})
+	requireAllDelivered(t, rec, append(append([]string{}, ids...), later...))
+	got := rec.snapshot()
+	requireKeyOrder(t, got)
+	for id, n := range deliveredIDs(got) {
+		require.Equal(t, 1, n, "message %s delivered %d times", id, n)
+	}
+	require.Len(t, got, len(ids)+1)
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 60*time.Second, 20*time.Millisecond,
+		"rows left in the outbox table")
+}
