@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"runtime/metrics"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -132,8 +134,10 @@ func TestWALRelayLargeTransactionStaysWithinTheBudget(t *testing.T) {
 
 // walLargeTransaction commits n messages of size payload bytes of 256 keys
 // in one transaction and drains them with a relay whose budget is budget bytes,
-// sampling the bytes its WAL store holds until the last one is delivered.
-func walLargeTransaction(t *testing.T, n, size int, budget int64) {
+// sampling the bytes its WAL store holds until the last one is delivered;
+// it returns the peak of the live heap (as of each garbage collection)
+// meanwhile.
+func walLargeTransaction(t *testing.T, n, size int, budget int64) (peakHeap uint64) {
 	b := walDB(t)
 	payload := make([]byte, size)
 	msgs := make([]wharf.Message, n)
@@ -142,12 +146,23 @@ func walLargeTransaction(t *testing.T, n, size int, budget int64) {
 	}
 	ids := commitMessages(t, b, msgs...)
 	msgs = nil
-	relay, rec, _ := runRelayClient(t, b, nil, func(c *wharf.Config) { c.MaxBufferedBytes = budget })
+	runtime.GC() // what committing them left
+	// The recorder keeps every message delivered: without their payloads,
+	// or the heap would grow with the transaction in the test's own record.
+	relay, rec, _ := runRelayClient(t, b, func(m *wharf.Message) error {
+		if len(m.Payload) != size {
+			return wharf.Permanent(fmt.Errorf("payload of %d bytes, want %d", len(m.Payload), size))
+		}
+		m.Payload = nil
+		return nil
+	}, func(c *wharf.Config) { c.MaxBufferedBytes = budget })
 	var peak atomic.Int64
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
+		live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		tick := 0
 		for {
 			select {
 			case <-done:
@@ -157,6 +172,11 @@ func walLargeTransaction(t *testing.T, n, size int, budget int64) {
 			if h := relay.Metrics().WALHeldBytes.Load(); h > peak.Load() {
 				peak.Store(h)
 			}
+			if tick%100 == 0 {
+				metrics.Read(live)
+				peakHeap = max(peakHeap, live[0].Value.Uint64())
+			}
+			tick++
 			time.Sleep(time.Millisecond)
 		}
 	}()
@@ -172,6 +192,8 @@ func walLargeTransaction(t *testing.T, n, size int, budget int64) {
 	requireKeyOrder(t, got)
 	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 60*time.Second, 50*time.Millisecond,
 		"delivered rows left in the outbox table")
+	t.Logf("%d messages of %d bytes, budget %d: peak held %d, peak live heap %d MiB", n, size, budget, peak.Load(), peakHeap>>20)
+	return peakHeap
 }
 
 // After a crash, messages a relay had moved to the outbox table whose
