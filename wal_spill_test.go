@@ -145,7 +145,6 @@ func walLargeTransaction(t *testing.T, n, size int, budget int64) (peakHeap uint
 		msgs[i] = wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%256), Payload: payload}
 	}
 	ids := commitMessages(t, b, msgs...)
-	msgs = nil
 	runtime.GC() // what committing them left
 	// The recorder keeps every message delivered: without their payloads,
 	// or the heap would grow with the transaction in the test's own record.
