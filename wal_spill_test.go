@@ -53,8 +53,28 @@ func TestWALRelayTakeoverDeliversEverySpilledRow(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		later = append(later, commitMessages(t, b, wharf.Message{Topic: "t", Key: "bad", Payload: []byte(fmt.Sprintf("later-%d", i))})...)
 	}
-	recB, _ := runRelay(t, b, nil, spill)
+	clientB, recB, _ := runRelayClient(t, b, nil, spill)
 	all := append(append([]string{}, held...), later...)
+	defer func() {
+		if t.Failed() {
+			got := deliveredIDs(recB.snapshot())
+			missing, laterOK := 0, 0
+			for _, id := range held {
+				if got[id] == 0 {
+					missing++
+				}
+			}
+			for _, id := range later {
+				if got[id] > 0 {
+					laterOK++
+				}
+			}
+			var retries int
+			_ = b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".retries").Scan(&retries)
+			t.Logf("%d of %d moved messages not delivered, %d of %d later ones delivered, %d rows in the table, %d retry records, %d bytes held",
+				missing, len(held), laterOK, len(later), outboxCount(t, b), retries, clientB.Metrics().WALHeldBytes.Load())
+		}
+	}()
 	requireAllDeliveredWithin(t, recB, all, 120*time.Second, "spilled messages not delivered after the takeover")
 	got := recB.snapshot()
 	requireKeyOrder(t, got)

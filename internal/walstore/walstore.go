@@ -589,7 +589,7 @@ func (s *Store) spill(ctx context.Context, fences map[int16]int64) error {
 			// Settled while it was being written (delivered, or
 			// dead-lettered from memory): the row must go again, and
 			// fetches of the table drop it until then.
-			s.noteTable(l, p.seq, false)
+			s.noteGoing(l, p.seq)
 			s.staleOps = append(s.staleOps, store.Op{Kind: store.OpAck, Lane: p.lane, Fence: fences[p.lane], Seq: p.seq})
 			continue
 		}
@@ -625,11 +625,17 @@ func (s *Store) deleteStale(ctx context.Context) error {
 	}
 	// A lane lost meanwhile keeps its row: its next owner delivers it
 	// again (at least once).
-	if w := s.Store.WriteResults(ctx, ops); w.Err != nil {
-		s.mu.Lock()
+	w := s.Store.WriteResults(ctx, ops)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.Err != nil {
 		s.staleOps = append(s.staleOps, ops...)
-		s.mu.Unlock()
 		return w.Err
+	}
+	for _, o := range ops {
+		if l := &s.lanes[o.Lane]; w.Valid[o.Lane] && l.table[o.Seq].fetches == math.MaxInt64 {
+			s.noteTable(l, o.Seq, false) // removed: a fetch that starts from now on does not see it
+		}
 	}
 	return nil
 }
@@ -840,7 +846,11 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 			slices.SortFunc(l.queue, func(a, b *walRow) int { return cmp.Compare(a.Seq, b.Seq) })
 		}
 	}
-	upTo := s.addTableRows(&res, &table, useTable, writes != s.tableWrites, fetch)
+	// Rows the table part may not have seen: the store wrote new rows to
+	// the table since it read it, or the table came into use after this
+	// fetch looked (a stream that started, rows found at a lease round).
+	moved := writes != s.tableWrites || s.tableRows && !useTable
+	upTo := s.addTableRows(&res, &table, useTable, moved, fetch)
 	for i, lane := range req.Lanes {
 		l := &s.lanes[lane]
 		cursor, limit, budget := req.Cursors[i], int(req.Limits[i]), req.Bytes[i]
@@ -904,38 +914,43 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 // read), memory rows go forward only up to the highest seq it returned, so
 // the engine's cursor never passes a table row no fetch has read (a row
 // below the cursor is found again only if its transaction is newer than the
-// previous snapshot). moved says the store inserted new rows into the table
-// while the table part ran (a large transaction, moveLarge): its snapshot may
-// miss rows below the memory's, so no memory row goes forward.
+// previous snapshot). moved says the table part may have missed rows: the
+// store inserted new rows into the table while it ran (a large transaction,
+// moveLarge), or the fetch read no table and the table came into use since;
+// then no memory row goes forward.
 //
 // A table row whose seq memory also holds (after a crash, a spilled message
 // whose transaction the slot had not been confirmed past is streamed again)
 // is the one that counts: the memory copy is settled and dropped, unless a
 // spill is writing that very row.
 func (s *Store) addTableRows(res, table *store.FetchResult, useTable, moved bool, fetch int64) (upTo [wharfmigrate.Lanes]int64) {
+	req := &res.Req
 	for i := range upTo {
 		upTo[i] = math.MaxInt64
+	}
+	if moved {
+		for i, lane := range req.Lanes {
+			upTo[lane] = req.Cursors[i]
+		}
 	}
 	if !useTable {
 		return upTo
 	}
-	req := &res.Req
+	var cursor, top, bytes [wharfmigrate.Lanes]int64
+	var n [wharfmigrate.Lanes]int
 	for i, lane := range req.Lanes {
-		cursor := req.Cursors[i]
-		var n int
-		var bytes int64
-		top := cursor
-		for j := range table.Rows {
-			if r := &table.Rows[j]; r.Lane == lane && r.Seq > cursor {
-				n++
-				bytes += int64(len(r.Payload))
-				top = max(top, r.Seq)
-			}
+		cursor[lane], top[lane] = req.Cursors[i], req.Cursors[i]
+	}
+	for j := range table.Rows {
+		if r := &table.Rows[j]; r.Lane >= 0 && int(r.Lane) < len(cursor) && r.Seq > cursor[r.Lane] {
+			n[r.Lane]++
+			bytes[r.Lane] += int64(len(r.Payload))
+			top[r.Lane] = max(top[r.Lane], r.Seq)
 		}
-		if moved {
-			upTo[lane] = cursor
-		} else if n >= int(req.Limits[i]) || bytes >= req.Bytes[i] {
-			upTo[lane] = top
+	}
+	for i, lane := range req.Lanes {
+		if !moved && (n[lane] >= int(req.Limits[i]) || bytes[lane] >= req.Bytes[i]) {
+			upTo[lane] = top[lane]
 		}
 	}
 	add := func(dst *[]store.Row, rows []store.Row, asked bool) {
@@ -990,6 +1005,14 @@ func (s *Store) noteTable(l *walLane, seq int64, there bool) {
 		l.table = map[int64]tableNote{}
 	}
 	l.table[seq] = tableNote{there: there, fetches: s.fetches}
+}
+
+// noteGoing records that seq is a row of the outbox table whose result is
+// still to be written (staleOps): until deleteStale wrote it, every fetch
+// drops the row. The caller holds mu.
+func (s *Store) noteGoing(l *walLane, seq int64) {
+	s.noteTable(l, seq, false)
+	l.table[seq] = tableNote{fetches: math.MaxInt64}
 }
 
 // tableNote is what the store knows of a seq that is, or was, a row of the
@@ -1084,7 +1107,7 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 				// A spill moved the message to the table after this result
 				// was routed here (or the table's copy replaced this one):
 				// the row must go too, or it stays there, handed out.
-				s.noteTable(l, o.Seq, false)
+				s.noteGoing(l, o.Seq)
 				s.staleOps = append(s.staleOps, o)
 				moved = true
 			}
