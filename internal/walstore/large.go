@@ -49,15 +49,14 @@ func (s *Store) moveLarge(ctx context.Context, lt *largeTx, rows []*walRow) ([]*
 // committed there: its last rows are inserted, the lanes' fences checked
 // and the database transaction committed (with synchronous_commit on: the
 // slot is confirmed past the transaction right after), and no row is left
-// to hold. Of a transaction held in memory, the rows whose seqs are table
-// rows are dropped (dropTableCopies).
+// to hold.
 func (s *Store) commitLarge(ctx context.Context, lt *largeTx, rows []*walRow) ([]*walRow, error) {
 	defer func() {
 		lt.counted, lt.bytes = 0, 0
 		s.setReceiving(0)
 	}()
 	if lt.tx == nil {
-		return s.dropTableCopies(rows), nil
+		return rows, nil
 	}
 	if err := s.insertLarge(ctx, lt, rows); err != nil {
 		return nil, err
@@ -155,14 +154,12 @@ func (s *Store) setReceiving(n int64) {
 	s.mu.Unlock()
 }
 
-// dropTableCopies leaves out the streamed messages whose seqs the store saw
-// as rows of the outbox table (after a crash, a spilled message whose
-// transaction the slot was not confirmed past is streamed again): the table
-// row is delivered, or was, and the stream's copy would only go out again,
-// after newer messages of its key.
-func (s *Store) dropTableCopies(rows []*walRow) []*walRow {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// dropTableCopiesLocked leaves out the streamed messages whose seqs the
+// store saw as rows of the outbox table (after a crash, a spilled message
+// whose transaction the slot was not confirmed past is streamed again): the
+// table row is delivered, or was, and the stream's copy would only go out
+// again, after newer messages of its key. The caller holds mu.
+func (s *Store) dropTableCopiesLocked(rows []*walRow) []*walRow {
 	if !s.tableRows {
 		return rows
 	}

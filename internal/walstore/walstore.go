@@ -723,6 +723,7 @@ func newWALRow(rec *walmsg.Record, seq int64, committed time.Time) *walRow {
 // take adds a committed transaction's messages and wakes the engine.
 func (s *Store) take(end walstream.LSN, committed time.Time, rows []*walRow) error {
 	s.mu.Lock()
+	rows = s.dropTableCopiesLocked(rows)
 	tx, err := s.progress.Add(end, committed, len(rows))
 	if err != nil {
 		// The stream is in commit order and ends only grow, so this is a
