@@ -108,6 +108,9 @@ type Store struct {
 	// outbox (store.FetchResult.More), which Drain relies on.
 	target   walstream.LSN
 	caughtUp bool
+	// afterWrite, if set (tests), runs in WriteResults between the writes
+	// and the settling of the messages they wrote.
+	afterWrite func()
 }
 
 // Gauges are the relay's metrics a WAL store keeps current: the bytes it
@@ -1083,6 +1086,9 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 		for l := range w.Valid {
 			res.Valid[l] = true
 		}
+	}
+	if s.afterWrite != nil {
+		s.afterWrite()
 	}
 	s.mu.Lock()
 	moved := false
