@@ -137,7 +137,7 @@ func (c *Client) enqueueWAL(ctx context.Context, queryRow func(ctx context.Conte
 
 // walContentBytes bounds the size of one logical message EnqueueTx writes
 // (walSize of its messages).
-const walContentBytes = 256 << 10
+const walContentBytes = 1 << 20
 
 // walSize approximates what m takes in a content.
 func walSize(m *Message) int {
