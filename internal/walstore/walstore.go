@@ -940,6 +940,17 @@ func (s *Store) addTableRows(res, table *store.FetchResult, useTable, moved bool
 	if !useTable {
 		return upTo
 	}
+	if table.Rewound {
+		// The engine reads every lane again from the start and drops what
+		// this fetch returns: every table row is new to it again.
+		for i := range s.lanes {
+			s.lanes[i].table = nil
+		}
+		for i, lane := range req.Lanes {
+			upTo[lane] = req.Cursors[i]
+		}
+		return upTo
+	}
 	var cursor, top, bytes [wharfmigrate.Lanes]int64
 	var n [wharfmigrate.Lanes]int
 	for i, lane := range req.Lanes {
