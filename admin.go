@@ -1,11 +1,9 @@
 package wharf
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +12,6 @@ import (
 
 	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/internal/tablestore"
-	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -119,8 +116,10 @@ FROM `+c.cfg.Schema+`.dead_letters WHERE `+where+` ORDER BY id LIMIT `+fmt.Sprin
 
 // RetryDeadLetters moves the selected dead letters back into the outbox with
 // their original ids (so consumers deduplicate redeliveries), dedup keys and
-// a fresh attempt count. The relay picks them up as late commits and delivers
-// each key's retried messages in Seq order. A dedup key that a message now in
+// a fresh attempt count, in one transaction with their removal. The relay
+// picks them up as late commits and delivers each key's retried messages in
+// Seq order. An outbox in WAL mode takes them as rows of its table too (the
+// table its relay moves held messages to), which its relay reads as well. A dedup key that a message now in
 // the outbox holds is dropped from the retried one (both are delivered). It
 // returns how many were moved.
 func (c *Client) RetryDeadLetters(ctx context.Context, f DeadLetterFilter) (int, error) {
@@ -131,13 +130,22 @@ func (c *Client) RetryDeadLetters(ctx context.Context, f DeadLetterFilter) (int,
 	if err != nil {
 		return 0, err
 	}
-	sc := c.cfg.Schema
-	if wal, err := c.isWAL(ctx, pgxQueryRow(c.pool)); err != nil {
+	wal, err := c.isWAL(ctx, pgxQueryRow(c.pool))
+	if err != nil {
 		return 0, err
-	} else if wal {
-		return c.retryDeadLettersWAL(ctx, where, args)
 	}
-	tag, err := c.pool.Exec(ctx, `WITH moved AS (
+	sc := c.cfg.Schema
+	var n int64
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if wal {
+			// An outbox in WAL mode keeps its table for messages its relay
+			// moved there; the trigger that refuses producers' rows lets
+			// these through. The relay finds them at its next lease round.
+			if _, err := tx.Exec(ctx, `SET LOCAL wharf.spill = 'on'`); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, `WITH moved AS (
     DELETE FROM `+sc+`.dead_letters WHERE `+where+`
     RETURNING id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at)
 INSERT INTO `+sc+`.outbox (id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at)
@@ -146,62 +154,13 @@ SELECT id, nonce, topic, key, payload, headers, deliver_at,
        CASE WHEN EXISTS (SELECT 1 FROM `+sc+`.outbox o WHERE o.dedup_key = moved.dedup_key) THEN NULL ELSE dedup_key END,
        created_at
 FROM moved ORDER BY id`, args...)
-	if err != nil {
-		return 0, store.Wrap("retry dead letters", err)
-	}
-	return int(tag.RowsAffected()), nil
-}
-
-// retryDeadLettersWAL is RetryDeadLetters for an outbox in WAL mode: the
-// dead letters go back into the WAL, in one transaction with their removal,
-// carrying their seqs so that they keep their ids (walmsg: a content's seq
-// field, 0 for new messages). Below their keys' later messages, the relay
-// delivers them as late commits, each key's in Seq order.
-func (c *Client) retryDeadLettersWAL(ctx context.Context, where string, args []any) (int, error) {
-	var n int
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `DELETE FROM `+c.cfg.Schema+`.dead_letters WHERE `+where+`
-RETURNING id, nonce, topic, coalesce(key, ''), payload, headers, deliver_at`, args...)
-		if err != nil {
-			return err
-		}
-		var recs []walmsg.Record
-		var r walmsg.Record
-		var headers []byte
-		var deliverAt pgtype.Timestamptz
-		if _, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Nonce, &r.Topic, &r.Key, &r.Payload, &headers, &deliverAt}, func() error {
-			rec := r
-			rec.Payload = append([]byte(nil), r.Payload...) // the row's buffer is reused
-			if len(headers) > 0 {
-				rec.Headers = tablestore.DecodeHeaders(headers)
-			}
-			if deliverAt.Valid {
-				rec.DeliverAt = deliverAt.Time
-			}
-			recs = append(recs, rec)
-			return nil
-		}); err != nil {
-			return err
-		}
-		slices.SortFunc(recs, func(a, b walmsg.Record) int { return cmp.Compare(a.Seq, b.Seq) })
-		for len(recs) > 0 {
-			chunk := recs[:min(len(recs), 1000)]
-			recs = recs[len(chunk):]
-			content, err := walmsg.Append(nil, chunk)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, c.walEnqueueSQL(), content); err != nil {
-				return err
-			}
-			n += len(chunk)
-		}
-		return nil
+		n = tag.RowsAffected()
+		return err
 	})
 	if err != nil {
 		return 0, store.Wrap("retry dead letters", err)
 	}
-	return n, nil
+	return int(n), nil
 }
 
 // PurgeDeadLetters deletes the selected dead letters for good and returns how
