@@ -473,7 +473,7 @@ func (s *Store) stream(ctx context.Context) (err error) {
 		// take is dead-lettered whole.
 		msgs   []walstream.Message
 		origin []int
-		large largeTx
+		large  largeTx
 	)
 	defer s.abortLarge(&large)
 	for {
