@@ -265,10 +265,22 @@ func newMessageJSON(m *wharf.Message) messageJSON {
 type pendingJSON struct {
 	messageJSON
 	Lane          int        `json:"lane"`
-	State         string     `json:"state"` // scheduled, retrying or due
+	State         string     `json:"state"` // scheduled, retrying, held or due
 	Attempts      int        `json:"attempts"`
 	LastError     string     `json:"last_error"`
 	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	// HeldBehind is set for state "held": the earlier message of the key
+	// this one waits for.
+	HeldBehind *holderJSON `json:"held_behind,omitempty"`
+}
+
+// holderJSON is the held message a pending message waits behind.
+type holderJSON struct {
+	ID       string    `json:"id"`
+	Seq      int64     `json:"seq"`
+	Reason   string    `json:"reason"` // scheduled or retrying
+	Until    time.Time `json:"until"`
+	Attempts int       `json:"attempts"`
 }
 
 // idList reads ?id= as message ids or outbox positions (seqs).
@@ -317,14 +329,19 @@ func (h *console) pending(w http.ResponseWriter, r *http.Request) {
 	for i := range ps {
 		p := &ps[i]
 		state := "due"
+		var held *holderJSON
 		switch {
 		case p.Attempts > 0:
 			state = "retrying"
 		case p.Scheduled:
 			state = "scheduled"
+		case p.HeldBehind != nil:
+			state = "held"
+			h := p.HeldBehind
+			held = &holderJSON{ID: h.ID, Seq: h.Seq, Reason: string(h.Reason), Until: h.Until.UTC(), Attempts: h.Attempts}
 		}
 		out = append(out, pendingJSON{messageJSON: newMessageJSON(&p.Message), Lane: p.Lane, State: state,
-			Attempts: p.Attempts, LastError: p.LastError, NextAttemptAt: timePtr(p.NextAttemptAt)})
+			Attempts: p.Attempts, LastError: p.LastError, NextAttemptAt: timePtr(p.NextAttemptAt), HeldBehind: held})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"messages": out, "limit": limit})
 }

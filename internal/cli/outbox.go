@@ -161,9 +161,23 @@ func pendingState(p wharf.PendingMessage, now time.Time) string {
 		return fmt.Sprintf("retrying at %s", p.NextAttemptAt.Local().Format(time.RFC3339))
 	case p.Attempts > 0:
 		return "retrying"
+	case p.HeldBehind != nil:
+		return "held behind " + p.HeldBehind.ID + " (" + holderState(p.HeldBehind) + ")"
 	default:
 		return "due"
 	}
+}
+
+// holderState says what the message a held message waits behind waits for.
+func holderState(h *wharf.Holder) string {
+	when := "-"
+	if !h.Until.IsZero() {
+		when = h.Until.Local().Format(time.RFC3339)
+	}
+	if h.Reason == wharf.BlockedRetrying {
+		return "retrying at " + when
+	}
+	return "scheduled until " + when
 }
 
 func newOutboxShowCmd(g *globals) *cobra.Command {
@@ -276,6 +290,7 @@ type messageJSON struct {
 	Attempts        int               `json:"attempts"`
 	LastError       string            `json:"last_error,omitempty"`
 	NextAttemptAt   *time.Time        `json:"next_attempt_at,omitempty"`
+	HeldBehind      *holderJSON       `json:"held_behind,omitempty"`
 	Headers         map[string]string `json:"headers"`
 	Payload         json.RawMessage   `json:"payload"`
 	PayloadEncoding string            `json:"payload_encoding,omitempty"`
@@ -305,6 +320,22 @@ func newMessageJSON(m *wharf.Message) messageJSON {
 	return j
 }
 
+// holderJSON is the message a held message waits behind.
+type holderJSON struct {
+	ID       string    `json:"id"`
+	Seq      int64     `json:"seq"`
+	Reason   string    `json:"reason"`
+	Until    time.Time `json:"until"`
+	Attempts int       `json:"attempts"`
+}
+
+func newHolderJSON(h *wharf.Holder) *holderJSON {
+	if h == nil {
+		return nil
+	}
+	return &holderJSON{ID: h.ID, Seq: h.Seq, Reason: string(h.Reason), Until: h.Until.UTC(), Attempts: h.Attempts}
+}
+
 func writePendingJSON(out io.Writer, ps []wharf.PendingMessage) error {
 	enc := json.NewEncoder(out)
 	now := time.Now()
@@ -319,6 +350,7 @@ func writePendingJSON(out io.Writer, ps []wharf.PendingMessage) error {
 			t := p.NextAttemptAt.UTC()
 			j.NextAttemptAt = &t
 		}
+		j.HeldBehind = newHolderJSON(p.HeldBehind)
 		if err := enc.Encode(j); err != nil {
 			return err
 		}

@@ -90,7 +90,17 @@ function fmtTime(t) {
 }
 function fmtCount(c) { return (c.exact ? "" : "≈") + c.n.toLocaleString(); }
 function pill(text, kind) { return el("span", { class: "pill " + kind }, text); }
-function stateKind(s) { return { due: "ok", scheduled: "info", retrying: "warn" }[s] || "info"; }
+function stateKind(s) { return { due: "ok", scheduled: "info", retrying: "warn", held: "info" }[s] || "info"; }
+// heldText says what a held message waits for: the earlier message of its key.
+function heldText(m) {
+  const h = m.held_behind;
+  if (!h) return "";
+  return "behind " + h.id + " (" + (h.reason === "retrying" ? "retrying at " : "scheduled until ") + fmtTime(h.until) + ")";
+}
+function statePill(m) {
+  if (m.state !== "held") return pill(m.state, stateKind(m.state));
+  return el("span", { class: "held", title: "held " + heldText(m) }, pill("held", "info"), " ", el("span", { class: "mono" }, "behind " + m.held_behind.seq));
+}
 
 // ---- pages -------------------------------------------------------------
 
@@ -344,8 +354,8 @@ function pending(main, current) {
     if (!current()) return;
     const rows = r.messages.map((m) => el("tr", { class: "clickable" + (selected === m.id ? " selected" : ""), "data-id": m.id, onclick: () => { selected = m.id; show(m); for (const tr of list.querySelectorAll("tr")) tr.classList.toggle("selected", tr.dataset.id === m.id); } },
       el("td", { class: "mono" }, m.id), el("td", {}, m.topic), el("td", { class: "mono" }, m.key || "–"),
-      el("td", {}, pill(m.state, stateKind(m.state))),
-      el("td", {}, m.state === "retrying" ? fmtTime(m.next_attempt_at) : fmtTime(m.deliver_at)),
+      el("td", {}, statePill(m)),
+      el("td", {}, m.state === "retrying" ? fmtTime(m.next_attempt_at) : m.state === "held" ? "after " + fmtTime(m.held_behind.until) : fmtTime(m.deliver_at)),
       el("td", {}, String(m.attempts)), el("td", {}, fmtTime(m.created_at))));
     replace(list, el("table", { id: "pending" },
       el("thead", {}, el("tr", {}, ["Id", "Topic", "Key", "State", "Deliver at / next attempt", "Attempts", "Enqueued"].map((h) => el("th", {}, h)))),
@@ -360,7 +370,9 @@ function pending(main, current) {
     const actions = el("div", { class: "actions" });
     replace(detail, el("h2", {}, "Message"),
       dl([["Id", el("span", { class: "mono" }, m.id)], ["Position", String(m.seq)], ["Topic", m.topic], ["Key", el("span", { class: "mono", id: "detail-key" }, m.key || "–")],
-        ["Lane", String(m.lane)], ["State", pill(m.state, stateKind(m.state))], ["Enqueued", fmtTime(m.created_at)],
+        ["Lane", String(m.lane)], ["State", pill(m.state, stateKind(m.state))],
+        m.held_behind ? ["Held", el("span", { id: "detail-held" }, "waits " + heldText(m) + ": an earlier message of its key that is not delivered yet")] : null,
+        ["Enqueued", fmtTime(m.created_at)],
         ["Deliver at", fmtTime(m.deliver_at)], m.dedup_key ? ["Dedup key", m.dedup_key] : null,
         m.attempts ? ["Attempts", String(m.attempts)] : null, m.attempts ? ["Next attempt", fmtTime(m.next_attempt_at)] : null,
         m.last_error ? ["Last error", el("span", { class: "mono error" }, m.last_error)] : null]),
