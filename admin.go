@@ -35,6 +35,8 @@ type DeadLetterFilter struct {
 	Seqs []int64
 	// Topic, when set, selects one topic.
 	Topic string
+	// Key, when set, selects one key.
+	Key string
 	// Limit bounds DeadLetters' result (0 means 1000). Retry and purge ignore it.
 	Limit int
 }
@@ -65,6 +67,10 @@ func (f DeadLetterFilter) where() (string, []any, error) {
 	if f.Topic != "" {
 		args = append(args, f.Topic)
 		conds = append(conds, fmt.Sprintf("topic = $%d", len(args)))
+	}
+	if f.Key != "" {
+		args = append(args, f.Key)
+		conds = append(conds, fmt.Sprintf("key = $%d", len(args)))
 	}
 	if len(conds) == 0 {
 		return "TRUE", nil, nil

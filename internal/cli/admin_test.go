@@ -225,10 +225,10 @@ SELECT i, 7, 't', 'k', '{"n":1}', now(), 3, 'gave up' FROM generate_series(1, 3)
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2, out)
-	var d wharf.DeadLetter
+	var d map[string]any
 	require.NoError(t, json.Unmarshal([]byte(lines[1]), &d))
-	require.Equal(t, wharf.FormatID(3, 7), d.ID)
-	require.Equal(t, "gave up", d.LastError)
+	require.Equal(t, wharf.FormatID(3, 7), d["id"])
+	require.Equal(t, "gave up", d["last_error"])
 }
 
 // status tells scheduled from due messages, shows a killed relay as dead

@@ -251,8 +251,15 @@ func writePendingDetail(out io.Writer, p wharf.PendingMessage, now time.Time) {
 		fmt.Fprintf(w, "next attempt\t%s\n", p.NextAttemptAt.Local().Format(time.RFC3339Nano))
 		fmt.Fprintf(w, "last error\t%s\n", oneLine(p.LastError, 4096))
 	}
-	names := make([]string, 0, len(p.Headers))
-	for k := range p.Headers {
+	writeHeadersAndPayload(w, out, p.Headers, p.Payload)
+}
+
+// writeHeadersAndPayload ends a message's detail: its headers in name order
+// in w, then its payload on lines of its own in out (base64 when it is not
+// UTF-8).
+func writeHeadersAndPayload(w *tabwriter.Writer, out io.Writer, headers map[string]string, payload []byte) {
+	names := make([]string, 0, len(headers))
+	for k := range headers {
 		names = append(names, k)
 	}
 	sort.Strings(names)
@@ -261,17 +268,17 @@ func writePendingDetail(out io.Writer, p wharf.PendingMessage, now time.Time) {
 		if i == 0 {
 			label = "headers"
 		}
-		fmt.Fprintf(w, "%s\t%s: %s\n", label, k, p.Headers[k])
+		fmt.Fprintf(w, "%s\t%s: %s\n", label, k, headers[k])
 	}
-	if utf8.Valid(p.Payload) {
-		fmt.Fprintf(w, "payload\t%d bytes\n", len(p.Payload))
+	if utf8.Valid(payload) {
+		fmt.Fprintf(w, "payload\t%d bytes\n", len(payload))
 		_ = w.Flush()
-		fmt.Fprintf(out, "%s\n", p.Payload)
+		fmt.Fprintf(out, "%s\n", payload)
 		return
 	}
-	fmt.Fprintf(w, "payload\t%d bytes, not UTF-8, in base64:\n", len(p.Payload))
+	fmt.Fprintf(w, "payload\t%d bytes, not UTF-8, in base64:\n", len(payload))
 	_ = w.Flush()
-	fmt.Fprintf(out, "%s\n", base64.StdEncoding.EncodeToString(p.Payload))
+	fmt.Fprintf(out, "%s\n", base64.StdEncoding.EncodeToString(payload))
 }
 
 // messageJSON is the JSON form of a pending message in `wharf outbox
