@@ -41,12 +41,20 @@ func (r *relay) onLease(ev leaseEvent) {
 		r.log.Error("wharf: another relay took over this relay id; stopping", "relay_id", r.cfg.RelayID)
 		return
 	}
+	r.outage.dbOK(r.log, time.Now())
+	var lost []int
 	for _, lane := range ev.lost {
 		if l := r.lanes[lane]; l != nil {
-			r.log.Warn("wharf: lost lane lease; dropping its in-memory work", "lane", lane)
+			lost = append(lost, int(lane))
 			r.stats.LeaseLosses.Add(1)
 			r.dropLane(l)
 		}
+	}
+	if len(lost) > 0 {
+		// One line for every lane lost in the round: a relay paused past
+		// its leases loses all of them at once.
+		r.log.Warn("wharf: lost lane leases; dropping their in-memory work (another relay may deliver those messages again)", "lanes", laneList(lost), "count", len(lost))
+		r.outage.lanesLost(time.Now())
 	}
 	for _, lane := range ev.renewed {
 		if l := r.lanes[lane]; l != nil {
@@ -73,6 +81,9 @@ func (r *relay) onLease(ev leaseEvent) {
 		}
 		r.lanes[a.Lane] = l
 		r.fetch.want = true
+	}
+	if len(ev.acquired) > 0 {
+		r.outage.lanesBack(r.log, time.Now(), len(r.lanes))
 	}
 	for _, lane := range ev.release {
 		if l := r.lanes[lane]; l != nil && !l.releasing {
