@@ -367,7 +367,7 @@ func writePendingJSON(out io.Writer, ps []wharf.PendingMessage) error {
 
 func newOutboxCancelCmd(g *globals) *cobra.Command {
 	var sel outboxSelector
-	var yes bool
+	var yes, verbose bool
 	cmd := &cobra.Command{
 		Use:   "cancel",
 		Short: "Delete pending messages so they are never delivered (asks for confirmation)",
@@ -403,6 +403,9 @@ CI) it needs --yes.`,
 					return err
 				}
 				if len(ps) == 0 {
+					if len(sel.ids) > 0 {
+						return nothingMatches(&sel)
+					}
 					fmt.Fprintf(g.stdout, "no pending message matches %s: nothing to cancel\n", sel.describe())
 					return nil
 				}
@@ -421,8 +424,12 @@ CI) it needs --yes.`,
 				if len(ps) > preview {
 					count = fmt.Sprintf("more than %d", preview)
 				}
-				q := fmt.Sprintf("Cancel %s pending messages selected by %s in schema %s? Their payloads are deleted for good. %s",
-					count, sel.describe(), g.schema, inFlightNote)
+				what := "pending messages"
+				if len(ps) == 1 {
+					what = "pending message"
+				}
+				q := fmt.Sprintf("Cancel %s %s selected by %s in schema %s? Their payloads are deleted for good. %s",
+					count, what, sel.describe(), g.schema, inFlightNote)
 				if err := g.confirm(q, "wharf outbox cancel", false); err != nil {
 					return err
 				}
@@ -431,13 +438,31 @@ CI) it needs --yes.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "%d messages cancelled. %s\n", n, inFlightNote)
+			if n == 0 && len(sel.ids) > 0 {
+				return nothingMatches(&sel)
+			}
+			fmt.Fprintf(g.stdout, "%s cancelled.%s\n", plural(int64(n), "message"), note(verbose))
 			return nil
 		},
 	}
 	sel.register(cmd, true)
 	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation (required when standard input is not a terminal)")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also say what cancelling does to held messages and to messages already at a sink")
 	return cmd
+}
+
+// note is inFlightNote, after a report, with --verbose.
+func note(verbose bool) string {
+	if !verbose {
+		return ""
+	}
+	return " " + inFlightNote
+}
+
+// nothingMatches is the error of a cancel or reschedule whose --id names no
+// pending message.
+func nothingMatches(sel *outboxSelector) error {
+	return fmt.Errorf("no pending message matches %s: it was delivered, dead-lettered (see wharf dead list) or cancelled, or the id is wrong (see wharf outbox list)", sel.describe())
 }
 
 // parseAt reads --at: "now", an RFC 3339 time, or a duration from now
@@ -459,6 +484,7 @@ func parseAt(s string, now time.Time) (time.Time, error) {
 func newOutboxRescheduleCmd(g *globals) *cobra.Command {
 	var sel outboxSelector
 	var at string
+	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "reschedule",
 		Short: "Set when pending messages are delivered: now (the default), a time, or a delay",
@@ -494,11 +520,15 @@ is delivered now whatever the new time.`,
 			if !when.IsZero() {
 				shown = when.Local().Format(time.RFC3339)
 			}
-			fmt.Fprintf(g.stdout, "%d messages rescheduled to %s. %s\n", n, shown, inFlightNote)
+			if n == 0 && len(sel.ids) > 0 {
+				return nothingMatches(&sel)
+			}
+			fmt.Fprintf(g.stdout, "%s rescheduled to %s.%s\n", plural(int64(n), "message"), shown, note(verbose))
 			return nil
 		},
 	}
 	sel.register(cmd, true)
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also say what rescheduling does to held messages and to messages already at a sink")
 	cmd.Flags().StringVar(&at, "at", "now", "new delivery time: now, an RFC 3339 time (2026-01-02T15:04:05Z) or a delay such as +10m")
 	return cmd
 }

@@ -506,9 +506,9 @@ func newDeadCmd(g *globals) *cobra.Command {
 	show.Flags().BoolVar(&showJSON, "json", false, "print one JSON object per line")
 
 	retry := newDeadChangeCmd(g, "retry", "Move dead letters back into the outbox (same ids, delivered in id order per key)",
-		"%d dead letters moved back to the outbox\n", false, (*wharf.Client).RetryDeadLetters)
+		"%s moved back to the outbox\n", false, (*wharf.Client).RetryDeadLetters)
 	purge := newDeadChangeCmd(g, "purge", "Delete dead letters for good (asks for confirmation, or --yes)",
-		"%d dead letters purged\n", true, (*wharf.Client).PurgeDeadLetters)
+		"%s purged\n", true, (*wharf.Client).PurgeDeadLetters)
 	cmd.AddCommand(list, show, retry, purge)
 	return cmd
 }
@@ -564,7 +564,7 @@ func newDeadChangeCmd(g *globals, use, short, report string, destructive bool, a
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, report, n)
+			fmt.Fprintf(g.stdout, report, plural(int64(n), "dead letter"))
 			return nil
 		},
 	}

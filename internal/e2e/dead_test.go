@@ -57,7 +57,7 @@ func TestDeadLetterCLI(t *testing.T) {
 
 	res = cli("dead", "retry", "--id", fmt.Sprint(ids[0]))
 	require.Equalf(t, 0, res.code, "stderr: %s", res.stderr)
-	require.Equal(t, "1 dead letters moved back to the outbox\n", res.stdout)
+	require.Equal(t, "1 dead letter moved back to the outbox\n", res.stdout)
 	res = cli("dead", "retry", "--topic", "dl")
 	require.Equal(t, 0, res.code)
 	require.Equal(t, "19 dead letters moved back to the outbox\n", res.stdout)
@@ -85,7 +85,7 @@ func TestDeadLetterCLI(t *testing.T) {
 	require.Contains(t, res.stderr, "--yes")
 	res = cli("dead", "purge", "--all", "--yes")
 	require.Equal(t, 0, res.code)
-	require.Equal(t, "1 dead letters purged\n", res.stdout)
+	require.Equal(t, "1 dead letter purged\n", res.stdout)
 	res = cli("dead", "list", "--json")
 	require.Equal(t, 0, res.code)
 	require.Empty(t, strings.TrimSpace(res.stdout))
