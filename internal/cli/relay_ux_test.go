@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -73,4 +75,41 @@ func TestSinkBatchAtMostMaxBuffered(t *testing.T) {
 	code, _, errOut = run("--database-url", "postgres://x@127.0.0.1:1/x", "relay", "--sink", "stdout:", "--sink-batch", "5000", "--max-buffered", "4000")
 	require.Equal(t, 2, code)
 	requireOneLineError(t, errOut, "--sink-batch (5000) must not be more than --max-buffered (4000)")
+}
+
+// YAML and value errors: a value with an unquoted colon gets its line and a
+// quoting hint; a value of the wrong type names its line (or flag) and what
+// the setting takes, without Go parser internals.
+func TestConfigValueErrorsSayWhatIsWanted(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		want string
+		code int
+	}{
+		{[]string{"--config", writeConfig(t, "max_attempts: 3\nsink: stdout:\n"), "relay"},
+			`mapping values are not allowed in this context (line 2: the value of sink holds a colon: quote it, e.g. sink: "stdout:")`, 1},
+		{[]string{"--config", writeConfig(t, "sink: \"stdout:\"\nmax_attempts: three\n"), "relay"},
+			`line 2: invalid value "three" for max-attempts: want a whole number`, 1},
+		{[]string{"relay", "--fetch-batch", "lots"}, `invalid value "lots" for --fetch-batch: want a whole number`, 2},
+		{[]string{"relay", "--lease-ttl", "soon"}, `invalid value "soon" for --lease-ttl: want a duration such as 500ms, 10s or 1m30s`, 2},
+		{[]string{"relay", "--max-buffered-bytes", "lots"}, `invalid value "lots" for --max-buffered-bytes: want a number of bytes such as`, 2},
+	}
+	for _, c := range cases {
+		code, _, errOut := run(c.args...)
+		require.Equal(t, c.code, code, "%v: %s", c.args, errOut)
+		requireOneLineError(t, errOut, c.want)
+		require.NotContains(t, errOut, "strconv", c.args)
+	}
+}
+
+// The systemd environment example reads the same in a shell as in systemd:
+// sourcing it keeps the whole sink URL (an unquoted & would end the line).
+func TestEnvExampleSourcesInAShell(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(repoRoot(t), "deploy", "systemd", "wharf.env.example")
+	out, err := exec.Command("sh", "-c", `set -a; . "$1"; set +a; printf '%s\n%s\n' "$WHARF_SINK" "$WHARF_DATABASE_URL"`, "sh", path).CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Equal(t, "nats://nats.internal:4222?stream=WHARF&subject_template=wharf.{{topic}}\n"+
+		"postgres://wharf:CHANGE-ME@db.internal:5432/app?sslmode=verify-full\n", string(out))
 }

@@ -208,7 +208,12 @@ whole configuration and that the database and every sink answer.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if m := badFlagValueRE.FindStringSubmatch(err.Error()); m != nil {
+			if f := c.Flags().Lookup(m[2]); f != nil {
+				return usageError{fmt.Errorf("invalid value %q for --%s: %s (see wharf --help)", m[1], m[2], wantValue(f, err))}
+			}
+		}
 		return usageError{fmt.Errorf("%w (see wharf --help)", err)}
 	})
 	pf := root.PersistentFlags()
@@ -293,7 +298,7 @@ func (g *globals) load(cmd *cobra.Command) error {
 			return nil
 		}
 		if err := f.Value.Set(value); err != nil {
-			return fmt.Errorf("%s: invalid value %q for %s: %w", source, value, name, err)
+			return fmt.Errorf("%s: invalid value %q for %s: %s", source, value, name, wantValue(f, err))
 		}
 		// A repeatable flag (--route) takes every value of the file; the
 		// flag is marked set once all of them are in.
@@ -326,6 +331,7 @@ func (g *globals) load(cmd *cobra.Command) error {
 		if err != nil {
 			return err
 		}
+		lines := configLines(g.configFile)
 		keys := make([]string, 0, len(values))
 		for k := range values {
 			keys = append(keys, k)
@@ -333,7 +339,11 @@ func (g *globals) load(cmd *cobra.Command) error {
 		sort.Strings(keys)
 		for _, k := range keys {
 			for _, v := range values[k] {
-				if err := setIfUnset(strings.ReplaceAll(k, "_", "-"), v, "config file "+g.configFile); err != nil {
+				source := "config file " + g.configFile
+				if n := lines[k]; n > 0 {
+					source += fmt.Sprintf(" line %d", n)
+				}
+				if err := setIfUnset(strings.ReplaceAll(k, "_", "-"), v, source); err != nil {
 					return err
 				}
 			}
@@ -428,7 +438,7 @@ func readConfigFile(path string, root *cobra.Command) (map[string][]string, erro
 	var raw map[string]yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config file %s: %w", path, err)
+		return nil, fmt.Errorf("config file %s: %w%s", path, err, yamlHint(data, err))
 	}
 	known := map[string]bool{}
 	var walk func(c *cobra.Command)
