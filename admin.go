@@ -310,9 +310,10 @@ type Status struct {
 	// (database clock). The rest (Messages.N - Scheduled.N) are due, retrying,
 	// or held behind a scheduled or retrying message of their key.
 	Scheduled Count
-	// OldestDueAge is the age (since enqueue) of the oldest message that
-	// should be on its way: neither scheduled for later nor held behind a
-	// scheduled message of its ordering key (by topic and key, or by key with
+	// OldestDueAge is how long the oldest message that should be on its way
+	// has been due (since its DeliverAt, or its enqueue when it had none): a
+	// message neither scheduled for later nor held behind a scheduled
+	// message of its ordering key (by topic and key, or by key with
 	// Config.OrderAcrossTopics). Messages waiting for a retry, or behind
 	// one, count: they are late. 0 when there is none.
 	OldestDueAge time.Duration
@@ -456,17 +457,19 @@ func (c *Client) statusCounts(ctx context.Context, tx pgx.Tx, s *Status) error {
 	return count("dead_letters", deadPages, &s.DeadLetters)
 }
 
-// statusOldestDue finds the oldest due message: the first message of each
-// lane (one index probe), and for a lane whose first message is scheduled,
-// the first StatusScanBound rows of the lane, skipping scheduled messages
-// and those behind a scheduled message of their ordering key.
+// statusOldestDue finds the oldest due message, aged from when it became
+// due (its deliver_at, or its enqueue when it had none): the first message
+// of each lane (one index probe), and for a lane whose first message has a
+// deliver_at (scheduled, or due since its schedule passed), the first
+// StatusScanBound rows of the lane, skipping scheduled messages and those
+// behind a scheduled message of their ordering key.
 func (c *Client) statusOldestDue(ctx context.Context, tx pgx.Tx, s *Status) error {
 	sc := c.cfg.Schema
 	// Lanes 0-63: wharfmigrate.Lanes, fixed by migration 1.
-	rows, err := tx.Query(ctx, `SELECT l.lane, h.age, h.scheduled
+	rows, err := tx.Query(ctx, `SELECT l.lane, h.age, h.has_deliver_at
 FROM generate_series(0, 63) AS l(lane)
 CROSS JOIN LATERAL (
-    SELECT extract(epoch FROM now() - o.created_at)::float8 AS age, coalesce(o.deliver_at > now(), false) AS scheduled
+    SELECT extract(epoch FROM now() - o.created_at)::float8 AS age, o.deliver_at IS NOT NULL AS has_deliver_at
     FROM `+sc+`.outbox o WHERE o.lane = l.lane ORDER BY o.id LIMIT 1) h`)
 	if err != nil {
 		return err
@@ -475,9 +478,12 @@ CROSS JOIN LATERAL (
 	var walk []int16
 	var lane int16
 	var age float64
-	var scheduled bool
-	_, err = pgx.ForEachRow(rows, []any{&lane, &age, &scheduled}, func() error {
-		if scheduled {
+	var hasDeliverAt bool
+	_, err = pgx.ForEachRow(rows, []any{&lane, &age, &hasDeliverAt}, func() error {
+		// A head with a deliver_at, scheduled or due by now, became due
+		// later than it was enqueued, and later messages of the lane may
+		// have been due for longer: walk the lane.
+		if hasDeliverAt {
 			walk = append(walk, lane)
 		} else {
 			oldest = max(oldest, age)
@@ -499,7 +505,7 @@ FROM (
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS blocked
     FROM unnest($1::smallint[]) AS l(lane)
     CROSS JOIN LATERAL (
-        SELECT o.lane, o.id, o.topic, o.key, extract(epoch FROM now() - o.created_at)::float8 AS age,
+        SELECT o.lane, o.id, o.topic, o.key, extract(epoch FROM now() - greatest(o.created_at, o.deliver_at))::float8 AS age,
             coalesce(o.deliver_at > now(), false) AS scheduled
         FROM `+sc+`.outbox o WHERE o.lane = l.lane ORDER BY o.id LIMIT $2) w
 ) b

@@ -46,3 +46,12 @@ func TestOutageLogOneLineEachWay(t *testing.T) {
 
 	require.Equal(t, "0-31,40,62-63", laneList([]int{63, 40, 62, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31}))
 }
+
+// A relay ages a held or due message from when it became due: its DeliverAt
+// when later than its enqueue.
+func TestDueSince(t *testing.T) {
+	created := time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+	require.Equal(t, created, dueSince(&Message{CreatedAt: created}))
+	require.Equal(t, created.Add(time.Hour), dueSince(&Message{CreatedAt: created, DeliverAt: created.Add(time.Hour)}))
+	require.Equal(t, created, dueSince(&Message{CreatedAt: created, DeliverAt: created.Add(-time.Hour)}))
+}

@@ -111,13 +111,13 @@ func (r *relay) refreshOldestDue() {
 	for _, l := range r.lanes {
 		for _, kq := range l.keys {
 			if len(kq.msgs) > 0 && (!kq.msgs[0].due.After(now) || kq.msgs[0].attempts > 0) {
-				see(kq.msgs[0].CreatedAt)
+				see(dueSince(&kq.msgs[0].Message))
 			} else if kq.holdRetry {
 				see(kq.heldCreated)
 			}
 		}
 		for _, m := range l.unkeyed {
-			see(m.CreatedAt)
+			see(dueSince(&m.Message))
 		}
 		for _, h := range l.held {
 			if h.retry {
