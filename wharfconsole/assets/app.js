@@ -83,10 +83,17 @@ function fmtDur(s) {
   else out = Math.floor(s / 86400) + " d " + Math.round((s % 86400) / 3600) + " h";
   return neg ? "-" + out : out;
 }
+// fmtTime shows a time in UTC, RFC 3339 to the second, as the CLI does.
 function fmtTime(t) {
   if (!t) return "–";
   const d = new Date(t);
-  return isNaN(d) ? String(t) : d.toLocaleString();
+  return isNaN(d) ? String(t) : d.toISOString().replace(/\.\d{3}Z$/, "Z");
+}
+// niceStep is a round axis step (1, 2 or 5 times a power of ten) of
+// about span/4.
+function niceStep(span) {
+  const raw = span / 4, p = Math.pow(10, Math.floor(Math.log10(raw))), f = raw / p;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * p;
 }
 function fmtCount(c) { return (c.exact ? "" : "≈") + c.n.toLocaleString(); }
 function pill(text, kind) { return el("span", { class: "pill " + kind }, text); }
@@ -204,14 +211,17 @@ function chart(title, series) {
     minV = Math.min(minV, v);
   }
   if (maxV === minV) maxV = minV + 1;
+  const step = niceStep(maxV - minV);
+  minV = Math.floor(minV / step + 1e-9) * step;
+  maxV = Math.ceil(maxV / step - 1e-9) * step;
+  const decimals = (String(+step.toPrecision(3)).split(".")[1] || "").length;
   const t0 = pts.length ? pts[0].t : 0, t1 = pts.length ? pts[pts.length - 1].t : 1;
   const x = (t) => L + (W - L - R) * (t1 > t0 ? (t - t0) / (t1 - t0) : 1);
   const y = (v) => T + (H - T - B) * (1 - (v - minV) / (maxV - minV));
-  for (let i = 0; i <= 4; i++) {
-    const v = minV + (maxV - minV) * i / 4;
+  for (let v = minV; v <= maxV + step / 2; v += step) {
     box.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#e1e5eb" }));
     const lab = svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 10, fill: "#6b7585" });
-    lab.textContent = Math.abs(maxV - minV) < 10 ? v.toFixed(1) : Math.round(v).toLocaleString();
+    lab.textContent = ((Math.abs(v) < step / 1e6 ? 0 : v)).toLocaleString(undefined, { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
     box.append(lab);
   }
   const span = svg("text", { x: W - R, y: H - 4, "text-anchor": "end", "font-size": 10, fill: "#6b7585" });
@@ -225,7 +235,7 @@ function chart(title, series) {
     const last = [...pts].reverse().find((p) => p[s.key] !== null && p[s.key] !== undefined);
     const i = el("i");
     i.style.background = s.color;
-    return el("span", {}, i, s.name + (last ? ": " + (Math.round(last[s.key] * 10) / 10).toLocaleString() : ""));
+    return el("span", {}, i, s.name + (last ? ": " + ((Math.round(last[s.key] * 10) / 10) || 0).toLocaleString() : ""));
   }));
   return el("div", { class: "card chart" }, el("div", { class: "label" }, title), box, legend);
 }
@@ -240,7 +250,7 @@ function relays(main, current) {
     const s = await get("api/status");
     if (!current()) return;
     replace(body, ...s.relays.map((r) => el("tr", { "data-relay": r.id },
-      el("td", { class: "mono" }, r.id, r.id === cfg.relay_id ? " (this process)" : ""),
+      el("td", {}, el("span", { class: "mono nowrap" }, r.id), r.id === cfg.relay_id ? el("span", { class: "nowrap muted" }, " (this process)") : ""),
       el("td", {}, r.host), el("td", {}, String(r.pid)), el("td", {}, fmtTime(r.started_at)),
       el("td", {}, fmtDur(r.heartbeat_age_s) + " ago"),
       el("td", {}, r.live ? pill("live", "ok") : pill("not live", "bad")),
@@ -395,7 +405,7 @@ function pending(main, current) {
         if (isNaN(when)) { toast("That date and time cannot be read.", true); return; }
         try {
           const r = await post("api/pending/reschedule", { ids: [m.id], at: when.toISOString() });
-          toast("Rescheduled " + r.rescheduled + " message(s) to " + when.toLocaleString());
+          toast("Rescheduled " + r.rescheduled + " message(s) to " + fmtTime(when));
           await load();
         } catch (e) { showError(e); }
       } }, "Reschedule"),
