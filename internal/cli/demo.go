@@ -202,6 +202,7 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 	}
 	if f.mode == string(wharfmigrate.ModeWAL) {
 		fmt.Fprintf(out, "mode       WAL: messages are written to the WAL only and streamed from the replication slot %s\n", schema)
+		fmt.Fprintln(out, "           (a message's seq is its position in the WAL, so seqs start high and leave gaps)")
 	}
 
 	if err := runShowcase(ctx, g, f, pool, schema); err != nil {

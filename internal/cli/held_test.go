@@ -97,7 +97,7 @@ func TestUnknownSubcommandIsAUsageError(t *testing.T) {
 	}{
 		{[]string{"outbox", "bogus"}, `unknown command "bogus" for "wharf outbox": it takes cancel, list, reschedule, show (see wharf outbox --help)`},
 		{[]string{"outbox", "lst"}, `unknown command "lst" for "wharf outbox": did you mean list?`},
-		{[]string{"rela"}, `unknown command "rela" for "wharf": did you mean relay? (see wharf --help)`},
+		{[]string{"relya"}, `unknown command "relya" for "wharf": did you mean relay? (see wharf --help)`},
 		{[]string{"dead", "shw"}, `unknown command "shw" for "wharf dead": did you mean show?`},
 	} {
 		code, out, errOut := run(c.args...)
