@@ -330,6 +330,13 @@ type Status struct {
 	// DeadTuples is the outbox's dead-row estimate (pg_stat_user_tables):
 	// high values mean vacuum cannot keep up (often a long transaction).
 	DeadTuples int64
+	// Inserted and Deleted count the rows inserted into and deleted from
+	// the outbox table since the server's statistics were reset
+	// (pg_stat_user_tables; they lag commits by up to a second or so). Their
+	// change between two Status calls gives the enqueue rate and the rate
+	// messages leave the outbox (delivered, dead-lettered or cancelled; a
+	// reschedule counts once in each). 0 in WAL mode.
+	Inserted, Deleted int64
 	// LeaseTTL is the relays' lease TTL as their leases show it (10s when no
 	// lane is leased): a relay whose heartbeat is older is not live. Relays
 	// extend a lease only once about a third of it has passed, so this
@@ -420,8 +427,10 @@ func (c *Client) statusCounts(ctx context.Context, tx pgx.Tx, s *Status) error {
     pg_relation_size($1::regclass) / current_setting('block_size')::bigint,
     pg_relation_size($2::regclass) / current_setting('block_size')::bigint,
     pg_relation_size($3::regclass) / current_setting('block_size')::bigint,
-    coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)`,
-		sc+".outbox", sc+".retries", sc+".dead_letters").Scan(&outboxPages, &retryPages, &deadPages, &s.DeadTuples)
+    coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
+    coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
+    coalesce((SELECT n_tup_del FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)`,
+		sc+".outbox", sc+".retries", sc+".dead_letters").Scan(&outboxPages, &retryPages, &deadPages, &s.DeadTuples, &s.Inserted, &s.Deleted)
 	if err != nil {
 		return err
 	}

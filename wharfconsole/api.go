@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -21,7 +22,8 @@ const requestTimeout = 15 * time.Second
 
 func (h *console) api(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/config", h.config)
-	mux.HandleFunc("GET /api/status", h.status)
+	hist := &statusHistory{}
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) { h.status(w, r, hist) })
 	mux.HandleFunc("GET /api/blocked", h.blocked)
 	mux.HandleFunc("GET /api/pending", h.pending)
 	mux.HandleFunc("GET /api/dead", h.dead)
@@ -93,9 +95,59 @@ type statusJSON struct {
 	Lanes            []laneJSON     `json:"lanes"`
 	Uncovered        []int          `json:"uncovered"`
 	InProcess        *inProcessJSON `json:"in_process"`
+	// Inserted and Deleted are the outbox table's cumulative row counts
+	// (wharf.Status): their change over time is the enqueue rate and the
+	// rate messages leave the outbox.
+	Inserted int64 `json:"inserted"`
+	Deleted  int64 `json:"deleted"`
+	// History is what earlier status requests saw, oldest first, so the
+	// charts start with the last minutes instead of empty.
+	History []historyPoint `json:"history"`
 }
 
-func (h *console) status(w http.ResponseWriter, r *http.Request) {
+// historyPoint is one status sample of the console's history.
+type historyPoint struct {
+	Time      time.Time `json:"time"`
+	Due       int64     `json:"due"`
+	Scheduled int64     `json:"scheduled"`
+	Retrying  int64     `json:"retrying"`
+	Messages  int64     `json:"messages"`
+	Inserted  int64     `json:"inserted"`
+	Deleted   int64     `json:"deleted"`
+	// Delivered is the in-process relay's counter (null without one).
+	Delivered *int64 `json:"delivered"`
+}
+
+// historyLen and historyEvery bound the history: one point a second at most,
+// 150 of them (5 minutes at the pages' 2-second refresh).
+const (
+	historyLen   = 150
+	historyEvery = time.Second
+)
+
+// statusHistory keeps the last status samples of one console, shared by
+// every browser that shows it.
+type statusHistory struct {
+	mu     sync.Mutex
+	points []historyPoint
+}
+
+// add records p (unless the last point is less than historyEvery old) and
+// returns the history before it.
+func (s *statusHistory) add(p historyPoint) []historyPoint {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	before := append([]historyPoint{}, s.points...)
+	if n := len(s.points); n == 0 || p.Time.Sub(s.points[n-1].Time) >= historyEvery {
+		s.points = append(s.points, p)
+		if len(s.points) > historyLen {
+			s.points = append(s.points[:0], s.points[len(s.points)-historyLen:]...)
+		}
+	}
+	return before
+}
+
+func (h *console) status(w http.ResponseWriter, r *http.Request, hist *statusHistory) {
 	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
 	defer cancel()
 	s, err := h.c.Status(ctx)
@@ -139,6 +191,14 @@ func (h *console) status(w http.ResponseWriter, r *http.Request) {
 			InFlight: m.InFlight.Load(), LanesOwned: m.LanesOwned.Load(),
 		}
 	}
+	out.Inserted, out.Deleted = s.Inserted, s.Deleted
+	p := historyPoint{Time: out.Time, Due: out.Due, Scheduled: s.Scheduled.N, Retrying: s.Retrying.N, Messages: s.Messages.N,
+		Inserted: s.Inserted, Deleted: s.Deleted}
+	if out.InProcess != nil {
+		d := out.InProcess.Delivered
+		p.Delivered = &d
+	}
+	out.History = hist.add(p)
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -57,3 +57,46 @@ func TestPendingAPISaysWhatAHeldMessageWaitsFor(t *testing.T) {
 	require.Equal(t, due, r.Messages[2].ID)
 	require.Equal(t, "due", r.Messages[2].State)
 }
+
+// The status carries the outbox table's insert and delete counters (for the
+// enqueue and leave rates) and the history of earlier requests, so a page
+// opened now starts with the last minutes.
+func TestStatusAPIKeepsAHistoryAndTheRowCounters(t *testing.T) {
+	t.Parallel()
+	pool, schema := newSchema(t)
+	c, err := wharf.NewClient(pool, &wharf.Config{Schema: schema, Logger: testLogger()})
+	require.NoError(t, err)
+	srv := httptest.NewServer(wharfconsole.Handler(c, wharfconsole.WithToken("tok"), wharfconsole.WithLogger(testLogger())))
+	defer srv.Close()
+	a := newAPIClient(t, srv.URL, "tok")
+	type point struct {
+		Time     time.Time `json:"time"`
+		Messages int64     `json:"messages"`
+		Inserted int64     `json:"inserted"`
+	}
+	var st struct {
+		Inserted int64   `json:"inserted"`
+		Deleted  int64   `json:"deleted"`
+		History  []point `json:"history"`
+	}
+	get := func() {
+		code, _, body := a.do("GET", "/api/status", "")
+		require.Equal(t, http.StatusOK, code, body)
+		st.History = nil
+		require.NoError(t, json.Unmarshal([]byte(body), &st))
+	}
+	get()
+	require.Empty(t, st.History, "the first request has no history before it")
+
+	for i := 0; i < 3; i++ {
+		enqueueOne(t, c, wharf.Message{Topic: "t", Payload: []byte(`1`)})
+	}
+	// The statistics counters reach pg_stat_user_tables a moment after the
+	// commits: wait for them.
+	require.Eventually(t, func() bool { get(); return st.Inserted >= 3 }, 60*time.Second, 100*time.Millisecond)
+	require.NotEmpty(t, st.History)
+	require.Equal(t, int64(0), st.History[0].Messages, "the first point saw the empty outbox")
+	for i := 1; i < len(st.History); i++ {
+		require.GreaterOrEqual(t, st.History[i].Time.Sub(st.History[i-1].Time), time.Second, "at most a point a second")
+	}
+}

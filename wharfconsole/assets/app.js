@@ -147,9 +147,33 @@ function card(label, value, kind) {
   return el("div", { class: "card " + (kind || "") }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
 }
 
-// The overview's hist survives page changes: 150 points, 5 minutes.
+// The overview's hist survives page changes: 150 points, 5 minutes. It
+// starts with the history the server kept, so the charts are not empty.
 const hist = [];
 const HISTORY = 150;
+
+// histPoint is a chart point from a status sample (of the history, or the
+// status itself, whose counts are objects).
+function histPoint(h) {
+  const n = (v) => (v !== null && typeof v === "object" ? v.n : v);
+  const delivered = h.in_process ? h.in_process.delivered : h.delivered;
+  return { t: Date.parse(h.time) / 1000, due: h.due, scheduled: n(h.scheduled), retrying: n(h.retrying), messages: n(h.messages),
+    inserted: h.inserted, deleted: h.deleted, delivered: delivered === null ? undefined : delivered, enq: null, out: null, rate: null };
+}
+
+// withRates sets a point's rates from the counters' change since prev: rows
+// inserted into the outbox (enqueued/s), rows removed from it (delivered,
+// dead-lettered or cancelled), and an in-process relay's deliveries.
+function withRates(p, prev) {
+  if (!prev || p.t <= prev.t) return p;
+  const dt = p.t - prev.t;
+  if (p.inserted || prev.inserted) {
+    p.enq = Math.max(0, (p.inserted - prev.inserted) / dt);
+    p.out = Math.max(0, (p.deleted - prev.deleted) / dt);
+  }
+  if (p.delivered !== undefined && prev.delivered !== undefined) p.rate = Math.max(0, (p.delivered - prev.delivered) / dt);
+  return p;
+}
 
 function overview(main, current) {
   const cards = el("div", { class: "cards" });
@@ -159,15 +183,10 @@ function overview(main, current) {
   poll(current, async () => {
     const s = await get("api/status");
     if (!current()) return;
+    if (!hist.length) for (const h of s.history || []) hist.push(withRates(histPoint(h), hist[hist.length - 1]));
     const prev = hist[hist.length - 1];
-    const t = Date.parse(s.time) / 1000;
-    const point = { t, due: s.due, scheduled: s.scheduled.n, retrying: s.retrying.n, messages: s.messages.n, rate: null, inProcess: !!s.in_process };
-    if (prev && t > prev.t) {
-      if (s.in_process && prev.delivered !== undefined) point.rate = Math.max(0, (s.in_process.delivered - prev.delivered) / (t - prev.t));
-      else if (!s.in_process) point.rate = -(s.messages.n - prev.messages) / (t - prev.t);
-    }
-    if (s.in_process) point.delivered = s.in_process.delivered;
-    if (!prev || t > prev.t) hist.push(point);
+    const point = withRates(histPoint(s), prev);
+    if (!prev || point.t > prev.t) hist.push(point);
     while (hist.length > HISTORY) hist.shift();
 
     const live = s.relays.filter((r) => r.live).length;
@@ -182,9 +201,13 @@ function overview(main, current) {
       card("Uncovered lanes", String(s.uncovered.length), s.uncovered.length > 0 ? "bad" : ""),
       s.in_process ? card("Delivered (this process)", s.in_process.delivered.toLocaleString()) : null,
     );
-    const rateName = s.in_process ? "delivered/s (relay in this process)" : "net drain/s (no relay in this process: backlog change between polls)";
+    const rates = [
+      { name: "enqueued/s", color: "#6a1b9a", key: "enq" },
+      { name: "left the outbox/s", color: "#1f6feb", key: "out" },
+    ];
+    if (s.in_process) rates.push({ name: "delivered/s (relay in this process)", color: "#2e7d32", key: "rate" });
     replace(charts, 
-      chart("Throughput: " + rateName, [{ name: s.in_process ? "delivered/s" : "net drain/s", color: "#1f6feb", key: "rate" }]),
+      chart("Throughput (rows in and out of the outbox table, from PostgreSQL's statistics)", rates),
       chart("Backlog", [
         { name: "due", color: "#2e7d32", key: "due" },
         { name: "scheduled", color: "#1f6feb", key: "scheduled" },
