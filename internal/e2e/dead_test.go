@@ -41,7 +41,14 @@ func TestDeadLetterCLI(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
 	require.Len(t, lines, len(ids))
 	for i, line := range lines {
-		var d wharf.DeadLetter
+		// The --json format of every list command: snake_case, the payload
+		// inline when it is JSON.
+		var d struct {
+			ID        string          `json:"id"`
+			Attempts  int             `json:"attempts"`
+			LastError string          `json:"last_error"`
+			Payload   json.RawMessage `json:"payload"`
+		}
 		require.NoError(t, json.Unmarshal([]byte(line), &d), line)
 		require.Equal(t, ids[i], d.ID, "dead letters are listed in id order")
 		require.Equal(t, 2, d.Attempts)
