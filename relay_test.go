@@ -185,7 +185,7 @@ func waitDelivered(t *testing.T, rec *recorder, ids ...string) {
 			}
 		}
 		return len(missing) == 0
-	}, 20*time.Second, 10*time.Millisecond)
+	}, time.Minute, 10*time.Millisecond)
 	if !ok {
 		t.Fatalf("%d of %d messages not delivered; first missing: %v", len(missing), len(ids), missing[:min(len(missing), 20)])
 	}
@@ -228,7 +228,7 @@ func TestScheduledMessageWaitsForDeliverAt(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got) == 3
-	}, 10*time.Second, 10*time.Millisecond)
+	}, time.Minute, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	when := map[string]time.Time{}
@@ -287,7 +287,7 @@ func TestPoisonMessageRetriesThenDeadLetters(t *testing.T) {
 		var n int
 		_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".dead_letters").Scan(&n)
 		return n == 2
-	}, 30*time.Second, 20*time.Millisecond, "both poison messages must reach the dead-letter table")
+	}, time.Minute, 20*time.Millisecond, "both poison messages must reach the dead-letter table")
 	require.NoError(t, client.Stop(ctx))
 
 	mu.Lock()
@@ -524,7 +524,7 @@ func TestRebalanceWhenRelayJoins(t *testing.T) {
 	}
 	require.NoError(t, a.Start(ctx))
 	defer func() { require.NoError(t, a.Stop(ctx)) }()
-	require.Eventually(t, func() bool { return owned("relay-a") == 64 }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return owned("relay-a") == 64 }, time.Minute, 20*time.Millisecond)
 
 	stop := make(chan struct{})
 	produced := make(chan []string, 1)
@@ -547,7 +547,7 @@ func TestRebalanceWhenRelayJoins(t *testing.T) {
 	require.NoError(t, bb.Start(ctx))
 	defer func() { require.NoError(t, bb.Stop(ctx)) }()
 	start := time.Now()
-	require.Eventually(t, func() bool { return owned("relay-a") == 32 && owned("relay-b") == 32 }, 5*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return owned("relay-a") == 32 && owned("relay-b") == 32 }, time.Minute, 20*time.Millisecond,
 		"lanes must split 32/32 after a relay joins")
 	t.Logf("rebalanced in %s", time.Since(start).Round(time.Millisecond))
 	time.Sleep(300 * time.Millisecond)
@@ -562,7 +562,7 @@ func TestRebalanceWhenRelayJoins(t *testing.T) {
 			}
 		}
 		return true
-	}, 20*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	require.NotEmpty(t, recB.snapshot(), "the new relay must deliver part of the work")
 	// Per relay the log is in delivery order; a key moving between relays is
 	// handed over only after its in-flight messages were acknowledged.
@@ -649,5 +649,5 @@ func TestPoisonKeyWithDeepBacklogDoesNotStallOthers(t *testing.T) {
 	waitDelivered(t, rec, poison...)
 	got := rec.snapshot()
 	requireKeyOrder(t, got)
-	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, time.Minute, 20*time.Millisecond)
 }
