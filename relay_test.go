@@ -441,6 +441,11 @@ func mustBegin(t *testing.T, b *testBundle) pgx.Tx {
 
 // With notifications on, an idle relay wakes at once on a new message instead
 // of at its next poll; with them off (the default) it waits for the poll.
+//
+// The poll interval is five minutes, longer than anything here can take on
+// a loaded machine: the quiet message cannot be delivered by a poll during
+// the test, and a delivery of the loud one before the poll was due is the
+// notification's doing.
 func TestNotifyWakesIdleRelay(t *testing.T) {
 	t.Parallel()
 	b := setupDB(t)
@@ -448,27 +453,29 @@ func TestNotifyWakesIdleRelay(t *testing.T) {
 	rec := &recorder{}
 	cfg := testConfig(b.schema)
 	cfg.Handler = rec.handle
-	cfg.PollInterval = 10 * time.Second
+	cfg.PollInterval = 5 * time.Minute
 	client, err := wharf.NewClient(b.pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, client.Start(ctx))
 	defer func() { require.NoError(t, client.Stop(ctx)) }()
-	// Let the relay claim its lanes and go idle.
-	time.Sleep(time.Second)
+	// The relay claims its lanes, fetches once (nothing), and goes idle
+	// until its next poll.
+	require.Eventually(t, func() bool { return client.Metrics().LanesOwned.Load() == 64 && fetches(client) > 0 },
+		time.Minute, 10*time.Millisecond)
+	idleSince := time.Now()
 
 	ids, err := client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "quiet", Payload: []byte(`1`)})
 	require.NoError(t, err)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the relay would fetch now if it did not wait for its poll
 	require.Zero(t, deliveredIDs(rec.snapshot())[ids[0]], "with notifications off the relay should wait for its poll")
 
 	_, err = b.pool.Exec(ctx, "ALTER TABLE "+b.schema+".outbox ENABLE TRIGGER outbox_notify")
 	require.NoError(t, err)
-	start := time.Now()
 	ids2, err := client.Enqueue(ctx, wharf.Message{Topic: "t", Key: "loud", Payload: []byte(`2`)})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return deliveredIDs(rec.snapshot())[ids2[0]] > 0 }, 2*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return deliveredIDs(rec.snapshot())[ids2[0]] > 0 }, 2*time.Minute, 5*time.Millisecond,
 		"a notification must wake the idle relay")
-	require.Less(t, time.Since(start), 2*time.Second)
+	require.Less(t, time.Since(idleSince), cfg.PollInterval, "delivered before the next poll was due")
 }
 
 // Drain delivers what is due, waits for retries, and leaves messages scheduled
