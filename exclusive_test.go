@@ -85,7 +85,7 @@ func TestExclusiveRelaysOneDrainsTheOtherStandsBy(t *testing.T) {
 
 	stopHolder()
 	start := time.Now()
-	require.Eventually(t, func() bool { return leasedLanes(t, b, standby) == 64 }, 5*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return leasedLanes(t, b, standby) == 64 }, ttl/2, 20*time.Millisecond,
 		"the standby did not take the lanes a stopped relay released")
 	t.Logf("%s took every lane %s after %s stopped", standby, time.Since(start).Round(time.Millisecond), holder)
 	second := enqueueKeyed(t, b, 500, 50)
