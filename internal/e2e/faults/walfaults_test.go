@@ -146,7 +146,7 @@ func TestWALSlotDroppedUnderLoad(t *testing.T) {
 	if !within(60*time.Second, func() bool { return strings.Contains(r.tail(1<<16), "wharf migrate up --mode wal --schema "+o.schema) }) {
 		t.Errorf("the relay does not say that the slot is missing and what to run; its stderr ends:\n%s", r.tail(2000))
 	}
-	committedWhileMissing := l.committed.Load()
+	ackedAtRefusal := l.committed.Load()
 
 	out, err := wharfCmd("migrate", "up", "--mode", "wal", "--schema", o.schema, "--database-url", o.url)
 	if err != nil {
@@ -175,8 +175,8 @@ func TestWALSlotDroppedUnderLoad(t *testing.T) {
 	if inGap > 0 {
 		t.Errorf("%d messages committed between the drop and the new slot's start", inGap)
 	}
-	finishRow(t, tl, l, fmt.Sprintf("%d producer errors while the slot was missing; %d messages committed after the slot's confirmed position and before the drop went with the slot undelivered; %d commits while it was missing (after the refusal: %d)",
-		l.errors.Load()-errsAtDrop, tl.optionalMissing, inGap, after-committedWhileMissing))
+	finishRow(t, tl, l, fmt.Sprintf("%d producer errors while the slot was missing; %d messages committed after the slot's confirmed position and before the drop went with the slot undelivered; %d messages committed while it was missing (%d commits acknowledged between the first refusal and migrate up)",
+		l.errors.Load()-errsAtDrop, tl.optionalMissing, inGap, after-ackedAtRefusal))
 	r.stop(t, 30*time.Second)
 }
 

@@ -198,8 +198,10 @@ func finishRow(t *testing.T, tl *walTally, l *load, extra string) {
 	printRow(t, tl.res, l)
 }
 
-// walLSN returns the server's current WAL position as a number (a WAL
-// outbox's seqs are WAL positions).
+// walLSN returns the server's current WAL insert position as a number (a
+// WAL outbox's seqs are WAL positions). The insert position, not
+// pg_current_wal_lsn (the write position, which may lag it): every record
+// inserted before the call ends at or below it.
 func walLSN(t *testing.T, pool *pgxpool.Pool) int64 {
 	t.Helper()
 	var lsn int64
@@ -207,7 +209,7 @@ func walLSN(t *testing.T, pool *pgxpool.Pool) int64 {
 	if !within(30*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		err = pool.QueryRow(ctx, "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint").Scan(&lsn)
+		err = pool.QueryRow(ctx, "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").Scan(&lsn)
 		return err == nil
 	}) {
 		t.Fatalf("current WAL position: %v", err)
