@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/wharfhq/wharf/internal/walstore"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -29,7 +30,9 @@ type Health struct {
 }
 
 // Health checks the relay (see [Health]). It runs one query (the schema
-// version) and pings the sinks that implement [Pinger], within ctx.
+// version), for an outbox in WAL mode one more (the replication slot's
+// state: a missing or lost slot makes the relay not ready), and pings the
+// sinks that implement [Pinger], within ctx.
 func (c *Client) Health(ctx context.Context) Health {
 	var h Health
 	r := c.current()
@@ -66,6 +69,12 @@ func (c *Client) Health(ctx context.Context) Health {
 		if err := m.Check(ctx, c.pool); err != nil {
 			ready = false
 			h.Problems = append(h.Problems, "schema: "+err.Error())
+		} else if r.wal() {
+			// Enqueues are refused while the slot is missing or lost.
+			if state, err := m.SlotState(ctx, c.pool); err == nil && state != wharfmigrate.SlotOK {
+				ready = false
+				h.Problems = append(h.Problems, fmt.Sprintf("the replication slot %s is %s: enqueues are refused until `wharf migrate up --mode wal --schema %s` creates it again", c.cfg.Schema, state, c.cfg.Schema))
+			}
 		}
 	}
 	for _, s := range r.sinks {
@@ -100,6 +109,12 @@ func (h Health) Err() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %v", ErrNotReady, h.Problems)
+}
+
+// wal reports whether the relay streams an outbox in WAL mode.
+func (r *relay) wal() bool {
+	_, ok := r.st.(*walstore.Store)
+	return ok
 }
 
 func (r *relay) uncoveredLanes() int { return int(r.stats.Uncovered.Load()) }

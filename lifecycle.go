@@ -75,6 +75,13 @@ func (c *Client) newRelay(ctx context.Context, drain bool) (*relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	if wal {
+		// The relay delivers every message of the outbox's prefix with
+		// its own credentials: only producers may write them.
+		if err := wharfmigrate.CheckEmitRestricted(ctx, c.pool); err != nil {
+			return nil, err
+		}
+	}
 	sinks, route := []Sink{sink}, func(string) int { return 0 }
 	if rt, ok := sink.(*Router); ok {
 		sinks, route = rt.split()

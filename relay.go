@@ -153,7 +153,8 @@ func newRelay(c *Client, sinks []Sink, route func(string) int, drain, wal bool) 
 		r.st = walstore.New(walstore.Config{
 			Table: table, Pool: c.pool, Schema: c.cfg.Schema, RelayID: c.cfg.RelayID,
 			Logger: c.cfg.Logger, Now: c.cfg.clock, Budget: c.cfg.MaxBufferedBytes, SpillAfter: c.cfg.walSpillAfter,
-			Gauges: walstore.Gauges{HeldBytes: &c.stats.WALHeldBytes, LagBytes: &c.stats.WALLagBytes, Lag: &c.stats.WALLag},
+			Gauges: walstore.Gauges{HeldBytes: &c.stats.WALHeldBytes, LagBytes: &c.stats.WALLagBytes, Lag: &c.stats.WALLag,
+				SlotGone: &c.stats.WALSlotGone},
 		})
 		r.cfg.Exclusive = true
 	}

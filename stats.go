@@ -53,6 +53,11 @@ type Stats struct {
 	WALLagBytes  atomic.Int64
 	WALLag       atomic.Int64
 	WALHeldBytes atomic.Int64
+	// WALSlotGone is 1 while the relay that streams a WAL outbox finds its
+	// replication slot missing or lost (invalidated): producers' enqueues
+	// are refused until `wharf migrate up --mode wal` creates it again. 0
+	// otherwise, and for a table outbox or a standby.
+	WALSlotGone atomic.Int64
 
 	FetchSeconds   Histogram // duration of one fetch round trip
 	FetchRows      Histogram // rows per fetch

@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,4 +187,128 @@ func TestSetWALModeRefusals(t *testing.T) {
 // walmsg computes lanes without importing this package.
 func TestLaneCountsAgree(t *testing.T) {
 	require.Equal(t, wharfmigrate.Lanes, walmsg.Lanes)
+}
+
+// freshDatabase creates a database of its own on the logical test server
+// and returns a superuser's pool on it and its URL: a fresh database comes
+// from template1, where PUBLIC may execute pg_logical_emit_message. It is
+// dropped at cleanup.
+func freshDatabase(t *testing.T) (*pgxpool.Pool, string, string) {
+	t.Helper()
+	ctx := context.Background()
+	base, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	name := "wmdb_" + hex.EncodeToString(rb[:])
+	admin, err := pgx.Connect(ctx, base)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		pool.Close()
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		_ = admin.Close(context.Background())
+	})
+	return pool, u.String(), name
+}
+
+// A role that may create the slot but not revoke pg_logical_emit_message
+// from PUBLIC is refused before anything changes, with one line naming the
+// SQL a superuser must run; once a superuser ran it, the same role
+// switches the outbox, and PUBLIC still may not emit.
+func TestSetWALModeRefusesWhileAnyRoleCanEmit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, u, db := freshDatabase(t)
+	var rb [4]byte
+	_, _ = rand.Read(rb[:])
+	owner, schema := "wo_"+hex.EncodeToString(rb[:]), "wm_"+hex.EncodeToString(rb[:])
+	_, err := admin.Exec(ctx, "CREATE ROLE "+owner+" LOGIN REPLICATION PASSWORD 'pw'; GRANT CREATE ON DATABASE "+db+" TO "+owner)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE; SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '"+schema+"'; DROP PUBLICATION IF EXISTS "+schema+"; DROP OWNED BY "+owner)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+owner)
+	})
+	cfg, err := pgxpool.ParseConfig(u)
+	require.NoError(t, err)
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = owner, "pw"
+	op, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer op.Close()
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, op)
+	require.NoError(t, err)
+
+	require.ErrorContains(t, m.CheckWALMode(ctx, op), "cannot revoke it")
+	refusal := m.SetWALMode(ctx, op)
+	require.ErrorContains(t, refusal, "any role can call pg_logical_emit_message, and role "+owner+" cannot revoke it: have a superuser run REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean,text,bytea), pg_catalog.pg_logical_emit_message(boolean,text,text) FROM PUBLIC; GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) TO "+owner+"; then run this again")
+	require.NotContains(t, refusal.Error(), "\n")
+	mode, err := m.Mode(ctx, op)
+	require.NoError(t, err)
+	require.Equal(t, wharfmigrate.ModeTable, mode)
+	slot, pub := walObjects(t, admin, schema)
+	require.False(t, slot || pub, "slot %v publication %v after a refusal", slot, pub)
+
+	_, fix, ok := strings.Cut(refusal.Error(), "have a superuser run ")
+	require.True(t, ok)
+	fix, _, _ = strings.Cut(fix, "; then run this again")
+	_, err = admin.Exec(ctx, fix)
+	require.NoError(t, err, "the SQL the error names")
+	rep, err := m.SetWALModeReport(ctx, op)
+	require.NoError(t, err)
+	require.True(t, rep.Switched)
+	require.Empty(t, rep.Revoked)
+	var public bool
+	require.NoError(t, admin.QueryRow(ctx, `SELECT bool_or(has_function_privilege('public', p.oid, 'EXECUTE')) FROM pg_proc p WHERE proname = 'pg_logical_emit_message'`).Scan(&public))
+	require.False(t, public)
+	var id string
+	require.NoError(t, op.QueryRow(ctx, "SELECT "+schema+".enqueue('t', 'k', '{}')::text").Scan(&id), "the owner enqueues through enqueue_wal")
+	require.NoError(t, m.CheckWALMode(ctx, op))
+}
+
+// A slot invalidated by max_slot_wal_keep_size ('lost') cannot be streamed
+// again: enqueueing is refused while it is, and SetWALModeReport drops it
+// and creates it again.
+func TestSetWALModeRecreatesALostSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := pgembed.Start(ctx, pgembed.Options{Settings: map[string]string{"wal_level": "logical", "max_slot_wal_keep_size": "1MB", "min_wal_size": "32MB"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := pgxpool.New(ctx, c.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	m, err := wharfmigrate.New("lost")
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	_, err = pool.Exec(ctx, "SELECT lost.enqueue('t', 'k', '{}')")
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool {
+		_, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS filler (b text); INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); SELECT pg_switch_wal(); CHECKPOINT")
+		require.NoError(t, err)
+		state, err := m.SlotState(ctx, pool)
+		require.NoError(t, err)
+		return state == wharfmigrate.SlotLost
+	}, 60*time.Second, 10*time.Millisecond, "the slot was not invalidated")
+
+	_, err = pool.Exec(ctx, "SELECT lost.enqueue('t', 'k', '{}')")
+	require.ErrorContains(t, err, "replication slot lost is missing or lost")
+	rep, err := m.SetWALModeReport(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, wharfmigrate.SlotLost, rep.Slot)
+	state, err := m.SlotState(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, wharfmigrate.SlotOK, state)
+	_, err = pool.Exec(ctx, "SELECT lost.enqueue('t', 'k', '{}')")
+	require.NoError(t, err)
 }

@@ -17,10 +17,12 @@ const (
 // passwords. A role without a password is created NOLOGIN: a group role
 // that login roles are granted (GRANT wharf_producer TO app_user).
 type RoleOptions struct {
-	// Producer may enqueue and nothing else: insert into the outbox (the
-	// enqueue functions run with the caller's rights) and read back only
-	// the id, nonce and dedup key columns, which enqueue returns and its
-	// dedup lookup reads. "" means DefaultProducerRole.
+	// Producer may enqueue and nothing else: in table mode, insert into
+	// the outbox (the enqueue functions run with the caller's rights) and
+	// read back only the id, nonce and dedup key columns, which enqueue
+	// returns and its dedup lookup reads; in WAL mode, execute
+	// <schema>.enqueue_wal and nothing on the outbox table. "" means
+	// DefaultProducerRole.
 	Producer string
 	// Relay may do what a running relay does: read and delete outbox rows,
 	// lease lanes, register in relays, record retries and dead letters,
@@ -60,12 +62,17 @@ func (o RoleOptions) validate() (RoleOptions, error) {
 var (
 	producerGrants = []string{
 		`GRANT USAGE ON SCHEMA {S} TO {R}`,
-		// Enqueue inserts these columns; the others take their defaults.
-		`GRANT INSERT (topic, key, payload, headers, deliver_at, dedup_key) ON {S}.outbox TO {R}`,
-		// RETURNING id, nonce[, dedup_key], the ON CONFLICT (dedup_key)
-		// arbiter and the dedup lookup read these columns, and no others:
-		// the producer cannot read topics, keys, payloads or headers.
-		`GRANT SELECT (id, nonce, dedup_key) ON {S}.outbox TO {R}`,
+		// In table mode enqueue inserts these columns; the others take
+		// their defaults. RETURNING id, nonce[, dedup_key], the ON CONFLICT
+		// (dedup_key) arbiter and the dedup lookup read the selected ones,
+		// and no others: the producer cannot read topics, keys, payloads or
+		// headers. In WAL mode the table holds only what the relay moves
+		// there, and a producer gets nothing on it: enqueue_wal is its only
+		// way in.
+		`DO $wharf$ BEGIN IF to_regprocedure('{S}.enqueue_wal(bytea)') IS NULL THEN
+    GRANT INSERT (topic, key, payload, headers, deliver_at, dedup_key) ON {S}.outbox TO {R};
+    GRANT SELECT (id, nonce, dedup_key) ON {S}.outbox TO {R};
+END IF; END $wharf$`,
 		`GRANT EXECUTE ON FUNCTION {S}.enqueue(text, text, jsonb, jsonb, timestamptz, text) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.enqueue_bytes(text, text, bytea, jsonb, timestamptz, text) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.message_id(bigint, bigint) TO {R}`,

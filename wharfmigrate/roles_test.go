@@ -179,9 +179,21 @@ func TestRolesWALMode(t *testing.T) {
 	var sqlID string
 	require.NoError(t, pp.QueryRow(ctx, `SELECT `+schema+`.enqueue('orders', 'sql', '{"via":"sql"}'::jsonb)::text`).Scan(&sqlID),
 		"the producer enqueues from SQL")
-	for _, sql := range []string{`SELECT * FROM S.dead_letters`, `SELECT * FROM S.retries`, `UPDATE S.lanes SET owner = 'me'`} {
-		requireDenied(t, pp, strings.ReplaceAll(sql, "S.", schema+"."))
+	for _, sql := range []string{`SELECT * FROM S.dead_letters`, `SELECT * FROM S.retries`, `UPDATE S.lanes SET owner = 'me'`,
+		// Only through enqueue_wal: no message of its own making, no row
+		// in the outbox table, even with the relay's spill setting.
+		`SELECT pg_logical_emit_message(true, 'S', '\x01'::bytea)`, `SELECT pg_logical_emit_message(true, 'S', 'x'::text)`,
+		`INSERT INTO S.outbox (topic, payload) VALUES ('x', '')`, `SELECT id FROM S.outbox`} {
+		requireDenied(t, pp, strings.ReplaceAll(strings.ReplaceAll(sql, "S.", schema+"."), "'S'", "'"+schema+"'"))
 	}
+	tx, err := pp.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SET LOCAL wharf.spill = 'on'")
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, payload) VALUES ('x', '')")
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr) && pgErr.Code == "42501", "the producer inserted into a WAL outbox's table: %v", err)
+	require.NoError(t, tx.Rollback(ctx))
 	// Another role with the schema's USAGE (here the relay's) may not.
 	requireDenied(t, poolAtAs(t, url, relay, opts.RelayPassword), `SELECT `+schema+`.enqueue('orders', 'k', '{}'::jsonb)`)
 
@@ -221,6 +233,15 @@ func TestRolesWALModeNeedsASuperuserForReplication(t *testing.T) {
 	require.NoError(t, err)
 	_, err = m.Up(ctx, op)
 	require.NoError(t, err)
+	if err := m.SetWALMode(ctx, op); err != nil {
+		// The owner may not revoke pg_logical_emit_message from PUBLIC, or
+		// call it: a superuser runs what the refusal names.
+		_, fix, ok := strings.Cut(err.Error(), "have a superuser run ")
+		require.True(t, ok, err)
+		fix, _, _ = strings.Cut(fix, "; then run this again")
+		_, err = admin.Exec(ctx, fix)
+		require.NoError(t, err)
+	}
 	require.NoError(t, m.SetWALMode(ctx, op))
 
 	err = m.CreateRoles(ctx, op, wharfmigrate.RoleOptions{Producer: producer, Relay: relay})

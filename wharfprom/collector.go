@@ -118,6 +118,7 @@ type collector struct {
 	inFlight, buffered, bufferedBytes, held   *prometheus.Desc
 	lanesOwned, uncovered                     *prometheus.Desc
 	walLag, walLagSeconds, walHeld            *prometheus.Desc
+	walSlotGone                               *prometheus.Desc
 	renewals, losses, dbErrors, rewinds       *prometheus.Desc
 	oldestDue, backlog, loopAge, dbSuccessAge *prometheus.Desc
 
@@ -167,6 +168,7 @@ func newCollector(c *wharf.Client, o options) *collector {
 		walLag:        desc("wharf_wal_lag_bytes", "WAL mode: WAL written past the slot's confirmed position, read by the relay that streams the slot at each lease round; 0 for a table outbox or a standby."),
 		walLagSeconds: desc("wharf_wal_lag_seconds", "WAL mode: age of the oldest commit the relay streamed and has not settled (database clock), read at each lease round; 0 when it holds nothing unsettled, for a table outbox or a standby."),
 		walHeld:       desc("wharf_wal_held_bytes", "WAL mode: bytes of streamed, unsettled messages held in memory; 0 for a table outbox."),
+		walSlotGone:   desc("wharf_wal_slot_gone", "WAL mode: 1 while the relay that streams the outbox finds its replication slot missing or lost, and enqueues are refused (run `wharf migrate up --mode wal`); 0 otherwise, for a table outbox or a standby."),
 
 		renewals: desc("wharf_lease_renewals_total", "Lane leases renewed (one per lane per lease round)."),
 		losses:   desc("wharf_lease_losses_total", "Lanes lost to another relay before this relay handed them back."),
@@ -185,7 +187,7 @@ func (k *collector) descs() []*prometheus.Desc {
 		k.info, k.delivered, k.failures, k.dead, k.duplicates, k.resent, k.failedPublishes,
 		k.sinkFailed, k.sinkSeconds, k.latency, k.fetchSeconds, k.fetchRows, k.removal,
 		k.inFlight, k.buffered, k.bufferedBytes, k.held, k.lanesOwned, k.uncovered, k.walLag, k.walLagSeconds, k.walHeld,
-		k.renewals, k.losses, k.dbErrors, k.rewinds, k.oldestDue, k.backlog, k.loopAge, k.dbSuccessAge,
+		k.walSlotGone, k.renewals, k.losses, k.dbErrors, k.rewinds, k.oldestDue, k.backlog, k.loopAge, k.dbSuccessAge,
 	}
 }
 
@@ -237,6 +239,7 @@ func (k *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(k.walLag, float64(s.WALLagBytes.Load()))
 	gauge(k.walLagSeconds, time.Duration(s.WALLag.Load()).Seconds())
 	gauge(k.walHeld, float64(s.WALHeldBytes.Load()))
+	gauge(k.walSlotGone, float64(s.WALSlotGone.Load()))
 
 	counter(k.renewals, s.LeaseRenewals.Load())
 	counter(k.losses, s.LeaseLosses.Load())

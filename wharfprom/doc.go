@@ -46,6 +46,7 @@
 //	wharf_wal_lag_bytes                      gauge                        WAL mode: WAL past the slot's confirmed position (the streaming relay's)
 //	wharf_wal_lag_seconds                    gauge                        WAL mode: age of the oldest commit streamed and not settled (database clock)
 //	wharf_wal_held_bytes                     gauge                        WAL mode: streamed, unsettled messages held in memory
+//	wharf_wal_slot_gone                      gauge                        WAL mode: 1 while the streaming relay finds the slot missing or lost (enqueues refused)
 //	wharf_lease_renewals_total               counter                      lane leases renewed (one per lane per lease round)
 //	wharf_lease_losses_total                 counter                      lanes lost to another relay before their lease was handed back
 //	wharf_database_errors_total              counter                      failed fetches, result writes and lease rounds

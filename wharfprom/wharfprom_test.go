@@ -81,6 +81,7 @@ func TestCollectorExportsTheStats(t *testing.T) {
 	s.Uncovered.Store(16)
 	s.WALLagBytes.Store(17)
 	s.WALHeldBytes.Store(18)
+	s.WALSlotGone.Store(1)
 	s.WALLag.Store(int64(2500 * time.Millisecond))
 	now := time.Unix(1_800_000_000, 0)
 	s.OldestDue.Store(now.Add(-90 * time.Second).UnixNano())
@@ -136,6 +137,7 @@ func TestCollectorExportsTheStats(t *testing.T) {
 		"wharf_lanes_uncovered":                   16,
 		"wharf_wal_lag_bytes":                     17,
 		"wharf_wal_held_bytes":                    18,
+		"wharf_wal_slot_gone":                     1,
 		"wharf_wal_lag_seconds":                   2.5,
 		"wharf_oldest_due_message_age_seconds":    90,
 		"wharf_engine_last_loop_age_seconds":      2,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -36,7 +37,11 @@ func newMigrateCmd(g *globals) *cobra.Command {
 		Long: `Apply every pending migration. With --mode wal, also switch the outbox to WAL mode
 (messages kept in the WAL only, streamed by the relay from a logical replication slot
 named after the schema): it needs wal_level=logical, a role with REPLICATION (or
-superuser) and an empty outbox, and cannot be switched back to table mode.`,
+superuser) and an empty outbox, and cannot be switched back to table mode. It revokes
+EXECUTE on pg_logical_emit_message from PUBLIC, so that only producers write messages;
+a role that cannot (not a superuser) is told the SQL a superuser must run. What it needs
+is checked before any migration is applied. Run again on an outbox in WAL mode, it brings
+it up to date and creates a missing or lost replication slot again.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch wharfmigrate.Mode(mode) {
@@ -49,6 +54,12 @@ superuser) and an empty outbox, and cannot be switched back to table mode.`,
 				return err
 			}
 			defer pool.Close()
+			if wharfmigrate.Mode(mode) == wharfmigrate.ModeWAL {
+				// Refuse before any migration: the schema stays as it was.
+				if err := m.CheckWALMode(cmd.Context(), pool); err != nil {
+					return err
+				}
+			}
 			done, err := m.Up(cmd.Context(), pool)
 			if err != nil {
 				return err
@@ -63,11 +74,27 @@ superuser) and an empty outbox, and cannot be switched back to table mode.`,
 				return err
 			}
 			switch {
-			case wharfmigrate.Mode(mode) == wharfmigrate.ModeWAL && current == wharfmigrate.ModeTable:
-				if err := m.SetWALMode(cmd.Context(), pool); err != nil {
+			case wharfmigrate.Mode(mode) == wharfmigrate.ModeWAL:
+				// Also on an outbox in WAL mode: brings it up to date and
+				// creates a missing or lost slot again.
+				rep, err := m.SetWALModeReport(cmd.Context(), pool)
+				if err != nil {
 					return err
 				}
-				fmt.Fprintf(g.stdout, "schema %s switched to WAL mode: relays stream the replication slot %s\n", g.schema, g.schema)
+				if len(rep.Revoked) > 0 {
+					fmt.Fprintf(g.stdout, "revoked EXECUTE on %s from PUBLIC: only roles granted %s.enqueue_wal (wharf migrate roles) can write messages to the outbox\n", strings.Join(rep.Revoked, ", "), g.schema)
+				}
+				switch rep.Slot {
+				case wharfmigrate.SlotMissing:
+					fmt.Fprintf(g.stdout, "the replication slot %s was missing: created it again; enqueueing works again, from now on\n", g.schema)
+				case wharfmigrate.SlotLost:
+					fmt.Fprintf(g.stdout, "the replication slot %s was lost (PostgreSQL removed WAL it had not read): dropped it and created it again; enqueueing works again, from now on, and messages committed before it was lost and not yet delivered are gone\n", g.schema)
+				}
+				if rep.Switched {
+					fmt.Fprintf(g.stdout, "schema %s switched to WAL mode: relays stream the replication slot %s; run `wharf migrate roles` (again) to give the producer and relay roles their WAL mode rights\n", g.schema, g.schema)
+				} else if current == wharfmigrate.ModeWAL {
+					fmt.Fprintf(g.stdout, "schema %s is in WAL mode, with its replication slot %s\n", g.schema, g.schema)
+				}
 			case wharfmigrate.Mode(mode) == wharfmigrate.ModeTable && current == wharfmigrate.ModeWAL && cmd.Flags().Changed("mode"):
 				return fmt.Errorf("schema %s is in WAL mode, and switching back to table mode is not supported: create a new schema (--schema) in table mode and move producers to it", g.schema)
 			}

@@ -158,6 +158,9 @@ func writeStatus(out io.Writer, st *wharf.Status) error {
 			lag = fmt.Sprintf(", oldest unsettled commit %s old", st.WAL.OldestUnsettled.Round(time.Millisecond))
 		}
 		fmt.Fprintf(w, "mode\tWAL: slot %s, %s, %d bytes of WAL behind%s (%s)\n", st.WAL.Slot, state, st.WAL.LagBytes, lag, st.WAL.WALStatus)
+		if st.WAL.WALStatus == "missing" || st.WAL.WALStatus == "lost" {
+			fmt.Fprintf(w, "\tthe slot is %s: enqueues are refused until `wharf migrate up --mode wal --schema %s` creates it again\n", st.WAL.WALStatus, st.Schema)
+		}
 	}
 	how := "counted"
 	if !st.Messages.Exact {

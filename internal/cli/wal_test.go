@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wharfhq/wharf/internal/pgembed"
 	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
@@ -48,6 +49,20 @@ func TestMigrateUpWALModeAndRelay(t *testing.T) {
 	code, out, errOut = run(args("migrate", "up", "--mode", "wal")...)
 	require.Equal(t, 0, code, errOut)
 	require.NotContains(t, out, "switched")
+	require.Contains(t, out, "is in WAL mode, with its replication slot "+schema)
+	// A dropped slot: enqueueing is refused, and migrate up --mode wal
+	// creates it again and says so.
+	_, err = pool.Exec(ctx, "SELECT pg_drop_replication_slot($1)", schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "SELECT "+schema+".enqueue('orders', 'k', '{}'::jsonb)")
+	require.ErrorContains(t, err, "run `wharf migrate up --mode wal --schema "+schema+"` to create the slot again")
+	code, out, errOut = run(args("status")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "(missing)")
+	require.Contains(t, out, "the slot is missing: enqueues are refused until `wharf migrate up --mode wal --schema "+schema+"` creates it again")
+	code, out, errOut = run(args("migrate", "up", "--mode", "wal")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "the replication slot "+schema+" was missing: created it again")
 	code, _, errOut = run(args("migrate", "up", "--mode", "table")...)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "switching back to table mode is not supported")
@@ -66,6 +81,28 @@ func TestMigrateUpWALModeAndRelay(t *testing.T) {
 	code, out, errOut = run(args("status")...)
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `mode\s+WAL: slot `+schema+`, no relay streams it, \d+ bytes of WAL behind \(reserved\)`, out)
+}
+
+// migrate up --mode wal on a server with wal_level=replica refuses before
+// applying any migration: one line, exit 1, no schema left behind.
+func TestMigrateUpWALModeChecksBeforeMigrating(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := pgembed.Start(ctx, pgembed.Options{Settings: map[string]string{"wal_level": "replica"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := pgxpool.New(ctx, c.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	schema := "wcr"
+	code, out, errOut := run("migrate", "up", "--mode", "wal", "--schema", schema, "--database-url", c.URL())
+	require.Equal(t, 1, code, out)
+	require.Contains(t, errOut, "WAL mode needs wal_level=logical, and the server runs with wal_level=replica")
+	require.Equal(t, 1, strings.Count(strings.TrimSpace(errOut), "\n")+1, "one line: %s", errOut)
+	require.Empty(t, out, "nothing migrated")
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists))
+	require.False(t, exists, "migrate up --mode wal left schema %s behind", schema)
 }
 
 // wharf demo --mode wal runs its three steps on a WAL outbox and leaves no

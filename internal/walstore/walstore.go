@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -105,6 +106,10 @@ type Store struct {
 // holds in memory, and the slot's lag in bytes and in nanoseconds.
 type Gauges struct {
 	HeldBytes, LagBytes, Lag *atomic.Int64
+	// SlotGone is set to 1 when the stream fails because the slot is
+	// missing or lost (invalidated), and back to 0 once it streams (nil:
+	// not kept).
+	SlotGone *atomic.Int64
 }
 
 // Config is what a WAL store needs besides the table store it keeps its
@@ -334,8 +339,17 @@ func (s *Store) run(ctx context.Context) {
 		d := retry.Fail(time.Now())
 		var pgErr *pgconn.PgError
 		switch {
-		case errors.Is(err, walstream.ErrSlotMissing) || errors.As(err, &pgErr) && pgErr.Code == "42704":
-			err = fmt.Errorf("%w (create the slot and the publication with `wharf migrate up --mode wal`)", err)
+		case errors.Is(err, walstream.ErrSlotMissing):
+			// Producers' enqueue_wal refuses while the slot is missing, so
+			// nothing is committed meanwhile; what was committed before it
+			// went and was not delivered is lost.
+			s.setSlotGone(1)
+			err = fmt.Errorf("%w (enqueueing is refused until it exists: run `wharf migrate up --mode wal --schema %s`, which creates it again; messages committed before the slot went and not yet delivered are lost)", err, s.schema)
+		case errors.As(err, &pgErr) && pgErr.Code == "42704":
+			err = fmt.Errorf("%w (run `wharf migrate up --mode wal --schema %s`, which creates the publication and the slot again)", err, s.schema)
+		case errors.Is(err, walstream.ErrSlotInvalidated):
+			s.setSlotGone(1)
+			err = fmt.Errorf("%w; enqueueing is refused while it is lost: run `wharf migrate up --mode wal --schema %s`, which drops the lost slot and creates it again", err, s.schema)
 		case errors.Is(err, walstream.ErrSlotActive):
 			// The relay that held the lanes before has not closed its
 			// stream yet: a takeover, not a failure.
@@ -391,6 +405,11 @@ func (s *Store) stream(ctx context.Context) error {
 		inTx  bool
 		rows  []*walRow
 		bad   []badContent
+		// msgs are the transaction's decoded contents, origin[i] the one
+		// rows[i] came from: a content whose record the store refuses at
+		// take is dead-lettered whole.
+		msgs   []walstream.Message
+		origin []int
 	)
 	for {
 		if s.full() {
@@ -405,50 +424,82 @@ func (s *Store) stream(ctx context.Context) error {
 		}
 		switch ev := ev.(type) {
 		case walstream.Begin:
-			begin, inTx, rows, bad = ev, true, nil, nil
+			s.setSlotGone(0)
+			begin, inTx, rows, bad, msgs, origin = ev, true, nil, nil, nil, nil
 		case walstream.Message:
 			if !ev.Transactional {
 				continue // not an outbox message: producers write transactional ones
 			}
 			recs, err := walmsg.Decode(ev.Content)
 			if err != nil {
-				bad = append(bad, badContent{lsn: ev.LSN, content: ev.Content, err: err})
+				bad = append(bad, badContent{lsn: ev.LSN, content: ev.Content, err: err, topic: topicUndecodable})
+				continue
+			}
+			// A seq is where the record carrying the message ends in the
+			// WAL, which the relay reads itself: a content that names one,
+			// or that Wharf's enqueue could not have written, is refused
+			// whole and kept as a dead letter.
+			if err := checkRecords(recs); err != nil {
+				bad = append(bad, badContent{lsn: ev.LSN, content: ev.Content, err: err, topic: topicMalformed})
 				continue
 			}
 			first := walmsg.FirstSeq(uint64(ev.LSN), len(recs))
 			for i := range recs {
-				seq := first + int64(i)
-				if recs[i].Seq != 0 {
-					seq = recs[i].Seq // a dead letter sent again keeps its id
-				}
-				rows = append(rows, newWALRow(&recs[i], seq, begin.CommitTime))
+				rows = append(rows, newWALRow(&recs[i], first+int64(i), begin.CommitTime))
+				origin = append(origin, len(msgs))
 			}
+			msgs = append(msgs, ev)
 		case walstream.Commit:
 			inTx = false
 			if ev.EndLSN <= s.lastEndLocked() {
 				continue
 			}
-			if len(bad) > 0 {
-				if err := s.deadLetterContents(ctx, bad, begin.CommitTime); err != nil {
+			for {
+				if len(bad) > 0 {
+					if err := s.deadLetterContents(ctx, bad, begin.CommitTime); err != nil {
+						return err
+					}
+					bad = nil
+				}
+				held, err := s.take(ev.EndLSN, begin.CommitTime, rows)
+				if err != nil {
 					return err
 				}
-			}
-			if err := s.take(ev.EndLSN, begin.CommitTime, rows); err != nil {
-				return err
+				if len(held) == 0 {
+					break
+				}
+				// take took nothing: the contents of the refused rows go to
+				// the dead letters first, then the rest is taken.
+				rows, origin, bad = refuseContents(rows, origin, msgs, held)
 			}
 		case walstream.Keepalive:
-			s.mu.Lock()
-			if !inTx && ev.WALEnd >= s.target {
-				s.caughtUp = true
-			}
-			if !inTx && s.progress.Pending() == 0 {
-				// Nothing held: WAL up to here holds nothing of this outbox
-				// that is not settled, and other writes keep adding WAL the
-				// slot would otherwise retain.
-				s.confirmLocked(ev.WALEnd)
-			}
-			s.mu.Unlock()
+			s.setSlotGone(0)
+			s.keepalive(ev, inTx)
 		}
+	}
+}
+
+// setSlotGone sets the SlotGone gauge, when it is kept.
+func (s *Store) setSlotGone(v int64) {
+	if s.gauges.SlotGone != nil {
+		s.gauges.SlotGone.Store(v)
+	}
+}
+
+// keepalive notes a keepalive received outside a transaction (inTx unset):
+// the stream has caught up once it reaches the target, and with nothing
+// held the slot is confirmed up to it.
+func (s *Store) keepalive(ev walstream.Keepalive, inTx bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !inTx && ev.WALEnd >= s.target {
+		s.caughtUp = true
+	}
+	if !inTx && s.progress.Pending() == 0 {
+		// Nothing held: WAL up to here holds nothing of this outbox
+		// that is not settled, and other writes keep adding WAL the
+		// slot would otherwise retain.
+		s.confirmLocked(ev.WALEnd)
 	}
 }
 
@@ -662,8 +713,11 @@ func (s *Store) full() bool {
 	return s.held >= s.budget || s.queued >= s.budget/readAhead
 }
 
+// newWALRow is the row of a checked record (checkRecords) whose seq the
+// store computed from its WAL position (always positive): its lane is its
+// key's, or the seq's for an unkeyed message, in [0, Lanes) either way.
 func newWALRow(rec *walmsg.Record, seq int64, committed time.Time) *walRow {
-	lane := int16(seq % wharfmigrate.Lanes)
+	lane := int16(uint64(seq) % wharfmigrate.Lanes)
 	if rec.Key != "" {
 		lane = walmsg.Lane(rec.Key)
 	}
@@ -672,9 +726,112 @@ func newWALRow(rec *walmsg.Record, seq int64, committed time.Time) *walRow {
 	}}
 }
 
-// take adds a committed transaction's messages and wakes the engine.
-func (s *Store) take(end walstream.LSN, committed time.Time, rows []*walRow) error {
+// Topics of the dead letters the stream makes of the logical messages it
+// cannot deliver.
+const (
+	// topicUndecodable: the content is not in Wharf's format (walmsg).
+	topicUndecodable = "wharf.undecodable"
+	// topicMalformed: the content decodes, but Wharf's enqueue could not
+	// have written it (checkRecords), or it names a seq the store holds.
+	topicMalformed = "wharf.malformed"
+)
+
+// maxNonce bounds a message id's random part (62 bits).
+const maxNonce = 1<<62 - 1
+
+// checkRecords refuses what Wharf's enqueue functions never write: a seq
+// (the relay assigns every seq from the WAL position, so a content naming
+// one was written around the enqueue API), an empty topic, text PostgreSQL
+// could not store (the relay writes messages to its tables: retries, dead
+// letters, spilled rows) and a nonce outside its 62 bits.
+func checkRecords(recs []walmsg.Record) error {
+	text := func(v string) bool { return utf8.ValidString(v) && strings.IndexByte(v, 0) < 0 }
+	for i := range recs {
+		r := &recs[i]
+		var why string
+		switch {
+		case r.Seq != 0:
+			why = fmt.Sprintf("carries seq %d, but a seq is assigned by the relay from the message's WAL position: this content was not written by Wharf's enqueue", r.Seq)
+		case r.Nonce < 0 || r.Nonce > maxNonce:
+			why = fmt.Sprintf("has nonce %d, outside the 62 bits of an id", r.Nonce)
+		case r.Topic == "":
+			why = "has no topic"
+		case !text(r.Topic):
+			why = "has a topic that is not valid UTF-8 without NUL bytes"
+		case !text(r.Key):
+			why = "has a key that is not valid UTF-8 without NUL bytes"
+		}
+		for k, v := range r.Headers {
+			if why == "" && (!text(k) || !text(v)) {
+				why = "has a header that is not valid UTF-8 without NUL bytes"
+			}
+		}
+		if why != "" {
+			return fmt.Errorf("message %d of %d %s", i+1, len(recs), why)
+		}
+	}
+	return nil
+}
+
+// refuseContents moves the contents of the refused rows (take's held seqs:
+// seqs the store already holds) out of rows and into the dead letters: none
+// of such a content is delivered.
+func refuseContents(rows []*walRow, from []int, msgs []walstream.Message, held []int64) ([]*walRow, []int, []badContent) {
+	refused := map[int]int64{}
+	for i, r := range rows {
+		if slices.Contains(held, r.Seq) {
+			if _, ok := refused[from[i]]; !ok {
+				refused[from[i]] = r.Seq
+			}
+		}
+	}
+	var bad []badContent
+	var keep []*walRow
+	var keepFrom []int
+	for i, r := range rows {
+		if seq, ok := refused[from[i]]; ok {
+			if r.Seq == seq {
+				m := msgs[from[i]]
+				bad = append(bad, badContent{lsn: m.LSN, content: m.Content, topic: topicMalformed,
+					err: fmt.Errorf("its message at seq %d would replace a message the relay holds with that seq", seq)})
+			}
+			continue
+		}
+		keep, keepFrom = append(keep, r), append(keepFrom, from[i])
+	}
+	return keep, keepFrom, bad
+}
+
+// take adds a committed transaction's messages and wakes the engine. A
+// message whose seq the store already holds in its lane never replaces it:
+// take then takes nothing and returns the seqs it refused, for the caller
+// to dead-letter their contents and take the rest.
+func (s *Store) take(end walstream.LSN, committed time.Time, rows []*walRow) ([]int64, error) {
+	held, wake, err := s.takeLocked(end, committed, rows)
+	if wake != nil {
+		wake()
+	}
+	return held, err
+}
+
+// takeLocked is take under s.mu (released however it returns); it returns
+// the engine's wake-up to call once the lock is released.
+func (s *Store) takeLocked(end walstream.LSN, committed time.Time, rows []*walRow) (held []int64, wake func(), err error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range rows {
+		if r.Lane < 0 || int(r.Lane) >= len(s.lanes) || r.Seq <= 0 {
+			// newWALRow never makes one; a bug, refused like a held seq.
+			held = append(held, r.Seq)
+			continue
+		}
+		if _, ok := s.lanes[r.Lane].rows[r.Seq]; ok {
+			held = append(held, r.Seq)
+		}
+	}
+	if len(held) > 0 {
+		return held, nil, nil
+	}
 	tx, err := s.progress.Add(end, committed, len(rows))
 	if err != nil {
 		// The stream is in commit order and ends only grow, so this is a
@@ -682,8 +839,7 @@ func (s *Store) take(end walstream.LSN, committed time.Time, rows []*walRow) err
 		// confirmed position: what was held is delivered again (at least
 		// once), nothing is skipped.
 		s.resetLocked()
-		s.mu.Unlock()
-		return fmt.Errorf("wharf: WAL stream out of order (a bug; streaming again from the slot's confirmed position): %w", err)
+		return nil, nil, fmt.Errorf("wharf: WAL stream out of order (a bug; streaming again from the slot's confirmed position): %w", err)
 	}
 	s.lastEnd = end
 	if end >= s.target {
@@ -710,19 +866,18 @@ func (s *Store) take(end walstream.LSN, committed time.Time, rows []*walRow) err
 	if len(rows) == 0 && s.conn != nil {
 		s.confirmLocked(s.progress.Confirmable())
 	}
-	wake := s.wake
 	s.gauges.HeldBytes.Store(s.held)
-	s.mu.Unlock()
-	if wake != nil && len(rows) > 0 {
-		wake()
+	if len(rows) > 0 {
+		wake = s.wake
 	}
-	return nil
+	return nil, wake, nil
 }
 
 type badContent struct {
 	lsn     walstream.LSN
 	content []byte
 	err     error
+	topic   string // topicUndecodable or topicMalformed
 }
 
 // deadLetterContents keeps a logical message of the outbox's prefix that is
@@ -734,9 +889,13 @@ func (s *Store) deadLetterContents(ctx context.Context, bad []badContent, commit
 	b := &pgx.Batch{}
 	for _, c := range bad {
 		seq := int64(c.lsn) - 1
-		s.log.Error("wharf: a logical message of the outbox's prefix is not a Wharf message; moved to the dead letters", "lsn", c.lsn.String(), "err", c.err)
+		s.log.Error("wharf: a logical message of the outbox's prefix is not one Wharf's enqueue writes; moved to the dead letters, nothing of it delivered", "lsn", c.lsn.String(), "topic", c.topic, "err", c.err)
+		topic := c.topic
+		if topic == "" {
+			topic = topicUndecodable
+		}
 		b.Queue(`INSERT INTO `+s.schema+`.dead_letters (id, nonce, topic, payload, created_at, attempts, last_error)
-VALUES ($1, 0, 'wharf.undecodable', $2, $3, 0, $4) ON CONFLICT (id) DO NOTHING`, seq, c.content, committed, "at WAL position "+c.lsn.String()+": "+c.err.Error())
+VALUES ($1, 0, $5, $2, $3, 0, $4) ON CONFLICT (id) DO NOTHING`, seq, c.content, committed, "at WAL position "+c.lsn.String()+": "+c.err.Error(), topic)
 	}
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return store.Wrap("move an undecodable WAL message to the dead letters", err)
