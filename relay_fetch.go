@@ -192,7 +192,7 @@ func (r *relay) heldUnkeyed() int {
 // acknowledgements are written (fenced as always); everything else is read
 // again, so nothing committed on the new history is skipped.
 func (r *relay) rewind(res store.FetchResult, now time.Time) {
-	r.log.Warn("wharf: the database's transaction ids went backwards (failover to a standby that lost commits, or a restore): reading every lane again")
+	r.log.Warn("wharf: the database went back in time (failover to a standby that lost commits, or a restore): reading every lane again")
 	r.stats.Rewinds.Add(1)
 	r.loading -= len(res.Req.Loads) + len(res.Req.Refills)
 	r.loads, r.refills = nil, nil

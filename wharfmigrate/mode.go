@@ -351,8 +351,12 @@ func CheckEmitRestricted(ctx context.Context, q querier) error {
 // longest run of streamed transactions whose messages are all settled.
 // PostgreSQL saves a logical slot's confirmed position only at checkpoints,
 // so after a crash the slot starts from an older one; the relay skips what
-// ends at or before the recorded position. The streaming relay also records
-// the commit time of the oldest message it holds unsettled, for status.
+// ends at or before the recorded position. A position names a place in
+// one WAL history only: the row also holds the system identifier and the
+// timeline it was recorded on, and the relay uses it only on the same ones
+// (NULL: recorded by an earlier build, not used). The streaming relay also
+// records the commit time of the oldest message it holds unsettled, for
+// status. Every statement can run again on an outbox that has the table.
 const progressTableSQL = `
 CREATE TABLE IF NOT EXISTS {{schema}}.wal_progress (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
@@ -360,7 +364,9 @@ CREATE TABLE IF NOT EXISTS {{schema}}.wal_progress (
 );
 ALTER TABLE {{schema}}.wal_progress
     ADD COLUMN IF NOT EXISTS oldest_unsettled timestamptz,
-    ADD COLUMN IF NOT EXISTS recorded_at timestamptz;
+    ADD COLUMN IF NOT EXISTS recorded_at timestamptz,
+    ADD COLUMN IF NOT EXISTS system_identifier bigint,
+    ADD COLUMN IF NOT EXISTS timeline_id integer;
 INSERT INTO {{schema}}.wal_progress (settled) VALUES ('0/0') ON CONFLICT DO NOTHING;
 `
 

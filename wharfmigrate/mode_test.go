@@ -312,3 +312,31 @@ func TestSetWALModeRecreatesALostSlot(t *testing.T) {
 	_, err = pool.Exec(ctx, "SELECT lost.enqueue('t', 'k', '{}')")
 	require.NoError(t, err)
 }
+
+// An outbox switched to WAL mode by an earlier build has a wal_progress
+// without the columns that name the WAL history a position belongs to:
+// SetWALMode on it adds them (empty: the relay does not use a position
+// without them) and keeps the position; running it again changes nothing.
+func TestSetWALModeAddsTheHistoryColumnsToAnEarlierOutbox(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := logical(t)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	_, err = pool.Exec(ctx, "ALTER TABLE "+schema+".wal_progress DROP COLUMN system_identifier, DROP COLUMN timeline_id; UPDATE "+schema+".wal_progress SET settled = '0/1234'")
+	require.NoError(t, err)
+
+	for i := 0; i < 2; i++ {
+		require.NoError(t, m.SetWALMode(ctx, pool))
+		var settled string
+		var sysid *int64
+		var timeline *int32
+		require.NoError(t, pool.QueryRow(ctx, "SELECT settled::text, system_identifier, timeline_id FROM "+schema+".wal_progress").Scan(&settled, &sysid, &timeline))
+		require.Equal(t, "0/1234", settled)
+		require.Nil(t, sysid)
+		require.Nil(t, timeline)
+	}
+}

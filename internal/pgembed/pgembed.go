@@ -384,6 +384,45 @@ func (c *Cluster) SaveData(ctx context.Context) error {
 // RestoreData crashes the server, replaces its data directory with the one
 // SaveData copied and starts it on the same port.
 func (c *Cluster) RestoreData(ctx context.Context) error {
+	if err := c.putBack(ctx); err != nil {
+		return err
+	}
+	return c.StartServer(ctx)
+}
+
+// RecoverData is RestoreData that starts the copy in archive recovery,
+// which replays the copy's WAL and ends there: the server comes back on a
+// new timeline, as after a point-in-time recovery or the promotion of a
+// standby.
+func (c *Cluster) RecoverData(ctx context.Context) error {
+	if err := c.putBack(ctx); err != nil {
+		return err
+	}
+	signal := filepath.Join(c.dataDir, "recovery.signal")
+	if err := os.WriteFile(signal, nil, 0o600); err != nil {
+		return err
+	}
+	if c.cred != nil {
+		if err := os.Lchown(signal, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+			return err
+		}
+	}
+	// No archive: recovery reads pg_wal only, and ends at its end.
+	opts := c.opts
+	opts.Settings = maps.Clone(c.opts.Settings)
+	if opts.Settings == nil {
+		opts.Settings = map[string]string{}
+	}
+	opts.Settings["restore_command"] = "false"
+	if _, err := c.startServer(ctx, opts, c.socketDir); err != nil {
+		return err
+	}
+	return c.waitReady(ctx)
+}
+
+// putBack crashes the server and replaces its data directory with the one
+// SaveData copied.
+func (c *Cluster) putBack(ctx context.Context) error {
 	if err := c.StopServer("immediate"); err != nil {
 		return err
 	}
@@ -393,7 +432,7 @@ func (c *Cluster) RestoreData(ctx context.Context) error {
 	if out, err := exec.CommandContext(ctx, "cp", "-a", filepath.Join(c.dir, "saved"), c.dataDir).CombinedOutput(); err != nil {
 		return fmt.Errorf("restore data directory: %w: %s", err, out)
 	}
-	return c.StartServer(ctx)
+	return nil
 }
 
 // Stop stops the server (pg_ctl stop -m fast, falling back to immediate) and

@@ -74,6 +74,22 @@ type Store struct {
 	// crash of PostgreSQL (the slot's own position is saved only at
 	// checkpoints): a stream started later skips up to it too.
 	confirmed walstream.LSN
+	// The WAL history the held state belongs to (checkHistory): the
+	// identity of the server the last stream started on, the highest WAL
+	// end the server reported since (confirmLocked goes no further), and
+	// the position this relay last wrote to wal_progress on it.
+	sys       walstream.System
+	serverEnd walstream.LSN
+	recorded  walstream.LSN
+	// rewound is set when the history changed: the next fetch tells the
+	// engine (FetchResult.Rewound), which reads every lane again.
+	rewound bool
+	// doubt is set when the outbox table's transaction ids went back: the
+	// next stream start treats the history as changed.
+	doubt bool
+	// endStream ends the running stream, for a start that checks the
+	// history again.
+	endStream context.CancelCauseFunc
 	conn      *walstream.Conn
 	err       error  // the stream's last failure, for the next fetch to report
 	wake      func() // the engine's wake-up (set by listen)
@@ -371,32 +387,47 @@ func (s *Store) run(ctx context.Context) {
 // stream reads the slot from its confirmed position. Transactions that end
 // at or before the last one taken are already held (or settled): a stream
 // started again after a failure skips them, so they are not delivered twice.
-func (s *Store) stream(ctx context.Context) error {
+func (s *Store) stream(ctx context.Context) (err error) {
+	ctx, end := context.WithCancelCause(ctx)
+	defer func() {
+		if cause := context.Cause(ctx); errors.Is(cause, errOtherHistory) {
+			err = cause // ended by endStream
+		}
+		end(nil)
+	}()
 	conn, err := walstream.ConnectConfig(ctx, &s.pool.Config().ConnConfig.Config, walstream.Options{Prefix: s.prefix, StatusInterval: 100 * time.Millisecond})
 	if err != nil {
 		return err
 	}
 	defer func() {
 		s.mu.Lock()
-		s.conn = nil
+		s.conn, s.endStream = nil, nil
 		s.mu.Unlock()
 		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = conn.Close(closeCtx)
 		cancel()
 	}()
-	target, from, settled, tableRows, err := s.walEnd(ctx)
+	w, err := s.walEnd(ctx)
+	if err != nil {
+		return err
+	}
+	sys, err := conn.Identify(ctx)
 	if err != nil {
 		return err
 	}
 	if err := conn.Start(ctx, s.slot, s.publication, 0); err != nil {
 		return err
 	}
+	settled, err := s.checkHistory(ctx, sys, w)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
-	s.tableRows = s.tableRows || tableRows
-	s.target = target
+	s.tableRows = s.tableRows || w.tableRows
+	s.target = w.end
 	s.lastEnd = max(s.lastEnd, settled)
-	s.caughtUp = s.caughtUp || target <= from || target <= s.lastEnd
-	s.conn = conn
+	s.caughtUp = s.caughtUp || w.end <= w.confirmed || w.end <= s.lastEnd
+	s.conn, s.endStream = conn, end
 	s.confirmLocked(max(s.progress.Confirmable(), settled))
 	s.mu.Unlock()
 
@@ -474,7 +505,7 @@ func (s *Store) stream(ctx context.Context) error {
 			}
 		case walstream.Keepalive:
 			s.setSlotGone(0)
-			s.keepalive(ev, inTx)
+			s.keepalive(ev, inTx, conn.ServerWALEnd())
 		}
 	}
 }
@@ -489,9 +520,10 @@ func (s *Store) setSlotGone(v int64) {
 // keepalive notes a keepalive received outside a transaction (inTx unset):
 // the stream has caught up once it reaches the target, and with nothing
 // held the slot is confirmed up to it.
-func (s *Store) keepalive(ev walstream.Keepalive, inTx bool) {
+func (s *Store) keepalive(ev walstream.Keepalive, inTx bool, serverEnd walstream.LSN) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.serverEnd = max(s.serverEnd, ev.WALEnd, serverEnd)
 	if !inTx && ev.WALEnd >= s.target {
 		s.caughtUp = true
 	}
@@ -579,6 +611,10 @@ func (s *Store) spill(ctx context.Context, fences map[int16]int64) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL wharf.spill = 'on'`); err != nil {
 			return err
 		}
+		// The slot is confirmed past these messages once this commits.
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+			return err
+		}
 		q, err := tx.Query(ctx, s.wq.spill, lanes, lf, s.owner, rl, ids, nonces, topics, keys, payloads, headers, deliverAt, created)
 		if err != nil {
 			return err
@@ -643,62 +679,209 @@ func (s *Store) deleteStale(ctx context.Context) error {
 	return nil
 }
 
-// confirmLocked confirms the slot up to lsn (never back).
+// confirmLocked confirms the slot up to lsn (never back), and never past
+// the WAL end the server reported on the stream (at its start, in its
+// keepalives, or as a transaction's end): PostgreSQL accepts a confirmation
+// past its WAL end, and the slot would then skip what commits there later.
 func (s *Store) confirmLocked(lsn walstream.LSN) {
-	s.confirmed = max(s.confirmed, lsn)
+	limit := max(s.serverEnd, s.lastEnd)
+	s.confirmed = max(s.confirmed, min(lsn, limit))
 	if s.conn != nil {
-		s.conn.Confirm(s.confirmed)
+		s.conn.Confirm(min(s.confirmed, limit))
 	}
 }
 
 // recordProgress writes the furthest position confirmed to wal_progress,
 // and the commit time of the oldest message held unsettled (zero: none, or
 // the stream stopped) for status. The write needs no fence: a position any
-// relay confirmed is settled, and the position only grows.
+// relay confirmed is settled, and the position only grows. It writes only
+// where the row names the WAL history of the relay's stream (checkHistory
+// stamped it) and only a position at or below the server's WAL insert
+// position: a write refused means the database is on another history than
+// the stream, which ends so that its next start checks it.
 func (s *Store) recordProgress(ctx context.Context, oldest time.Time) error {
 	s.mu.Lock()
-	lsn := s.confirmed
+	lsn, sys := s.confirmed, s.sys
 	s.mu.Unlock()
+	if sys.ID == 0 {
+		return nil // no stream started yet: nothing confirmed
+	}
 	var at pgtype.Timestamptz
 	if !oldest.IsZero() {
 		at = pgtype.Timestamptz{Time: oldest, Valid: true}
 	}
-	if _, err := s.pool.Exec(ctx, s.wq.recordProgress, lsn.String(), at); err != nil {
+	// Durable before it counts as written (recorded): a stream start that
+	// finds the row below it takes the history as changed.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL synchronous_commit = on")
+	update := b.Queue(s.wq.recordProgress, lsn.String(), at, int64(sys.ID), sys.Timeline)
+	b.Queue("COMMIT")
+	var tag pgconn.CommandTag
+	update.Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return store.Wrap("record the settled WAL position", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tag.RowsAffected() == 1 {
+		if sameHistory(s.sys, sys) {
+			s.recorded = max(s.recorded, lsn)
+		}
+		return nil
+	}
+	if sameHistory(s.sys, sys) && s.endStream != nil {
+		s.log.Warn("wharf: wal_progress refused the settled WAL position: the database is not on the WAL history the relay streams (failover, restore); starting the stream again",
+			"position", lsn.String(), "system_identifier", sys.ID, "timeline", sys.Timeline)
+		s.endStream(errOtherHistory)
 	}
 	return nil
 }
 
-// walEnd returns the WAL end now (the insert position: every commit so far
-// ends at or before it), the slot's confirmed position and the settled
-// position recorded in wal_progress, and whether the outbox table holds
-// rows (moved there by a spill). The
-// stream sends only flushed WAL, and commits made with synchronous_commit
-// off, and what follows them, can wait unflushed on an idle server, so the
-// WAL end is read in a transaction that commits with synchronous_commit on:
-// its commit flushes everything before it.
-func (s *Store) walEnd(ctx context.Context) (end, confirmed, settled walstream.LSN, tableRows bool, err error) {
+// sameHistory reports whether a and b name one WAL history: the same
+// cluster and timeline.
+func sameHistory(a, b walstream.System) bool { return a.ID == b.ID && a.Timeline == b.Timeline }
+
+var errOtherHistory = errors.New("wharf: the database is not on the WAL history the relay streamed (failover or restore); starting the stream again")
+
+// checkHistory compares what a stream start read (w, then the server's
+// identity) with what the store remembers of the streams before, and
+// returns the recorded settled position the stream may skip up to (0 when
+// it may not use it). A position names a place in one WAL history: after a
+// failover to a standby that lost commits, a point-in-time restore or a copy
+// of the data directory put back, new commits reuse positions the relay
+// streamed before, and a dump restored on another server brings another
+// cluster's position along. When the history changed, the store forgets
+// what it holds and its positions (the stream starts from the slot's
+// confirmed position) and the next fetch tells the engine to read every
+// lane again. A recorded position of another history is not used, and the
+// row is written again with this one's identity. The caller holds the slot
+// (the stream started), so no other relay writes the row meanwhile.
+func (s *Store) checkHistory(ctx context.Context, sys walstream.System, w walStart) (walstream.LSN, error) {
+	if w.confirmed > w.end {
+		s.log.Error("wharf: the replication slot is confirmed past the server's WAL end: PostgreSQL skips every transaction that commits below that position; create the slot again (see the README, WAL mode)",
+			"slot", s.slot, "confirmed", w.confirmed.String(), "wal_end", w.end.String())
+	}
+	stamped := w.sysID != nil && w.timeline != nil && uint64(*w.sysID) == sys.ID && *w.timeline == sys.Timeline
+	s.mu.Lock()
+	var changed string
+	switch {
+	case s.sys.ID != 0 && !sameHistory(s.sys, sys):
+		changed = fmt.Sprintf("the server's system identifier and timeline are %d/%d, the previous stream's were %d/%d (failover, point-in-time restore, or another server)",
+			sys.ID, sys.Timeline, s.sys.ID, s.sys.Timeline)
+	case sys.WALEnd < max(s.lastEnd, s.confirmed):
+		changed = fmt.Sprintf("the server's WAL ends at %s, below %s that this relay streamed (a restore, or a failover to a standby that lost commits)",
+			sys.WALEnd, max(s.lastEnd, s.confirmed))
+	case stamped && w.settled < s.recorded:
+		changed = fmt.Sprintf("wal_progress went back from %s, which this relay wrote, to %s (a restore)", s.recorded, w.settled)
+	case s.doubt:
+		changed = "the outbox table's transaction ids went back (a restore, or a failover to a standby that lost commits)"
+	}
+	if changed != "" {
+		s.log.Warn("wharf: the database's WAL history changed: forgetting every held message, streaming again from the replication slot's position and reading every lane again",
+			"why", changed)
+		s.resetLocked()
+		s.confirmed, s.recorded, s.serverEnd = 0, 0, 0
+		s.rewound, s.doubt = true, false
+		// Deletes of rows the old history spilled could hit the new one's.
+		s.staleOps = nil
+		if s.wake != nil {
+			defer s.wake() // after the unlock below
+		}
+	}
+	var ignored string
+	switch {
+	case changed != "":
+		ignored = "the WAL history changed"
+	case w.sysID == nil || w.timeline == nil:
+		ignored = "it was recorded without the cluster's identity (by an earlier build)"
+	case uint64(*w.sysID) != sys.ID:
+		ignored = fmt.Sprintf("it was recorded on another cluster (system identifier %d; this server's is %d)", uint64(*w.sysID), sys.ID)
+	case *w.timeline != sys.Timeline:
+		ignored = fmt.Sprintf("it was recorded on timeline %d; the server is on timeline %d", *w.timeline, sys.Timeline)
+	case w.settled > w.end:
+		ignored = fmt.Sprintf("it is past the server's WAL insert position %s", w.end)
+	}
+	s.mu.Unlock()
+	settled := w.settled
+	if ignored != "" {
+		// From the slot's position, which this history has.
+		settled = min(w.confirmed, w.end)
+		if w.settled != 0 && changed == "" { // a change was logged above
+			s.log.Warn("wharf: wal_progress is not used to skip transactions: "+ignored+"; writing it again",
+				"settled", w.settled.String(), "slot_confirmed", w.confirmed.String(), "wal_end", w.end.String())
+		}
+	}
+	if ignored != "" || !stamped {
+		tag, err := s.pool.Exec(ctx, s.wq.stampProgress, settled.String(), int64(sys.ID), sys.Timeline)
+		if err != nil {
+			return 0, store.Wrap("write the settled WAL position again", err)
+		}
+		if tag.RowsAffected() != 1 {
+			return 0, fmt.Errorf("wharf: outbox %s: wal_progress has no row: run `wharf migrate up --mode wal` again to add it", s.schema)
+		}
+	}
+	s.mu.Lock()
+	if !sameHistory(s.sys, sys) {
+		s.serverEnd, s.recorded = 0, 0
+	}
+	s.sys = sys
+	s.serverEnd = max(s.serverEnd, sys.WALEnd)
+	s.recorded = max(s.recorded, settled)
+	s.mu.Unlock()
+	if ignored != "" {
+		return 0, nil // the slot's own position: nothing to skip past it
+	}
+	return settled, nil
+}
+
+// walStart is what a stream start reads from the database (walEnd).
+type walStart struct {
+	end       walstream.LSN // the WAL insert position: every commit so far ends at or before it
+	confirmed walstream.LSN // the slot's confirmed position
+	settled   walstream.LSN // the position recorded in wal_progress
+	// The identity of the WAL history settled was recorded on (NULL: by an
+	// earlier build).
+	sysID     *int64
+	timeline  *int32
+	tableRows bool // the outbox table holds rows (moved there by a spill)
+}
+
+// walEnd reads the WAL end now, the slot's confirmed position, the row of
+// wal_progress, and whether the outbox table holds rows. The stream sends
+// only flushed WAL, and commits made with synchronous_commit off, and what
+// follows them, can wait unflushed on an idle server, so the WAL end is read
+// in a transaction that writes (the row, unchanged) and commits with
+// synchronous_commit on: its commit flushes everything before it, and the
+// server's flushed WAL end (walstream.Conn.Identify) is past w.end from
+// then on.
+func (s *Store) walEnd(ctx context.Context) (walStart, error) {
+	var w walStart
 	var e, c, st string
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, s.wq.walEnd, s.slot).Scan(&e, &c, &st, &tableRows)
+		return tx.QueryRow(ctx, s.wq.walEnd, s.slot).Scan(&e, &c, &st, &w.sysID, &w.timeline, &w.tableRows)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, 0, 0, false, fmt.Errorf("wharf: replication slot %q: %w", s.slot, walstream.ErrSlotMissing)
+		return w, fmt.Errorf("wharf: replication slot %q: %w", s.slot, walstream.ErrSlotMissing)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return 0, 0, 0, false, fmt.Errorf("wharf: outbox %s has no wal_progress table (WAL mode from an earlier build): run `wharf migrate up --mode wal` again to add it", s.schema)
+		return w, fmt.Errorf("wharf: outbox %s has no wal_progress table (WAL mode from an earlier build): run `wharf migrate up --mode wal` again to add it", s.schema)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
+		return w, fmt.Errorf("wharf: outbox %s has a wal_progress table without the WAL history columns (WAL mode from an earlier build): run `wharf migrate up --mode wal` again to add them", s.schema)
 	}
 	if err != nil {
-		return 0, 0, 0, false, store.Wrap("read the WAL end", err)
+		return w, store.Wrap("read the WAL end", err)
 	}
-	end, err1 := walstream.ParseLSN(e)
-	confirmed, err2 := walstream.ParseLSN(c)
-	settled, err3 := walstream.ParseLSN(st)
-	return end, confirmed, settled, tableRows, errors.Join(err1, err2, err3)
+	var err1, err2, err3 error
+	w.end, err1 = walstream.ParseLSN(e)
+	w.confirmed, err2 = walstream.ParseLSN(c)
+	w.settled, err3 = walstream.ParseLSN(st)
+	return w, errors.Join(err1, err2, err3)
 }
 
 func (s *Store) lastEndLocked() walstream.LSN {
@@ -927,6 +1110,11 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.rewound || table.Rewound {
+		s.rewindLocked(table.Rewound)
+		res.Rewound = true
+		return res
+	}
 	if useTable {
 		s.tablePos = table.Pos
 		res.DBNow = table.DBNow
@@ -1002,6 +1190,28 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 		}
 	}
 	return res
+}
+
+// rewindLocked answers a fetch after the database went back in time (the
+// stream's start found another WAL history, or the table part's transaction
+// ids went back): the engine drops what it buffered and reads every lane
+// again, so every lane hands out all it holds again, and the notes about
+// table rows and the table's read position, which may belong to the other
+// history, go (a row can come twice, none is skipped). When only the table
+// saw it, the stream starts again, and its start forgets what it holds.
+func (s *Store) rewindLocked(table bool) {
+	s.rewound = false
+	for i := range s.lanes {
+		s.lanes[i].fence = -1
+		s.lanes[i].table = nil
+	}
+	s.tablePos = nil
+	if table {
+		s.doubt = true
+		if s.endStream != nil {
+			s.endStream(errOtherHistory)
+		}
+	}
 }
 
 // addTableRows adds the rows a fetch of the outbox table returned to res,
@@ -1174,6 +1384,8 @@ func (s *Store) writeTables(ctx context.Context, ops []store.Op, valid map[int16
 	s.mu.Unlock()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	// A dead letter's message is confirmed past once this commits.
+	b.Queue("SET LOCAL synchronous_commit = on")
 	if len(g.ClearRetry) > 0 {
 		b.Queue(s.wq.clear, g.Lanes, g.Fences, s.owner, g.ClearRetry)
 	}
@@ -1183,11 +1395,11 @@ func (s *Store) writeTables(ctx context.Context, ops []store.Op, valid map[int16
 	if len(deadID) > 0 {
 		b.Queue(s.wq.dead, g.Lanes, g.Fences, s.owner, deadLane, deadID, deadNonce, deadTopic, deadKey, deadPayload, deadHeaders, deadDeliver, deadCreated, deadAtt, deadErr)
 	}
-	if b.Len() == 1 {
+	if b.Len() == 2 {
 		b.Queue(s.wq.fence, g.Lanes, g.Fences, s.owner) // only dead letters no longer held: still learn the lanes
 	}
 	b.Queue("COMMIT")
-	return tablestore.SendFenced(ctx, s.pool, b, 1, valid)
+	return tablestore.SendFenced(ctx, s.pool, b, 2, valid)
 }
 
 func nonEmpty(s string) *string {
@@ -1197,7 +1409,9 @@ func nonEmpty(s string) *string {
 	return &s
 }
 
-type walQ struct{ fence, clear, dead, walEnd, recordProgress, spill, tableRows string }
+type walQ struct {
+	fence, clear, dead, walEnd, recordProgress, stampProgress, spill, tableRows string
+}
 
 // walQueries are the WAL outbox's queries of its tables. The writes of
 // results lock the caller's lanes whose fence still matches, as the table
@@ -1222,10 +1436,17 @@ SELECT lane FROM f`),
     DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)
 )
 SELECT lane FROM f`),
-		walEnd: r(`SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, (SELECT settled::text FROM S.wal_progress),
-       EXISTS (SELECT 1 FROM S.outbox)
-FROM pg_replication_slots, (SELECT pg_current_xact_id()) AS x WHERE slot_name = $1`),
-		recordProgress: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn), oldest_unsettled = $2, recorded_at = now()`),
+		// The update writes WAL, so the commit (synchronous_commit on)
+		// flushes the WAL up to it: a commit that wrote none is not flushed.
+		walEnd: r(`WITH p AS (
+    UPDATE S.wal_progress SET recorded_at = recorded_at RETURNING settled, system_identifier, timeline_id
+)
+SELECT pg_current_wal_insert_lsn()::text, coalesce(confirmed_flush_lsn, '0/0')::text, coalesce(p.settled, '0/0')::text,
+       p.system_identifier, p.timeline_id, EXISTS (SELECT 1 FROM S.outbox)
+FROM pg_replication_slots LEFT JOIN p ON true WHERE slot_name = $1`),
+		recordProgress: r(`UPDATE S.wal_progress SET settled = greatest(settled, $1::pg_lsn), oldest_unsettled = $2, recorded_at = now()
+WHERE system_identifier = $3 AND timeline_id = $4 AND $1::pg_lsn <= pg_current_wal_insert_lsn()`),
+		stampProgress: r(`UPDATE S.wal_progress SET settled = $1::pg_lsn, system_identifier = $2, timeline_id = $3, oldest_unsettled = NULL, recorded_at = now()`),
 		spill: r(`WITH ` + tablestore.Fenced + `
 INSERT INTO S.outbox (id, nonce, topic, key, payload, headers, deliver_at, created_at)
 OVERRIDING SYSTEM VALUE

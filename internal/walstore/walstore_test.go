@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -200,4 +202,288 @@ func TestWALStoreChecksRecords(t *testing.T) {
 
 func testGauges() Gauges {
 	return Gauges{HeldBytes: new(atomic.Int64), LagBytes: new(atomic.Int64), Lag: new(atomic.Int64)}
+}
+
+// The slot is never confirmed past the WAL end the server reported on the
+// stream (its start, its keepalives, the ends of the transactions taken),
+// whatever position asks for it.
+func TestWALStoreConfirmsNoFurtherThanTheServersWALEnd(t *testing.T) {
+	ws := New(Config{Table: tablestore.New(tablestore.Config{Now: time.Now}), Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	ws.serverEnd = 1000
+	ws.confirmLocked(5000)
+	require.Equal(t, walstream.LSN(1000), ws.confirmed)
+	_, err := ws.take(1500, time.Now(), nil) // a transaction the stream sent ends there
+	require.NoError(t, err)
+	ws.confirmLocked(5000)
+	require.Equal(t, walstream.LSN(1500), ws.confirmed)
+	ws.confirmLocked(10)
+	require.Equal(t, walstream.LSN(1500), ws.confirmed, "never back")
+}
+
+// historyStore is a WAL store of a fresh WAL outbox on the logical test
+// cluster, and the server's identity as a stream start reads it.
+func historyStore(t *testing.T) (*Store, walstream.System) {
+	t.Helper()
+	ws := newHistoryStore(t)
+	return ws, identify(t)
+}
+
+// identify is the server's identity, as a stream start reads it after walEnd.
+func identify(t *testing.T) walstream.System {
+	t.Helper()
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	conn, err := walstream.Connect(ctx, url, walstream.Options{})
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	sys, err := conn.Identify(ctx)
+	require.NoError(t, err)
+	return sys
+}
+
+func newHistoryStore(t *testing.T) *Store {
+	t.Helper()
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	schema := "wh_" + hex.EncodeToString(rb[:])
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	t.Cleanup(func() {
+		_, _ = m.Down(context.Background(), pool, 0)
+		pool.Close()
+	})
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	return New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+}
+
+// A stream start on another WAL history than the store's previous streams
+// (another system identifier or timeline, or a WAL end below what the
+// store streamed) forgets every held message and the positions, and the
+// next fetch tells the engine to read every lane again (handing out
+// nothing); the fetch after it hands out what the new stream brings.
+func TestWALStoreForgetsWhatItHeldWhenTheHistoryChanged(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		before func(ws *Store, sys walstream.System)
+	}{
+		{"WAL end below what was streamed", func(ws *Store, sys walstream.System) {
+			ws.sys = sys
+			mustTake(t, ws, sys.WALEnd+1<<20, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
+		}},
+		{"another timeline", func(ws *Store, sys walstream.System) {
+			ws.sys = walstream.System{ID: sys.ID, Timeline: sys.Timeline + 1}
+			mustTake(t, ws, 10, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
+		}},
+		{"another cluster", func(ws *Store, sys walstream.System) {
+			ws.sys = walstream.System{ID: sys.ID + 1, Timeline: sys.Timeline}
+			mustTake(t, ws, 10, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, sys := historyStore(t)
+			tc.before(ws, sys)
+			ws.confirmed = ws.lastEnd
+			w, err := ws.walEnd(ctx)
+			require.NoError(t, err)
+			settled, err := ws.checkHistory(ctx, sys, w)
+			require.NoError(t, err)
+			require.Zero(t, settled)
+			require.Zero(t, ws.held)
+			require.Zero(t, ws.lastEnd)
+			require.Zero(t, ws.confirmed)
+			require.Equal(t, sys, ws.sys)
+
+			fetch := func() store.FetchResult {
+				res := ws.Fetch(ctx, store.FetchRequest{Lanes: []int16{3}, Cursors: []int64{1 << 40}, Limits: []int32{100},
+					Bytes: []int64{1 << 30}, Fences: []int64{1}})
+				require.NoError(t, res.Err)
+				return res
+			}
+			held, err := ws.take(w.end+1, time.Now(), []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("new")}}})
+			require.NoError(t, err)
+			require.Empty(t, held)
+			res := fetch()
+			require.True(t, res.Rewound)
+			require.Empty(t, res.Rows)
+			res = fetch()
+			require.False(t, res.Rewound)
+			require.Len(t, res.Rows, 1)
+			require.Equal(t, "new", string(res.Rows[0].Payload))
+		})
+	}
+}
+
+// A stream start on the same history keeps what the store holds and uses
+// the recorded position; wal_progress then carries the server's identity,
+// and a later write of a position past the WAL end is refused.
+func TestWALStoreKeepsItsStateOnTheSameHistory(t *testing.T) {
+	ctx := context.Background()
+	ws, sys := historyStore(t)
+	w, err := ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.Nil(t, w.sysID, "a new outbox's row has no identity yet")
+	_, err = ws.checkHistory(ctx, sys, w)
+	require.NoError(t, err)
+	w, err = ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.NotNil(t, w.sysID)
+	require.Equal(t, sys.ID, uint64(*w.sysID))
+	require.Equal(t, sys.Timeline, *w.timeline)
+
+	// A transaction the stream sent ends at or below the server's flushed
+	// WAL end.
+	end := identify(t).WALEnd
+	stamped := ws.recorded // the slot's position, which can be as far
+	mustTake(t, ws, end, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("held")}}})
+	ws.mu.Lock()
+	ws.confirmLocked(end - 1)
+	ws.mu.Unlock()
+	require.NoError(t, ws.recordProgress(ctx, time.Time{}))
+	require.Equal(t, max(stamped, end-1), ws.recorded)
+	w, err = ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.Equal(t, ws.recorded, w.settled)
+	settled, err := ws.checkHistory(ctx, identify(t), w)
+	require.NoError(t, err)
+	require.Equal(t, w.settled, settled)
+	require.False(t, ws.rewound)
+	require.NotZero(t, ws.held, "the held message was forgotten")
+
+	// A position past the server's WAL end is not written.
+	ws.mu.Lock()
+	ws.confirmed = w.end + 1<<30
+	ws.mu.Unlock()
+	require.NoError(t, ws.recordProgress(ctx, time.Time{}))
+	w2, err := ws.walEnd(ctx)
+	require.NoError(t, err)
+	require.Equal(t, w.settled, w2.settled)
+}
+
+// An outbox switched to WAL mode by an earlier build lacks the columns of
+// wal_progress that name a position's WAL history: the stream does not
+// start, with an error that says how to add them.
+func TestWALStoreRefusesAProgressTableWithoutTheHistoryColumns(t *testing.T) {
+	ctx := context.Background()
+	ws := newHistoryStore(t)
+	_, err := ws.pool.Exec(ctx, "ALTER TABLE "+ws.schema+".wal_progress DROP COLUMN system_identifier")
+	require.NoError(t, err)
+	_, err = ws.walEnd(ctx)
+	require.ErrorContains(t, err, "run `wharf migrate up --mode wal` again to add them")
+}
+
+// A message settled by a table write (moved to the outbox table, or to the
+// dead letters) lets the slot be confirmed past it once the write
+// commits: the write commits with synchronous_commit on even where the
+// session's setting is off, so a crash cannot lose it after the slot moved.
+func TestWALStoreTableWritesCommitSynchronously(t *testing.T) {
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	schema := "wy_" + hex.EncodeToString(rb[:])
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	t.Cleanup(func() {
+		_, _ = m.Down(context.Background(), pool, 0)
+		pool.Close()
+	})
+	// What synchronous_commit was where the rows were written.
+	_, err = pool.Exec(ctx, strings.ReplaceAll(`CREATE TABLE S.sync_seen (tbl text, setting text);
+CREATE FUNCTION S.note_sync() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO S.sync_seen VALUES (TG_TABLE_NAME, current_setting('synchronous_commit'));
+    RETURN NULL;
+END $fn$;
+CREATE TRIGGER note_sync AFTER INSERT ON S.outbox FOR EACH STATEMENT EXECUTE FUNCTION S.note_sync();
+CREATE TRIGGER note_sync AFTER INSERT ON S.dead_letters FOR EACH STATEMENT EXECUTE FUNCTION S.note_sync();`, "S.", schema+"."))
+	require.NoError(t, err)
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	require.NoError(t, ps.Register(ctx, 10*time.Second))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	fences := map[int16]int64{}
+	for _, l := range leases {
+		fences[l.Lane] = l.Fence
+	}
+	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	ws.spillAfter = time.Nanosecond
+	ws.serverEnd = 1 << 40
+	spilled, dead := walmsg.Lane("k"), walmsg.Lane("j")
+	require.NotEqual(t, spilled, dead)
+	rows := []*walRow{
+		{Row: store.Row{Lane: spilled, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("spilled"), CreatedAt: time.Now()}},
+		{Row: store.Row{Lane: dead, Seq: 44, Nonce: 8, Topic: "t", Key: "j", Payload: []byte("dead"), CreatedAt: time.Now()}},
+	}
+	mustTake(t, ws, 100, rows)
+	res := ws.Fetch(ctx, store.FetchRequest{Lanes: []int16{spilled, dead}, Cursors: []int64{0, 0}, Limits: []int32{10, 10},
+		Bytes: []int64{1 << 20, 1 << 20}, Fences: []int64{fences[spilled], fences[dead]}})
+	require.NoError(t, res.Err)
+	require.Len(t, res.Rows, 2)
+
+	w := ws.WriteResults(ctx, []store.Op{{Kind: store.OpDead, Lane: dead, Fence: fences[dead], Seq: 44, Attempts: 3, Err: "refused"}})
+	require.NoError(t, w.Err)
+	require.NoError(t, ws.spill(ctx, map[int16]int64{spilled: fences[spilled]}))
+	require.Zero(t, ws.held, "not settled")
+	require.Equal(t, walstream.LSN(100), ws.progress.Confirmable())
+
+	got, err := pgx.CollectRows(must(pool.Query(ctx, "SELECT tbl || ':' || setting FROM "+schema+".sync_seen ORDER BY tbl")), pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"dead_letters:on", "outbox:on"}, got)
+	var session string
+	require.NoError(t, pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&session))
+	require.Equal(t, "off", session, "the test shows nothing")
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// walEnd's WAL end is flushed when it returns, even after a commit made
+// with synchronous_commit off: the stream (which sends only flushed WAL)
+// reaches it, and the flushed WAL end a stream start identifies next is at
+// or past it.
+func TestWALEndIsFlushed(t *testing.T) {
+	ctx := context.Background()
+	ws := newHistoryStore(t)
+	for i := 0; i < 20; i++ {
+		_, err := ws.pool.Exec(ctx, "SET synchronous_commit = off; SELECT pg_logical_emit_message(true, 'someone_else', repeat('x', 1000)); RESET synchronous_commit")
+		require.NoError(t, err)
+		w, err := ws.walEnd(ctx)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, identify(t).WALEnd, w.end, "round %d", i)
+	}
+}
+
+// mustTake has ws take a transaction ending at end and checks that it took
+// every row.
+func mustTake(t testing.TB, ws *Store, end walstream.LSN, rows []*walRow) {
+	t.Helper()
+	held, err := ws.take(end, time.Now(), rows)
+	require.NoError(t, err)
+	require.Empty(t, held)
 }

@@ -141,14 +141,38 @@ func (c *Conn) exec(ctx context.Context, sql, slot string) ([][]string, error) {
 
 // WALEnd is the server's current WAL write position (IDENTIFY_SYSTEM).
 func (c *Conn) WALEnd(ctx context.Context) (LSN, error) {
+	sys, err := c.Identify(ctx)
+	return sys.WALEnd, err
+}
+
+// System identifies the WAL history a server writes: its cluster (the
+// system identifier, fixed when the cluster was initialised, kept by its
+// physical standbys) and its timeline (a new one at each promotion or
+// point-in-time recovery), and how far the WAL goes.
+type System struct {
+	ID       uint64
+	Timeline int32
+	// WALEnd is the position up to which the server flushed its WAL (on a
+	// primary); every position a walsender sends is at or below it.
+	WALEnd LSN
+}
+
+// Identify runs IDENTIFY_SYSTEM.
+func (c *Conn) Identify(ctx context.Context) (System, error) {
 	rows, err := c.exec(ctx, "IDENTIFY_SYSTEM", "")
 	if err != nil {
-		return 0, err
+		return System{}, err
 	}
 	if len(rows) != 1 || len(rows[0]) < 3 {
-		return 0, errors.New("walstream: IDENTIFY_SYSTEM returned no position")
+		return System{}, errors.New("walstream: IDENTIFY_SYSTEM returned no position")
 	}
-	return ParseLSN(rows[0][2])
+	id, err1 := strconv.ParseUint(rows[0][0], 10, 64)
+	tl, err2 := strconv.ParseInt(rows[0][1], 10, 32)
+	end, err3 := ParseLSN(rows[0][2])
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return System{}, fmt.Errorf("walstream: IDENTIFY_SYSTEM: %w", err)
+	}
+	return System{ID: id, Timeline: int32(tl), WALEnd: end}, nil
 }
 
 // CreateSlot creates a logical replication slot for pgoutput and returns the

@@ -557,3 +557,24 @@ func TestSeqsFromPositionsAreUniqueAndAgree(t *testing.T) {
 	// ends fewer than 1000 bytes after it.
 	require.Less(t, uint64(ends[1]-ends[0]), uint64(sizes[0]), "end+i would have collided here")
 }
+
+// Identify names the server's WAL history as SQL sees it: the cluster's
+// system identifier, the timeline it writes and a WAL end at or past every
+// position written before.
+func TestIdentifyNamesTheHistory(t *testing.T) {
+	ctx := context.Background()
+	q := sqlConn(t)
+	var sysid int64
+	var timeline int32
+	var before string
+	require.NoError(t, q.QueryRow(ctx, `SELECT (pg_control_system()).system_identifier,
+       ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int, pg_current_wal_flush_lsn()::text`).Scan(&sysid, &timeline, &before))
+	sys, err := replConn(t, Options{}).Identify(ctx)
+	require.NoError(t, err)
+	require.Equal(t, uint64(sysid), sys.ID)
+	require.Equal(t, timeline, sys.Timeline)
+	require.NotZero(t, sys.Timeline)
+	at, err := ParseLSN(before)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, sys.WALEnd, at)
+}
