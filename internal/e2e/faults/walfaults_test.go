@@ -95,11 +95,12 @@ func TestWALRestoreUnderLoad(t *testing.T) {
 //
 // What must arrive: every message at or below the position the slot had
 // confirmed when it was dropped (the relay settled it), and every message
-// committed after the drop. Messages committed before the drop and after
-// that position went with the slot unless the relay had read them: the
-// relay says so, and the row counts them. Any message committed while the
-// slot was missing must be delivered, so a producer that could still commit
-// then shows as lost.
+// written to the WAL after the drop. Messages written before the drop and
+// after that position went with the slot unless the relay had read them
+// (a transaction that enqueued before the drop may even commit after it):
+// the relay says so, and the row counts them. A message written after the
+// drop must be delivered, so a producer that could still enqueue while the
+// slot was missing shows as lost.
 func TestWALSlotDroppedUnderLoad(t *testing.T) {
 	url, err := testdb.LogicalURL()
 	must(t, err, "start a cluster with wal_level=logical")
@@ -175,7 +176,7 @@ func TestWALSlotDroppedUnderLoad(t *testing.T) {
 	if inGap > 0 {
 		t.Errorf("%d messages committed between the drop and the new slot's start", inGap)
 	}
-	finishRow(t, tl, l, fmt.Sprintf("%d producer errors while the slot was missing; %d messages committed after the slot's confirmed position and before the drop went with the slot undelivered; %d messages committed while it was missing (%d commits acknowledged between the first refusal and migrate up)",
+	finishRow(t, tl, l, fmt.Sprintf("%d producer errors while the slot was missing; %d messages written to the WAL after the slot's confirmed position and before the drop went with the slot undelivered; %d messages committed while it was missing (%d commits acknowledged between the first refusal and migrate up)",
 		l.errors.Load()-errsAtDrop, tl.optionalMissing, inGap, after-ackedAtRefusal))
 	r.stop(t, 30*time.Second)
 }
