@@ -1,11 +1,9 @@
 package wharf
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +12,6 @@ import (
 
 	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/internal/tablestore"
-	"github.com/wharfhq/wharf/internal/walmsg"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -35,6 +32,8 @@ type DeadLetterFilter struct {
 	Seqs []int64
 	// Topic, when set, selects one topic.
 	Topic string
+	// Key, when set, selects one key.
+	Key string
 	// Limit bounds DeadLetters' result (0 means 1000). Retry and purge ignore it.
 	Limit int
 }
@@ -65,6 +64,10 @@ func (f DeadLetterFilter) where() (string, []any, error) {
 	if f.Topic != "" {
 		args = append(args, f.Topic)
 		conds = append(conds, fmt.Sprintf("topic = $%d", len(args)))
+	}
+	if f.Key != "" {
+		args = append(args, f.Key)
+		conds = append(conds, fmt.Sprintf("key = $%d", len(args)))
 	}
 	if len(conds) == 0 {
 		return "TRUE", nil, nil
@@ -119,8 +122,10 @@ FROM `+c.cfg.Schema+`.dead_letters WHERE `+where+` ORDER BY id LIMIT `+fmt.Sprin
 
 // RetryDeadLetters moves the selected dead letters back into the outbox with
 // their original ids (so consumers deduplicate redeliveries), dedup keys and
-// a fresh attempt count. The relay picks them up as late commits and delivers
-// each key's retried messages in Seq order. A dedup key that a message now in
+// a fresh attempt count, in one transaction with their removal. The relay
+// picks them up as late commits and delivers each key's retried messages in
+// Seq order. An outbox in WAL mode takes them as rows of its table too (the
+// table its relay moves held messages to), which its relay reads as well. A dedup key that a message now in
 // the outbox holds is dropped from the retried one (both are delivered). It
 // returns how many were moved.
 func (c *Client) RetryDeadLetters(ctx context.Context, f DeadLetterFilter) (int, error) {
@@ -131,13 +136,22 @@ func (c *Client) RetryDeadLetters(ctx context.Context, f DeadLetterFilter) (int,
 	if err != nil {
 		return 0, err
 	}
-	sc := c.cfg.Schema
-	if wal, err := c.isWAL(ctx, pgxQueryRow(c.pool)); err != nil {
+	wal, err := c.isWAL(ctx, pgxQueryRow(c.pool))
+	if err != nil {
 		return 0, err
-	} else if wal {
-		return c.retryDeadLettersWAL(ctx, where, args)
 	}
-	tag, err := c.pool.Exec(ctx, `WITH moved AS (
+	sc := c.cfg.Schema
+	var n int64
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if wal {
+			// An outbox in WAL mode keeps its table for messages its relay
+			// moved there; the trigger that refuses producers' rows lets
+			// these through. The relay finds them at its next lease round.
+			if _, err := tx.Exec(ctx, `SET LOCAL wharf.spill = 'on'`); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, `WITH moved AS (
     DELETE FROM `+sc+`.dead_letters WHERE `+where+`
     RETURNING id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at)
 INSERT INTO `+sc+`.outbox (id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at)
@@ -146,62 +160,13 @@ SELECT id, nonce, topic, key, payload, headers, deliver_at,
        CASE WHEN EXISTS (SELECT 1 FROM `+sc+`.outbox o WHERE o.dedup_key = moved.dedup_key) THEN NULL ELSE dedup_key END,
        created_at
 FROM moved ORDER BY id`, args...)
-	if err != nil {
-		return 0, store.Wrap("retry dead letters", err)
-	}
-	return int(tag.RowsAffected()), nil
-}
-
-// retryDeadLettersWAL is RetryDeadLetters for an outbox in WAL mode: the
-// dead letters go back into the WAL, in one transaction with their removal,
-// carrying their seqs so that they keep their ids (walmsg: a content's seq
-// field, 0 for new messages). Below their keys' later messages, the relay
-// delivers them as late commits, each key's in Seq order.
-func (c *Client) retryDeadLettersWAL(ctx context.Context, where string, args []any) (int, error) {
-	var n int
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `DELETE FROM `+c.cfg.Schema+`.dead_letters WHERE `+where+`
-RETURNING id, nonce, topic, coalesce(key, ''), payload, headers, deliver_at`, args...)
-		if err != nil {
-			return err
-		}
-		var recs []walmsg.Record
-		var r walmsg.Record
-		var headers []byte
-		var deliverAt pgtype.Timestamptz
-		if _, err := pgx.ForEachRow(rows, []any{&r.Seq, &r.Nonce, &r.Topic, &r.Key, &r.Payload, &headers, &deliverAt}, func() error {
-			rec := r
-			rec.Payload = append([]byte(nil), r.Payload...) // the row's buffer is reused
-			if len(headers) > 0 {
-				rec.Headers = tablestore.DecodeHeaders(headers)
-			}
-			if deliverAt.Valid {
-				rec.DeliverAt = deliverAt.Time
-			}
-			recs = append(recs, rec)
-			return nil
-		}); err != nil {
-			return err
-		}
-		slices.SortFunc(recs, func(a, b walmsg.Record) int { return cmp.Compare(a.Seq, b.Seq) })
-		for len(recs) > 0 {
-			chunk := recs[:min(len(recs), 1000)]
-			recs = recs[len(chunk):]
-			content, err := walmsg.Append(nil, chunk)
-			if err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, c.walEnqueueSQL(), content); err != nil {
-				return err
-			}
-			n += len(chunk)
-		}
-		return nil
+		n = tag.RowsAffected()
+		return err
 	})
 	if err != nil {
 		return 0, store.Wrap("retry dead letters", err)
 	}
-	return n, nil
+	return int(n), nil
 }
 
 // PurgeDeadLetters deletes the selected dead letters for good and returns how
@@ -304,9 +269,10 @@ type Status struct {
 	// (database clock). The rest (Messages.N - Scheduled.N) are due, retrying,
 	// or held behind a scheduled or retrying message of their key.
 	Scheduled Count
-	// OldestDueAge is the age (since enqueue) of the oldest message that
-	// should be on its way: neither scheduled for later nor held behind a
-	// scheduled message of its ordering key (by topic and key, or by key with
+	// OldestDueAge is how long the oldest message that should be on its way
+	// has been due (since its DeliverAt, or its enqueue when it had none): a
+	// message neither scheduled for later nor held behind a scheduled
+	// message of its ordering key (by topic and key, or by key with
 	// Config.OrderAcrossTopics). Messages waiting for a retry, or behind
 	// one, count: they are late. 0 when there is none.
 	OldestDueAge time.Duration
@@ -323,6 +289,13 @@ type Status struct {
 	// DeadTuples is the outbox's dead-row estimate (pg_stat_user_tables):
 	// high values mean vacuum cannot keep up (often a long transaction).
 	DeadTuples int64
+	// Inserted and Deleted count the rows inserted into and deleted from
+	// the outbox table since the server's statistics were reset
+	// (pg_stat_user_tables; they lag commits by up to a second or so). Their
+	// change between two Status calls gives the enqueue rate and the rate
+	// messages leave the outbox (delivered, dead-lettered or cancelled; a
+	// reschedule counts once in each). 0 in WAL mode.
+	Inserted, Deleted int64
 	// LeaseTTL is the relays' lease TTL as their leases show it (10s when no
 	// lane is leased): a relay whose heartbeat is older is not live. Relays
 	// extend a lease only once about a third of it has passed, so this
@@ -413,8 +386,10 @@ func (c *Client) statusCounts(ctx context.Context, tx pgx.Tx, s *Status) error {
     pg_relation_size($1::regclass) / current_setting('block_size')::bigint,
     pg_relation_size($2::regclass) / current_setting('block_size')::bigint,
     pg_relation_size($3::regclass) / current_setting('block_size')::bigint,
-    coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)`,
-		sc+".outbox", sc+".retries", sc+".dead_letters").Scan(&outboxPages, &retryPages, &deadPages, &s.DeadTuples)
+    coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
+    coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = $1::regclass), 0),
+    coalesce((SELECT n_tup_del FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)`,
+		sc+".outbox", sc+".retries", sc+".dead_letters").Scan(&outboxPages, &retryPages, &deadPages, &s.DeadTuples, &s.Inserted, &s.Deleted)
 	if err != nil {
 		return err
 	}
@@ -450,17 +425,19 @@ func (c *Client) statusCounts(ctx context.Context, tx pgx.Tx, s *Status) error {
 	return count("dead_letters", deadPages, &s.DeadLetters)
 }
 
-// statusOldestDue finds the oldest due message: the first message of each
-// lane (one index probe), and for a lane whose first message is scheduled,
-// the first StatusScanBound rows of the lane, skipping scheduled messages
-// and those behind a scheduled message of their ordering key.
+// statusOldestDue finds the oldest due message, aged from when it became
+// due (its deliver_at, or its enqueue when it had none): the first message
+// of each lane (one index probe), and for a lane whose first message has a
+// deliver_at (scheduled, or due since its schedule passed), the first
+// StatusScanBound rows of the lane, skipping scheduled messages and those
+// behind a scheduled message of their ordering key.
 func (c *Client) statusOldestDue(ctx context.Context, tx pgx.Tx, s *Status) error {
 	sc := c.cfg.Schema
 	// Lanes 0-63: wharfmigrate.Lanes, fixed by migration 1.
-	rows, err := tx.Query(ctx, `SELECT l.lane, h.age, h.scheduled
+	rows, err := tx.Query(ctx, `SELECT l.lane, h.age, h.has_deliver_at
 FROM generate_series(0, 63) AS l(lane)
 CROSS JOIN LATERAL (
-    SELECT extract(epoch FROM now() - o.created_at)::float8 AS age, coalesce(o.deliver_at > now(), false) AS scheduled
+    SELECT extract(epoch FROM now() - o.created_at)::float8 AS age, o.deliver_at IS NOT NULL AS has_deliver_at
     FROM `+sc+`.outbox o WHERE o.lane = l.lane ORDER BY o.id LIMIT 1) h`)
 	if err != nil {
 		return err
@@ -469,9 +446,12 @@ CROSS JOIN LATERAL (
 	var walk []int16
 	var lane int16
 	var age float64
-	var scheduled bool
-	_, err = pgx.ForEachRow(rows, []any{&lane, &age, &scheduled}, func() error {
-		if scheduled {
+	var hasDeliverAt bool
+	_, err = pgx.ForEachRow(rows, []any{&lane, &age, &hasDeliverAt}, func() error {
+		// A head with a deliver_at, scheduled or due by now, became due
+		// later than it was enqueued, and later messages of the lane may
+		// have been due for longer: walk the lane.
+		if hasDeliverAt {
 			walk = append(walk, lane)
 		} else {
 			oldest = max(oldest, age)
@@ -493,7 +473,7 @@ FROM (
             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), false) AS blocked
     FROM unnest($1::smallint[]) AS l(lane)
     CROSS JOIN LATERAL (
-        SELECT o.lane, o.id, o.topic, o.key, extract(epoch FROM now() - o.created_at)::float8 AS age,
+        SELECT o.lane, o.id, o.topic, o.key, extract(epoch FROM now() - greatest(o.created_at, o.deliver_at))::float8 AS age,
             coalesce(o.deliver_at > now(), false) AS scheduled
         FROM `+sc+`.outbox o WHERE o.lane = l.lane ORDER BY o.id LIMIT $2) w
 ) b

@@ -39,7 +39,8 @@ type Config struct {
 	// to 20000 the drain rate is the same (BENCHMARKS.md). Defaults to 4000.
 	FetchBatch int
 	// SinkBatch is the most messages handed to the sink in one Publish call.
-	// Defaults to 1000.
+	// Defaults to 1000 (or MaxBuffered, when that is less); at most
+	// MaxBuffered.
 	SinkBatch int
 	// SinkConcurrency is how many Publish calls may be in flight at once.
 	// Defaults to 4.
@@ -153,6 +154,7 @@ func (c *Config) withDefaults() (Config, error) {
 		v    *int
 		def  int
 	}
+	sinkBatchGiven := out.SinkBatch > 0
 	for _, f := range []intField{
 		{"HandlerConcurrency", &out.HandlerConcurrency, 16},
 		{"FetchBatch", &out.FetchBatch, 4000},
@@ -201,6 +203,12 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.MaxBuffered < out.FetchBatch {
 		return out, fmt.Errorf("wharf: Config.MaxBuffered (%d) must be at least Config.FetchBatch (%d)", out.MaxBuffered, out.FetchBatch)
+	}
+	if out.SinkBatch > out.MaxBuffered && !sinkBatchGiven {
+		out.SinkBatch = out.MaxBuffered
+	}
+	if out.SinkBatch > out.MaxBuffered {
+		return out, fmt.Errorf("wharf: Config.SinkBatch (%d) must not be more than Config.MaxBuffered (%d): a sink call cannot carry more messages than the relay loads", out.SinkBatch, out.MaxBuffered)
 	}
 	if out.FetchInterval < 0 {
 		return out, fmt.Errorf("wharf: Config.FetchInterval must not be negative (got %s); leave it 0 for the default 5ms", out.FetchInterval)

@@ -118,14 +118,40 @@ type PendingMessage struct {
 	// NextAttemptAt is when the relay tries it again after a failure (zero
 	// when none failed).
 	NextAttemptAt time.Time
+	// HeldBehind, when not nil, is the earliest message of the same ordering
+	// key (topic and key, or key alone with Config.OrderAcrossTopics) queued
+	// before this one that is itself held — scheduled for later, or waiting
+	// for a retry: this message is not delivered before that one is. It is
+	// looked for among the first BlockedScanBound rows of the lane (those
+	// before the message) and among the lane's retrying messages, so a
+	// scheduled holder further into a lane than that is not reported.
+	HeldBehind *Holder
 }
+
+// Holder is the held message that a [PendingMessage] waits behind.
+type Holder struct {
+	ID  string
+	Seq int64
+	// Reason is why the holder is not delivered yet.
+	Reason BlockedReason
+	// Until is the holder's DeliverAt (scheduled) or next attempt (retrying).
+	Until time.Time
+	// Attempts is how many deliveries of the holder failed so far.
+	Attempts int
+}
+
+// Held reports that the message waits for an earlier held message of its key.
+func (p PendingMessage) Held() bool { return p.HeldBehind != nil }
 
 // PendingMessages lists messages still in the outbox, in Seq order, with
 // their payload, headers, schedule and, for messages that failed, attempts
-// and last error. Each lane is read in index order up to the limit and the
-// lanes are merged, so the cost is bounded by 64 x Limit rows however large
-// the backlog — except with Topic alone, where a lane is walked until Limit
-// rows of that topic are found.
+// and last error, and for a message held behind an earlier held message of
+// its key, that message ([PendingMessage.HeldBehind]). Each lane is read in
+// index order up to the limit and the lanes are merged, so the cost is
+// bounded by 64 x Limit rows however large the backlog — except with Topic
+// alone, where a lane is walked until Limit rows of that topic are found —
+// plus, per keyed message returned, at most the first BlockedScanBound index
+// entries of its lane and the lane's retrying messages.
 func (c *Client) PendingMessages(ctx context.Context, f PendingFilter) ([]PendingMessage, error) {
 	if err := c.requirePool(); err != nil {
 		return nil, err
@@ -141,15 +167,44 @@ func (c *Client) PendingMessages(ctx context.Context, f PendingFilter) ([]Pendin
 	sc := c.cfg.Schema
 	args = append(args, limit)
 	lim := fmt.Sprintf("$%d", len(args))
+	args = append(args, BlockedScanBound)
+	bound := fmt.Sprintf("$%d", len(args))
+	sameKey := "w.key = o.key AND w.topic = o.topic"
+	if c.cfg.OrderAcrossTopics {
+		sameKey = "w.key = o.key"
+	}
 	var out []PendingMessage
 	err = c.adminTx(ctx, func(tx pgx.Tx) error {
-		// Lanes 0-63: wharfmigrate.Lanes, fixed by migration 1.
+		// Lanes 0-63: wharfmigrate.Lanes, fixed by migration 1. The holder
+		// of a keyed message is looked for through the (lane, id) index:
+		// the first BlockedScanBound rows of its lane before it, plus the lane's
+		// retrying messages (the retries table holds one row per message
+		// waiting for a retry, indexed by lane).
 		rows, err := tx.Query(ctx, `SELECT o.id, o.nonce, o.lane, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.dedup_key, o.created_at,
-    coalesce(o.deliver_at > now(), false), coalesce(r.attempts, 0), coalesce(r.last_error, ''), r.next_attempt_at
+    coalesce(o.deliver_at > now(), false), coalesce(r.attempts, 0), coalesce(r.last_error, ''), r.next_attempt_at,
+    b.id, b.nonce, b.deliver_at, b.next_attempt_at, coalesce(b.attempts, 0)
 FROM generate_series(0, 63) AS l(lane)
 CROSS JOIN LATERAL (
     SELECT * FROM `+sc+`.outbox o WHERE o.lane = l.lane AND `+where+` ORDER BY o.id LIMIT `+lim+`) o
 LEFT JOIN `+sc+`.retries r ON r.id = o.id
+LEFT JOIN LATERAL (
+    SELECT h.id, h.nonce, h.deliver_at, hr.next_attempt_at, hr.attempts
+    FROM (
+        SELECT w.id, w.nonce, w.deliver_at FROM (
+            SELECT w.id, w.nonce, w.deliver_at, w.topic, w.key FROM `+sc+`.outbox w
+            WHERE w.lane = o.lane AND w.id < o.id ORDER BY w.id LIMIT `+bound+`) w
+        WHERE `+sameKey+`
+        UNION ALL
+        SELECT w.id, w.nonce, w.deliver_at FROM `+sc+`.retries rr
+        CROSS JOIN LATERAL (
+            SELECT w.id, w.nonce, w.deliver_at, w.topic, w.key FROM `+sc+`.outbox w
+            WHERE w.lane = rr.lane AND w.id = rr.id LIMIT 1) w
+        WHERE rr.lane = o.lane AND rr.id < o.id AND `+sameKey+`
+    ) h
+    LEFT JOIN `+sc+`.retries hr ON hr.id = h.id
+    WHERE h.deliver_at > now() OR hr.id IS NOT NULL
+    ORDER BY h.id LIMIT 1
+) b ON o.key IS NOT NULL
 ORDER BY o.id LIMIT `+lim, args...)
 		if err != nil {
 			return err
@@ -167,11 +222,23 @@ func scanPending(row pgx.CollectableRow) (PendingMessage, error) {
 	var p PendingMessage
 	var key, dedup pgtype.Text
 	var headers []byte
-	var deliverAt, nextAt pgtype.Timestamptz
+	var deliverAt, nextAt, holdDeliverAt, holdNextAt pgtype.Timestamptz
+	var holdSeq, holdNonce pgtype.Int8
+	var holdAttempts int
 	var nonce int64
 	var lane int16
 	err := row.Scan(&p.Seq, &nonce, &lane, &p.Topic, &key, &p.Payload, &headers, &deliverAt, &dedup, &p.CreatedAt,
-		&p.Scheduled, &p.Attempts, &p.LastError, &nextAt)
+		&p.Scheduled, &p.Attempts, &p.LastError, &nextAt, &holdSeq, &holdNonce, &holdDeliverAt, &holdNextAt, &holdAttempts)
+	if holdSeq.Valid {
+		h := &Holder{ID: FormatID(holdSeq.Int64, holdNonce.Int64), Seq: holdSeq.Int64, Reason: BlockedScheduled, Attempts: holdAttempts}
+		switch {
+		case holdNextAt.Valid:
+			h.Reason, h.Until = BlockedRetrying, holdNextAt.Time
+		case holdDeliverAt.Valid:
+			h.Until = holdDeliverAt.Time
+		}
+		p.HeldBehind = h
+	}
 	p.ID = FormatID(p.Seq, nonce)
 	p.Lane = int(lane)
 	p.Key = key.String

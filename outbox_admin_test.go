@@ -432,3 +432,76 @@ func TestRescheduledRetryIsTriedAgainNow(t *testing.T) {
 	require.Equal(t, []int{1, 2}, s.attempts(ids[0]))
 	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
+
+// A message queued behind an earlier held message of its ordering key
+// (scheduled for later, or waiting for a retry) names that message and why
+// it is held; the key's first message itself, other keys, the same key in
+// another topic and unkeyed messages are not held.
+func TestPendingMessagesSayWhatTheyWaitBehind(t *testing.T) {
+	t.Parallel()
+	b := setupDB(t)
+	ctx := context.Background()
+	c := adminClient(t, b)
+	later := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	ids, err := c.Enqueue(ctx,
+		wharf.Message{Topic: "orders", Key: "s", Payload: []byte(`1`), DeliverAt: later}, // 0: scheduled head
+		wharf.Message{Topic: "orders", Key: "s", Payload: []byte(`2`)},                   // 1: held behind 0
+		wharf.Message{Topic: "orders", Key: "r", Payload: []byte(`3`)},                   // 2: retrying head
+		wharf.Message{Topic: "orders", Key: "s", Payload: []byte(`4`)},                   // 3: held behind 0
+		wharf.Message{Topic: "orders", Key: "r", Payload: []byte(`5`)},                   // 4: held behind 2
+		wharf.Message{Topic: "invoices", Key: "s", Payload: []byte(`6`)},                 // 5: other topic: due
+		wharf.Message{Topic: "orders", Key: "d", Payload: []byte(`7`)},                   // 6: due
+		wharf.Message{Topic: "orders", Key: "d", Payload: []byte(`8`)},                   // 7: behind a due message: due
+		wharf.Message{Topic: "orders", Payload: []byte(`9`)},                             // 8: unkeyed: due
+	)
+	require.NoError(t, err)
+	next := time.Now().Add(10 * time.Minute).Truncate(time.Microsecond)
+	addRetry(t, b, seqOf(t, ids[2]), 2, next, "sink said no")
+
+	all, err := c.PendingMessages(ctx, wharf.PendingFilter{Limit: 1000})
+	require.NoError(t, err)
+	require.Len(t, all, len(ids))
+	for i, p := range all {
+		switch i {
+		case 1, 3:
+			require.NotNil(t, p.HeldBehind, "message %d", i)
+			require.True(t, p.Held())
+			require.Equal(t, ids[0], p.HeldBehind.ID, "message %d", i)
+			require.Equal(t, seqOf(t, ids[0]), p.HeldBehind.Seq)
+			require.Equal(t, wharf.BlockedScheduled, p.HeldBehind.Reason)
+			require.True(t, p.HeldBehind.Until.Equal(later), "%s != %s", p.HeldBehind.Until, later)
+		case 4:
+			require.NotNil(t, p.HeldBehind, "message %d", i)
+			require.Equal(t, ids[2], p.HeldBehind.ID)
+			require.Equal(t, wharf.BlockedRetrying, p.HeldBehind.Reason)
+			require.Equal(t, 2, p.HeldBehind.Attempts)
+			require.True(t, p.HeldBehind.Until.Equal(next), "%s != %s", p.HeldBehind.Until, next)
+		default:
+			require.Nil(t, p.HeldBehind, "message %d is not held behind another", i)
+			require.False(t, p.Held())
+		}
+	}
+
+	// Selected alone (by id, by key), a held message still names its holder.
+	one, err := c.PendingMessages(ctx, wharf.PendingFilter{IDs: []string{ids[3]}})
+	require.NoError(t, err)
+	require.Len(t, one, 1)
+	require.NotNil(t, one[0].HeldBehind)
+	require.Equal(t, ids[0], one[0].HeldBehind.ID)
+	byKey, err := c.PendingMessages(ctx, wharf.PendingFilter{Key: "r"})
+	require.NoError(t, err)
+	require.Len(t, byKey, 2)
+	require.Nil(t, byKey[0].HeldBehind)
+	require.Equal(t, ids[2], byKey[1].HeldBehind.ID)
+
+	// Ordered across topics, the same key in another topic is held too.
+	cfg := testConfig(b.schema)
+	cfg.OrderAcrossTopics = true
+	across, err := wharf.NewClient(b.pool, cfg)
+	require.NoError(t, err)
+	inv, err := across.PendingMessages(ctx, wharf.PendingFilter{IDs: []string{ids[5]}})
+	require.NoError(t, err)
+	require.Len(t, inv, 1)
+	require.NotNil(t, inv[0].HeldBehind)
+	require.Equal(t, ids[0], inv[0].HeldBehind.ID)
+}

@@ -72,6 +72,7 @@ type relay struct {
 	skewLow   time.Duration // the least it can be: the database read its clock before the reply
 	zombies   map[int16]int // messages still at a sink of lanes this relay lost
 	failLog   failLog
+	outage    outageLog // database failures and lease losses, for one line each way
 
 	perKeyCap  int   // most loaded messages of one key; the rest are positions
 	maxStubs   int   // most positions held in all; beyond, a key is truncated

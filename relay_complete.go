@@ -49,7 +49,9 @@ func (r *relay) onOps(res store.OpsResult) {
 	if res.Err != nil {
 		d := r.ops.retry.Fail(now)
 		r.stats.DBErrors.Add(1)
-		r.log.Error("wharf: writing delivery results failed; retrying", "err", res.Err, "retry_in", d.Round(time.Millisecond))
+		if r.outage.dbFailed(now) {
+			r.log.Error("wharf: writing delivery results failed; retrying", "err", res.Err, "retry_in", d.Round(time.Millisecond))
+		}
 		if r.hardCtx.Err() == nil {
 			r.ops.pending = append(res.Ops, r.ops.pending...)
 			r.ops.acks = 0
@@ -65,6 +67,7 @@ func (r *relay) onOps(res store.OpsResult) {
 		r.log.Warn("wharf: a batch of delivery results was refused and written again in parts", "results", len(res.Ops))
 	}
 	r.ops.retry.OK()
+	r.outage.dbOK(r.log, time.Now())
 	acks := 0
 	for _, o := range res.Ops {
 		m := o.Ref.(*msg)

@@ -97,7 +97,9 @@ func (r *relay) onFetch(res store.FetchResult) {
 	if res.Err != nil {
 		d := r.fetch.retry.Fail(now)
 		r.stats.DBErrors.Add(1)
-		r.log.Error("wharf: fetch failed; retrying", "err", res.Err, "retry_in", d.Round(time.Millisecond))
+		if r.outage.dbFailed(now) {
+			r.log.Error("wharf: fetch failed; retrying", "err", res.Err, "retry_in", d.Round(time.Millisecond))
+		}
 		// Send the loads and refills again with the next fetch.
 		r.loading -= len(res.Req.Loads) + len(res.Req.Refills)
 		r.loads = append(res.Req.Loads, r.loads...)
@@ -105,6 +107,7 @@ func (r *relay) onFetch(res store.FetchResult) {
 		return
 	}
 	r.fetch.retry.OK()
+	r.outage.dbOK(r.log, time.Now())
 	r.stats.LastDBOK.Store(time.Now().UnixNano()) // for probes: this machine's clock
 	r.stats.observeFetch(res.Finished.Sub(res.Started), len(res.Rows))
 	if !res.DBNow.IsZero() {

@@ -48,7 +48,7 @@ type keyQ struct {
 	touched     bool      // listed by onSink for the batch it is settling
 	holdUntil   time.Time // held until then (local clock); positions only if msgs is empty
 	holdRetry   bool      // the held head is waiting for a retry
-	heldCreated time.Time // the held head's CreatedAt
+	heldCreated time.Time // when the held head became due (dueSince)
 }
 
 // heldMsg is an unkeyed message kept as a position until it is due.
@@ -56,7 +56,7 @@ type heldMsg struct {
 	seq     int64
 	due     time.Time
 	retry   bool
-	created time.Time
+	created time.Time // when it became due (dueSince)
 }
 
 func (kq *keyQ) minStub() int64 {
@@ -286,7 +286,7 @@ func (r *relay) kick(kq *keyQ, now time.Time) {
 		if r.keepLoaded(head.due.Sub(now)) {
 			kq.holdUntil = head.due
 			kq.holdRetry = head.attempts > 0
-			kq.heldCreated = head.CreatedAt
+			kq.heldCreated = dueSince(&head.Message)
 		} else {
 			r.hold(kq, head.due)
 		}
@@ -318,7 +318,7 @@ func (r *relay) hold(kq *keyQ, until time.Time) {
 	l := kq.lane
 	kq.holdUntil = until
 	kq.holdRetry = kq.msgs[0].attempts > 0
-	kq.heldCreated = kq.msgs[0].CreatedAt
+	kq.heldCreated = dueSince(&kq.msgs[0].Message)
 	stubs := make([]int64, 0, len(kq.msgs)+len(kq.stubs))
 	for _, m := range kq.msgs {
 		if m.attempts > 0 {
@@ -385,7 +385,7 @@ func (r *relay) insertUnkeyed(l *laneState, m *msg, now time.Time) {
 		if m.attempts > 0 {
 			l.retries[m.Seq] = store.RetryInfo{Attempts: m.attempts, Next: r.toDB(m.due)}
 		}
-		h := &heldMsg{seq: m.Seq, due: m.due, retry: m.attempts > 0, created: m.CreatedAt}
+		h := &heldMsg{seq: m.Seq, due: m.due, retry: m.attempts > 0, created: dueSince(&m.Message)}
 		l.held[m.Seq] = h
 		r.schedule(readyItem{lane: l, held: h}, m.due, now)
 		return
@@ -516,4 +516,15 @@ func (kq *keyQ) remove(m *msg) {
 			return
 		}
 	}
+}
+
+// dueSince is when a message became due: its DeliverAt when it had one that
+// is later than its enqueue, otherwise its enqueue. The oldest due message's
+// age counts from it, so a message scheduled for tomorrow is not a day late
+// the moment it is due.
+func dueSince(m *Message) time.Time {
+	if m.DeliverAt.After(m.CreatedAt) {
+		return m.DeliverAt
+	}
+	return m.CreatedAt
 }

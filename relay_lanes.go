@@ -41,12 +41,20 @@ func (r *relay) onLease(ev leaseEvent) {
 		r.log.Error("wharf: another relay took over this relay id; stopping", "relay_id", r.cfg.RelayID)
 		return
 	}
+	r.outage.dbOK(r.log, time.Now())
+	var lost []int
 	for _, lane := range ev.lost {
 		if l := r.lanes[lane]; l != nil {
-			r.log.Warn("wharf: lost lane lease; dropping its in-memory work", "lane", lane)
+			lost = append(lost, int(lane))
 			r.stats.LeaseLosses.Add(1)
 			r.dropLane(l)
 		}
+	}
+	if len(lost) > 0 {
+		// One line for every lane lost in the round: a relay paused past
+		// its leases loses all of them at once.
+		r.log.Warn("wharf: lost lane leases; dropping their in-memory work (another relay may deliver those messages again)", "lanes", laneList(lost), "count", len(lost))
+		r.outage.lanesLost(time.Now())
 	}
 	for _, lane := range ev.renewed {
 		if l := r.lanes[lane]; l != nil {
@@ -74,6 +82,9 @@ func (r *relay) onLease(ev leaseEvent) {
 		r.lanes[a.Lane] = l
 		r.fetch.want = true
 	}
+	if len(ev.acquired) > 0 {
+		r.outage.lanesBack(r.log, time.Now(), len(r.lanes))
+	}
 	for _, lane := range ev.release {
 		if l := r.lanes[lane]; l != nil && !l.releasing {
 			l.releasing = true
@@ -100,13 +111,13 @@ func (r *relay) refreshOldestDue() {
 	for _, l := range r.lanes {
 		for _, kq := range l.keys {
 			if len(kq.msgs) > 0 && (!kq.msgs[0].due.After(now) || kq.msgs[0].attempts > 0) {
-				see(kq.msgs[0].CreatedAt)
+				see(dueSince(&kq.msgs[0].Message))
 			} else if kq.holdRetry {
 				see(kq.heldCreated)
 			}
 		}
 		for _, m := range l.unkeyed {
-			see(m.CreatedAt)
+			see(dueSince(&m.Message))
 		}
 		for _, h := range l.held {
 			if h.retry {

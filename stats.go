@@ -23,8 +23,9 @@ type Stats struct {
 	LeaseLosses    atomic.Int64
 	Rewinds        atomic.Int64 // the database went back in time; lanes were read again
 
-	// OldestDue is the creation time (database clock, Unix nanoseconds) of
-	// the oldest message this relay holds that is due or retrying
+	// OldestDue is when (database clock, Unix nanoseconds) the oldest
+	// message this relay holds that is due or retrying became due (its
+	// DeliverAt, or its enqueue when it had none)
 	// (scheduled messages not yet due excluded); 0 when it holds none.
 	// Refreshed every RebalanceInterval.
 	OldestDue atomic.Int64

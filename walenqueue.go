@@ -100,17 +100,52 @@ func (c *Client) walEnqueueSQL() string {
 // enqueueWAL is EnqueueTx for an outbox in WAL mode: the messages become one
 // transactional logical decoding message of the outbox's prefix, written to
 // the WAL only, in one round trip.
+//
+// Messages of more than walContentBytes go as several logical messages, each
+// of at most walContentBytes (or one message), in the same transaction: the
+// relay decodes a logical message whole, and bounds its memory by moving a
+// large transaction to the outbox table between logical messages.
 func (c *Client) enqueueWAL(ctx context.Context, queryRow func(ctx context.Context, sql string, args ...any) rowScan, msgs []Message) ([]string, error) {
-	content, nonces, err := walContent(msgs)
-	if err != nil {
-		return nil, err
+	var ids []string
+	for len(msgs) > 0 {
+		n, size := 0, 0
+		for n < len(msgs) && (n == 0 || size+walSize(&msgs[n]) <= walContentBytes) {
+			size += walSize(&msgs[n])
+			n++
+		}
+		content, nonces, err := walContent(msgs[:n])
+		if err != nil {
+			return nil, err
+		}
+		var end string
+		if err := queryRow(ctx, c.walEnqueueSQL(), content).Scan(&end); err != nil {
+			c.modeChanged(err)
+			return nil, wrapEnqueueErr(err)
+		}
+		got, err := walIDs(end, nonces)
+		if err != nil {
+			return nil, err
+		}
+		if ids == nil {
+			ids = make([]string, 0, len(msgs))
+		}
+		ids = append(ids, got...)
+		msgs = msgs[n:]
 	}
-	var end string
-	if err := queryRow(ctx, c.walEnqueueSQL(), content).Scan(&end); err != nil {
-		c.modeChanged(err)
-		return nil, wrapEnqueueErr(err)
+	return ids, nil
+}
+
+// walContentBytes bounds the size of one logical message EnqueueTx writes
+// (walSize of its messages).
+const walContentBytes = 1 << 20
+
+// walSize approximates what m takes in a content.
+func walSize(m *Message) int {
+	n := 64 + len(m.Topic) + len(m.Key) + len(m.Payload)
+	for k, v := range m.Headers {
+		n += 8 + len(k) + len(v)
 	}
-	return walIDs(end, nonces)
+	return n
 }
 
 func pgxQueryRow(q interface {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -21,7 +22,8 @@ const requestTimeout = 15 * time.Second
 
 func (h *console) api(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/config", h.config)
-	mux.HandleFunc("GET /api/status", h.status)
+	hist := &statusHistory{}
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) { h.status(w, r, hist) })
 	mux.HandleFunc("GET /api/blocked", h.blocked)
 	mux.HandleFunc("GET /api/pending", h.pending)
 	mux.HandleFunc("GET /api/dead", h.dead)
@@ -93,9 +95,59 @@ type statusJSON struct {
 	Lanes            []laneJSON     `json:"lanes"`
 	Uncovered        []int          `json:"uncovered"`
 	InProcess        *inProcessJSON `json:"in_process"`
+	// Inserted and Deleted are the outbox table's cumulative row counts
+	// (wharf.Status): their change over time is the enqueue rate and the
+	// rate messages leave the outbox.
+	Inserted int64 `json:"inserted"`
+	Deleted  int64 `json:"deleted"`
+	// History is what earlier status requests saw, oldest first, so the
+	// charts start with the last minutes instead of empty.
+	History []historyPoint `json:"history"`
 }
 
-func (h *console) status(w http.ResponseWriter, r *http.Request) {
+// historyPoint is one status sample of the console's history.
+type historyPoint struct {
+	Time      time.Time `json:"time"`
+	Due       int64     `json:"due"`
+	Scheduled int64     `json:"scheduled"`
+	Retrying  int64     `json:"retrying"`
+	Messages  int64     `json:"messages"`
+	Inserted  int64     `json:"inserted"`
+	Deleted   int64     `json:"deleted"`
+	// Delivered is the in-process relay's counter (null without one).
+	Delivered *int64 `json:"delivered"`
+}
+
+// historyLen and historyEvery bound the history: one point a second at most,
+// 150 of them (5 minutes at the pages' 2-second refresh).
+const (
+	historyLen   = 150
+	historyEvery = time.Second
+)
+
+// statusHistory keeps the last status samples of one console, shared by
+// every browser that shows it.
+type statusHistory struct {
+	mu     sync.Mutex
+	points []historyPoint
+}
+
+// add records p (unless the last point is less than historyEvery old) and
+// returns the history before it.
+func (s *statusHistory) add(p historyPoint) []historyPoint {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	before := append([]historyPoint{}, s.points...)
+	if n := len(s.points); n == 0 || p.Time.Sub(s.points[n-1].Time) >= historyEvery {
+		s.points = append(s.points, p)
+		if len(s.points) > historyLen {
+			s.points = append(s.points[:0], s.points[len(s.points)-historyLen:]...)
+		}
+	}
+	return before
+}
+
+func (h *console) status(w http.ResponseWriter, r *http.Request, hist *statusHistory) {
 	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
 	defer cancel()
 	s, err := h.c.Status(ctx)
@@ -139,6 +191,14 @@ func (h *console) status(w http.ResponseWriter, r *http.Request) {
 			InFlight: m.InFlight.Load(), LanesOwned: m.LanesOwned.Load(),
 		}
 	}
+	out.Inserted, out.Deleted = s.Inserted, s.Deleted
+	p := historyPoint{Time: out.Time, Due: out.Due, Scheduled: s.Scheduled.N, Retrying: s.Retrying.N, Messages: s.Messages.N,
+		Inserted: s.Inserted, Deleted: s.Deleted}
+	if out.InProcess != nil {
+		d := out.InProcess.Delivered
+		p.Delivered = &d
+	}
+	out.History = hist.add(p)
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -265,10 +325,22 @@ func newMessageJSON(m *wharf.Message) messageJSON {
 type pendingJSON struct {
 	messageJSON
 	Lane          int        `json:"lane"`
-	State         string     `json:"state"` // scheduled, retrying or due
+	State         string     `json:"state"` // scheduled, retrying, held or due
 	Attempts      int        `json:"attempts"`
 	LastError     string     `json:"last_error"`
 	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	// HeldBehind is set for state "held": the earlier message of the key
+	// this one waits for.
+	HeldBehind *holderJSON `json:"held_behind,omitempty"`
+}
+
+// holderJSON is the held message a pending message waits behind.
+type holderJSON struct {
+	ID       string    `json:"id"`
+	Seq      int64     `json:"seq"`
+	Reason   string    `json:"reason"` // scheduled or retrying
+	Until    time.Time `json:"until"`
+	Attempts int       `json:"attempts"`
 }
 
 // idList reads ?id= as message ids or outbox positions (seqs).
@@ -317,14 +389,19 @@ func (h *console) pending(w http.ResponseWriter, r *http.Request) {
 	for i := range ps {
 		p := &ps[i]
 		state := "due"
+		var held *holderJSON
 		switch {
 		case p.Attempts > 0:
 			state = "retrying"
 		case p.Scheduled:
 			state = "scheduled"
+		case p.HeldBehind != nil:
+			state = "held"
+			h := p.HeldBehind
+			held = &holderJSON{ID: h.ID, Seq: h.Seq, Reason: string(h.Reason), Until: h.Until.UTC(), Attempts: h.Attempts}
 		}
 		out = append(out, pendingJSON{messageJSON: newMessageJSON(&p.Message), Lane: p.Lane, State: state,
-			Attempts: p.Attempts, LastError: p.LastError, NextAttemptAt: timePtr(p.NextAttemptAt)})
+			Attempts: p.Attempts, LastError: p.LastError, NextAttemptAt: timePtr(p.NextAttemptAt), HeldBehind: held})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"messages": out, "limit": limit})
 }

@@ -448,7 +448,7 @@ CREATE OR REPLACE FUNCTION {{schema}}.enqueue_bytes(
     deliver_at timestamptz DEFAULT NULL, dedup_key text DEFAULT NULL)
 RETURNS uuid LANGUAGE plpgsql AS $fn$
 DECLARE
-    nonce bigint := (random() * 4611686018427387904)::bigint & 4611686018427387903;
+    nonce bigint := (floor(random() * 2147483648)::bigint << 31) | floor(random() * 2147483648)::bigint;
     lsn pg_lsn;
 BEGIN
     IF enqueue_bytes.topic IS NULL OR enqueue_bytes.topic = '' THEN

@@ -175,7 +175,7 @@ func newCollector(c *wharf.Client, o options) *collector {
 		dbErrors: desc("wharf_database_errors_total", "Failed fetches, result writes and lease rounds."),
 		rewinds:  desc("wharf_rewinds_total", "Times the database went back in time (failover, restore) and every lane was read again."),
 
-		oldestDue:    desc("wharf_oldest_due_message_age_seconds", "Age of the oldest message this relay holds that is due or waiting for a retry; 0 when there is none."),
+		oldestDue:    desc("wharf_oldest_due_message_age_seconds", "How long the oldest message this relay holds that is due or waiting for a retry has been due (since its deliver_at, or its enqueue when it had none); 0 when there is none."),
 		backlog:      desc("wharf_backlog_messages", "PostgreSQL's estimate of the messages in the outbox (table statistics: no count, lags a few seconds)."),
 		loopAge:      desc("wharf_engine_last_loop_age_seconds", "Seconds since the relay's engine loop last ran."),
 		dbSuccessAge: desc("wharf_database_last_success_age_seconds", "Seconds since a fetch or lease round last succeeded."),

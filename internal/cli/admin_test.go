@@ -143,15 +143,15 @@ func TestOutboxCommands(t *testing.T) {
 	requireOneLineError(t, errOut, "standard input is not a terminal, so pass --yes")
 	code, _, errOut = session{terminal: true, stdin: "no\n"}.run(b.cmd("outbox", "cancel", "--id", ids[1])...)
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "Cancel 1 pending messages selected by --id "+ids[1])
+	require.Contains(t, errOut, "Cancel 1 pending message selected by --id "+ids[1])
 	require.Contains(t, errOut, "may be at a sink at this moment")
 	_, answer, _ := strings.Cut(errOut, "Type yes to continue: ")
 	requireOneLineError(t, answer, "not confirmed: nothing was changed")
 	require.Equal(t, 3, b.count(t, "outbox"))
-	code, out, errOut = session{terminal: true, stdin: "yes\n"}.run(b.cmd("outbox", "cancel", "--id", ids[1])...)
+	code, out, errOut = session{terminal: true, stdin: "yes\n"}.run(b.cmd("outbox", "cancel", "--id", ids[1], "--verbose")...)
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "1 messages cancelled.")
-	require.Contains(t, out, "A message that was already due may be at a sink at this moment: it can still be delivered once.")
+	require.Contains(t, out, "1 message cancelled.")
+	require.Contains(t, out, "A message that was already due may be at a sink at this moment: it can still be delivered once.", "--verbose says what cancelling does")
 	require.Equal(t, 2, b.count(t, "outbox"))
 	code, out, errOut = script.run(b.cmd("outbox", "cancel", "--topic", "nothing-here", "--yes")...)
 	require.Equal(t, 0, code, errOut)
@@ -160,7 +160,8 @@ func TestOutboxCommands(t *testing.T) {
 	// reschedule: a delay, a time, now; bad values are refused.
 	code, out, errOut = script.run(b.cmd("outbox", "reschedule", "--id", ids[2], "--at", "+2h")...)
 	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "1 messages rescheduled to ")
+	require.Contains(t, out, "1 message rescheduled to ")
+	require.NotContains(t, out, "Held messages", "the note needs --verbose")
 	ps, err := b.client.PendingMessages(ctx, wharf.PendingFilter{IDs: ids[2:]})
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now().Add(2*time.Hour), ps[0].DeliverAt, time.Minute)
@@ -211,7 +212,7 @@ SELECT i, 7, 't', '\x00', now(), 3, 'gave up' FROM generate_series(1, 3) i`)
 	require.Equal(t, 2, code)
 	code, out, errOut = session{}.run(b.cmd("dead", "purge", "--all", "--yes")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "1 dead letters purged\n", out)
+	require.Equal(t, "1 dead letter purged\n", out)
 }
 
 // --id takes ids and seqs together: a dead letter either names is listed.
@@ -225,10 +226,10 @@ SELECT i, 7, 't', 'k', '{"n":1}', now(), 3, 'gave up' FROM generate_series(1, 3)
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2, out)
-	var d wharf.DeadLetter
+	var d map[string]any
 	require.NoError(t, json.Unmarshal([]byte(lines[1]), &d))
-	require.Equal(t, wharf.FormatID(3, 7), d.ID)
-	require.Equal(t, "gave up", d.LastError)
+	require.Equal(t, wharf.FormatID(3, 7), d["id"])
+	require.Equal(t, "gave up", d["last_error"])
 }
 
 // status tells scheduled from due messages, shows a killed relay as dead
@@ -302,20 +303,23 @@ func TestMigrateDown(t *testing.T) {
 	_, err := b.client.Enqueue(ctx, wharf.Message{Topic: "t", Payload: []byte("x")})
 	require.NoError(t, err)
 
-	// Reverting versions 5, 4 and 3 keeps messages; reverting 2 or 1 would not.
-	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "3")...)
+	// Reverting versions 6, 5, 4 and 3 keeps messages; reverting 2 or 1 would not.
+	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "4")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "would revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 5 to 2\n"+
+	require.Equal(t, "would revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 6 to 2\n"+
 		"the outbox holds 1 pending message and 0 dead letters: these reverts keep them\n", out)
-	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "4")...)
-	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "would revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 5 to 1\n"+
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "5")...)
+	require.Equal(t, 1, code, "a dry run that would be refused fails")
+	requireOneLineError(t, errOut, "dry run: this migrate down would be refused: the outbox is not empty")
+	require.Equal(t, "would revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 6 to 1\n"+
 		"the outbox holds 1 pending message and 0 dead letters: it would be refused: pass --force to revert anyway and lose them\n", out)
+	code, _, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "5", "--force")...)
+	require.Equal(t, 0, code, "with --force the dry run would not be refused: %s", errOut)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--target-version", "0")...)
-	require.Equal(t, 0, code, errOut)
-	require.Contains(t, out, "would revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
+	require.Equal(t, 1, code, errOut)
+	require.Contains(t, out, "would revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
 
-	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "4")...)
+	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "5")...)
 	require.Equal(t, 1, code)
 	requireOneLineError(t, errOut, "refusing to migrate down: the outbox is not empty: schema "+b.schema+" holds 1 pending message and 0 dead letters; reverting would drop them or change their ids (deliver, cancel or purge them first, or pass --force)")
 	require.Equal(t, 1, b.count(t, "outbox"), "a refused down changes nothing")
@@ -325,8 +329,8 @@ func TestMigrateDown(t *testing.T) {
 		want string
 	}{
 		{[]string{"--steps", "0"}, "--steps must be at least 1 (got 0); to revert everything use --target-version 0"},
-		{[]string{"--target-version", "6"}, "--target-version must be between 0 and 5 (got 6)"},
-		{[]string{"--target-version", "-1"}, "--target-version must be between 0 and 5 (got -1)"},
+		{[]string{"--target-version", "7"}, "--target-version must be between 0 and 6 (got 7)"},
+		{[]string{"--target-version", "-1"}, "--target-version must be between 0 and 6 (got -1)"},
 		{[]string{"--steps", "1", "--target-version", "0"}, "give --steps or --target-version, not both"},
 	} {
 		code, _, errOut = s.run(b.cmd(append([]string{"migrate", "down"}, c.args...)...)...)
@@ -334,11 +338,11 @@ func TestMigrateDown(t *testing.T) {
 		requireOneLineError(t, errOut, c.want)
 	}
 
-	// The refused run reverted nothing: versions 5, 4 and 3 are still there
-	// to revert, without --force, keeping the message.
-	code, out, errOut = s.run(b.cmd("migrate", "down", "--steps", "3")...)
+	// The refused run reverted nothing: versions 6, 5, 4 and 3 are still
+	// there to revert, without --force, keeping the message.
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--steps", "4")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "schema "+b.schema+" migrated down: reverted [5 4 3], now at version 2\n", out)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [6 5 4 3], now at version 2\n", out)
 	require.Equal(t, 1, b.count(t, "outbox"))
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--force")...)
 	require.Equal(t, 0, code, errOut)
@@ -349,7 +353,7 @@ func TestMigrateDown(t *testing.T) {
 	require.NoError(t, err)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--target-version", "0")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "schema "+b.schema+" migrated down: reverted [5 4 3 2 1], now at version 0\n", out)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [6 5 4 3 2 1], now at version 0\n", out)
 	code, out, errOut = s.run(b.cmd("migrate", "down")...)
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "schema "+b.schema+" is at version 0: nothing to revert\n", out)

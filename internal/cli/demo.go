@@ -56,7 +56,11 @@ func newDemoCmd(g *globals) *cobra.Command {
     (it exits 1 if not).
  3. Throughput: --messages messages from --producers producers into --sink (null:
     by default, which discards them: it measures Wharf and PostgreSQL, not a
-    broker), with commit-to-acknowledgement latency and a per-key order check.
+    broker), as fast as they go: the throughput, with a per-key order check. The
+    producers outrun the relay there, so its latency is mostly queueing. Then a
+    steady-state run: about 3 seconds of messages paced at half the rate just
+    delivered, so the relay keeps up, with the commit-to-acknowledgement latency a
+    message sees when there is no backlog.
 
 Without a database URL it starts a throwaway PostgreSQL from the local server
 binaries (initdb/pg_ctl on PATH or under /usr/lib/postgresql/*/bin) and removes it
@@ -198,6 +202,7 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 	}
 	if f.mode == string(wharfmigrate.ModeWAL) {
 		fmt.Fprintf(out, "mode       WAL: messages are written to the WAL only and streamed from the replication slot %s\n", schema)
+		fmt.Fprintln(out, "           (a message's seq is its position in the WAL, so seqs start high and leave gaps)")
 	}
 
 	if err := runShowcase(ctx, g, f, pool, schema); err != nil {
@@ -230,60 +235,95 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 		_ = client.Stop(stopCtx)
 	}()
 
-	start := time.Now()
-	var produced atomic.Int64
-	var produceDur time.Duration
-	prodDone := make(chan error, 1)
-	go func() {
-		err := produce(ctx, pool, client, f, probe, &produced)
-		produceDur = time.Since(start)
-		prodDone <- err
-	}()
+	// Saturation: the producers enqueue as fast as they can. They outrun
+	// the relay, so this measures throughput; its latencies are mostly
+	// the time messages queued behind the backlog.
+	fmt.Fprintln(out, "   saturation the producers enqueue as fast as they can, faster than the relay delivers:")
+	fmt.Fprintln(out, "              this measures throughput; latency here is mostly time queued in the backlog")
+	produceDur, total, err := throughputRun(ctx, g, f, pool, client, probe, f.messages, 0)
+	if err != nil {
+		return err
+	}
+	probe.report(out, f.messages, produceDur, total, true)
+	if v := probe.orderViolations.Load(); v > 0 {
+		return fmt.Errorf("per-key order was violated %d times", v)
+	}
 
-	bar := newProgress(g.stderr, f.messages)
-	deadline := time.NewTimer(f.timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	var prodErr error
-	prodRunning := true
-	for probe.unique() < int64(f.messages) {
-		select {
-		case prodErr = <-prodDone:
-			prodRunning = false
-			if prodErr != nil {
-				bar.done()
-				return fmt.Errorf("producer failed: %w", prodErr)
-			}
-		case <-tick.C:
-			bar.update(produced.Load(), probe.unique(), time.Since(start))
-		case <-probe.complete:
-		case <-deadline.C:
-			bar.done()
-			return fmt.Errorf("delivered %d of %d messages in %s: giving up (raise --timeout)", probe.unique(), f.messages, f.timeout)
-		case <-ctx.Done():
-			bar.done()
-			return errors.New("interrupted")
-		}
+	// Steady state: the producers are paced at half the rate just
+	// delivered, so the relay keeps up and the latency is what a message
+	// waits when there is no backlog.
+	rate := float64(f.messages) / max(total, time.Millisecond).Seconds() / 2
+	n := int(min(float64(f.messages), max(float64(f.batch*f.producers), rate*steadySeconds)))
+	probe.reset(n)
+	fmt.Fprintf(out, "   steady     %d messages paced at %.0f msg/s (half the rate above), so the relay keeps up:\n", n, rate)
+	produceDur, total, err = throughputRun(ctx, g, f, pool, client, probe, n, rate)
+	if err != nil {
+		return err
 	}
-	total := time.Since(start)
-	if prodRunning {
-		if prodErr = <-prodDone; prodErr != nil {
-			return prodErr
-		}
-	}
-	bar.update(produced.Load(), probe.unique(), total)
-	bar.done()
-	probe.report(out, f, produceDur, total)
+	probe.report(out, n, produceDur, total, false)
 	if v := probe.orderViolations.Load(); v > 0 {
 		return fmt.Errorf("per-key order was violated %d times", v)
 	}
 	return nil
 }
 
+// steadySeconds is about how long the demo's steady-state run lasts.
+const steadySeconds = 3
+
+// throughputRun enqueues n messages from f.producers producers, paced at
+// rate messages per second (0: as fast as they go), and waits until the
+// relay delivered them all to probe. It returns how long producing and
+// delivering took.
+func throughputRun(ctx context.Context, g *globals, f *demoFlags, pool *pgxpool.Pool, client *wharf.Client, probe *probe, n int, rate float64) (produceDur, total time.Duration, err error) {
+	start := time.Now()
+	var produced atomic.Int64
+	prodDone := make(chan error, 1)
+	go func() {
+		err := produce(ctx, pool, client, f, n, rate, start, probe, &produced)
+		produceDur = time.Since(start)
+		prodDone <- err
+	}()
+
+	bar := newProgress(g.stderr, n)
+	deadline := time.NewTimer(f.timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var prodErr error
+	prodRunning := true
+	for probe.unique() < int64(n) {
+		select {
+		case prodErr = <-prodDone:
+			prodRunning = false
+			if prodErr != nil {
+				bar.done()
+				return 0, 0, fmt.Errorf("producer failed: %w", prodErr)
+			}
+		case <-tick.C:
+			bar.update(produced.Load(), probe.unique(), time.Since(start))
+		case <-probe.completed():
+		case <-deadline.C:
+			bar.done()
+			return 0, 0, fmt.Errorf("delivered %d of %d messages in %s: giving up (raise --timeout)", probe.unique(), n, f.timeout)
+		case <-ctx.Done():
+			bar.done()
+			return 0, 0, errors.New("interrupted")
+		}
+	}
+	total = time.Since(start)
+	if prodRunning {
+		if prodErr = <-prodDone; prodErr != nil {
+			return 0, 0, prodErr
+		}
+	}
+	bar.update(produced.Load(), probe.unique(), total)
+	bar.done()
+	return produceDur, total, nil
+}
+
 func produce(ctx context.Context, pool interface {
 	Begin(context.Context) (pgx.Tx, error)
-}, client *wharf.Client, f *demoFlags, probe *probe, produced *atomic.Int64) error {
+}, client *wharf.Client, f *demoFlags, n int, rate float64, start time.Time, probe *probe, produced *atomic.Int64) error {
 	payload := make([]byte, f.payloadBytes)
 	copy(payload, `"`)
 	for i := 1; i < len(payload)-1; i++ {
@@ -297,11 +337,20 @@ func produce(ctx context.Context, pool interface {
 			msgs := make([]wharf.Message, 0, f.batch)
 			for {
 				first := next.Add(int64(f.batch)) - int64(f.batch)
-				if first >= int64(f.messages) {
+				if first >= int64(n) {
 					return nil
 				}
+				if rate > 0 {
+					// Paced: message i is enqueued i/rate after the start.
+					at := start.Add(time.Duration(float64(first) / rate * float64(time.Second)))
+					select {
+					case <-time.After(time.Until(at)):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
 				msgs = msgs[:0]
-				for i := first; i < first+int64(f.batch) && i < int64(f.messages); i++ {
+				for i := first; i < first+int64(f.batch) && i < int64(n); i++ {
 					msgs = append(msgs, wharf.Message{Topic: "demo", Key: fmt.Sprintf("key-%d", i%int64(f.keys)), Payload: payload})
 				}
 				tx, err := pool.Begin(ctx)
@@ -366,8 +415,31 @@ type probe struct {
 }
 
 func newProbe(inner wharf.Sink, target int) *probe {
-	return &probe{inner: inner, target: int64(target), commit: make(map[int64]time.Time, target),
-		ack: make(map[int64]time.Time, target), lastByKey: map[string]int64{}, complete: make(chan struct{})}
+	p := &probe{inner: inner}
+	p.reset(target)
+	return p
+}
+
+// reset starts a new measurement of target messages. The relay must have
+// nothing of the previous one left to deliver.
+func (p *probe) reset(target int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = int64(target)
+	p.commit = make(map[int64]time.Time, target)
+	p.ack = make(map[int64]time.Time, target)
+	p.lastByKey = map[string]int64{}
+	p.dups.Store(0)
+	p.orderViolations.Store(0)
+	p.count.Store(0)
+	p.complete = make(chan struct{})
+	p.once = sync.Once{}
+}
+
+func (p *probe) completed() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.complete
 }
 
 func (p *probe) committed(ids []int64, at time.Time) {
@@ -399,11 +471,11 @@ func (p *probe) Publish(ctx context.Context, msgs []*wharf.Message) []error {
 		}
 	}
 	n := int64(len(p.ack))
-	p.mu.Unlock()
-	p.count.Store(n)
 	if n >= p.target {
 		p.once.Do(func() { close(p.complete) })
 	}
+	p.mu.Unlock()
+	p.count.Store(n)
 	return errs
 }
 
@@ -411,7 +483,9 @@ func (p *probe) Close() error { return nil }
 
 func (p *probe) unique() int64 { return p.count.Load() }
 
-func (p *probe) report(w io.Writer, f *demoFlags, produceDur, total time.Duration) {
+// report prints the run of n messages: rates, latency and key order. The
+// saturation run says what its latency is made of.
+func (p *probe) report(w io.Writer, n int, produceDur, total time.Duration, saturation bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	lat := make([]time.Duration, 0, len(p.ack))
@@ -435,9 +509,13 @@ func (p *probe) report(w io.Writer, f *demoFlags, produceDur, total time.Duratio
 		}
 		return fmt.Sprintf("%.0f msg/s", float64(n)/d.Seconds())
 	}
-	fmt.Fprintf(w, "   produced   %d messages in %s (%s)\n", f.messages, produceDur.Round(time.Millisecond), rate(f.messages, produceDur))
+	fmt.Fprintf(w, "   produced   %d messages in %s (%s)\n", n, produceDur.Round(time.Millisecond), rate(n, produceDur))
 	fmt.Fprintf(w, "   delivered  %d messages in %s (%s), %d redelivered\n", len(p.ack), total.Round(time.Millisecond), rate(len(p.ack), total), p.dups.Load())
-	fmt.Fprintf(w, "   latency    commit -> sink ack: p50 %s  p95 %s  p99 %s  max %s\n", pct(0.50), pct(0.95), pct(0.99), pct(1))
+	what := "steady state"
+	if saturation {
+		what = "saturated, mostly queueing"
+	}
+	fmt.Fprintf(w, "   latency    commit -> sink ack (%s): p50 %s  p95 %s  p99 %s  max %s\n", what, pct(0.50), pct(0.95), pct(0.99), pct(1))
 	order := "intact"
 	if v := p.orderViolations.Load(); v > 0 {
 		order = fmt.Sprintf("VIOLATED %d times", v)

@@ -86,6 +86,13 @@ func TestDemoShowsDeliveryCrashCheckAndRate(t *testing.T) {
 	require.Contains(t, out, "sink       null:, the null sink: it acknowledges and discards every message")
 	require.Regexp(t, `delivered  500 messages in \S+ \(\d+ msg/s\), 0 redelivered`, out)
 	require.Contains(t, out, "key order  intact across 10 keys")
+	// The saturation run says its latency is queueing; a paced run gives
+	// the steady-state latency.
+	require.Contains(t, out, "saturation the producers enqueue as fast as they can, faster than the relay delivers")
+	require.Regexp(t, `latency    commit -> sink ack \(saturated, mostly queueing\): p50 `, out)
+	require.Regexp(t, `(?m)^   steady     \d+ messages paced at \d+ msg/s \(half the rate above\), so the relay keeps up:$`, out)
+	require.Regexp(t, `latency    commit -> sink ack \(steady state\): p50 \S+  p95 \S+  p99 \S+  max \S+`, out)
+	require.Equal(t, 2, strings.Count(out, "key order  intact across 10 keys"), "both runs keep per-key order")
 
 	require.NoFileExists(t, path)
 	require.NoDirExists(t, filepath.Dir(path))

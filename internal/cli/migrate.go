@@ -158,10 +158,10 @@ table Wharf created; reverting version 2 drops the message ids' nonces, so pendi
 messages would be delivered under other ids. So when either is to be reverted it
 refuses while the outbox or the dead-letter table holds rows: deliver, cancel ('wharf
 outbox cancel') or purge ('wharf dead purge') them first, or pass --force to lose them.
-Reverting version 5 (the late-commit index), 4 (the xid column's statistics setting)
+Reverting version 6 (the nonce's default), 5 (the late-commit index), 4 (the xid column's statistics setting)
 or 3 (leases per relay back to leases per lane) keeps every message and is not refused. The check runs in each step's transaction with both tables locked, so
 nothing enqueued meanwhile is lost unseen. --dry-run prints what would be reverted and
-whether it would be refused.`,
+whether it would be refused, and exits with status 1 when it would be.`,
 		Example: `  wharf migrate down --dry-run
   wharf migrate down                       # one step
   wharf migrate down --target-version 0    # everything (the schema too, if Wharf created it)`,
@@ -224,6 +224,11 @@ whether it would be refused.`,
 						verdict = "--force: they would be lost"
 					}
 					fmt.Fprintf(g.stdout, "the outbox holds %s and %s: %s\n", countOf(msgs, "pending message"), countOf(dead, "dead letter"), verdict)
+					if lossy && !force {
+						// A script that checks the plan before running it
+						// must see that it would fail.
+						return errors.New("dry run: this migrate down would be refused: the outbox is not empty (deliver, cancel or purge them first, or pass --force)")
+					}
 				}
 				return nil
 			}

@@ -161,9 +161,23 @@ func pendingState(p wharf.PendingMessage, now time.Time) string {
 		return fmt.Sprintf("retrying at %s", p.NextAttemptAt.Local().Format(time.RFC3339))
 	case p.Attempts > 0:
 		return "retrying"
+	case p.HeldBehind != nil:
+		return "held behind " + p.HeldBehind.ID + " (" + holderState(p.HeldBehind) + ")"
 	default:
 		return "due"
 	}
+}
+
+// holderState says what the message a held message waits behind waits for.
+func holderState(h *wharf.Holder) string {
+	when := "-"
+	if !h.Until.IsZero() {
+		when = h.Until.Local().Format(time.RFC3339)
+	}
+	if h.Reason == wharf.BlockedRetrying {
+		return "retrying at " + when
+	}
+	return "scheduled until " + when
 }
 
 func newOutboxShowCmd(g *globals) *cobra.Command {
@@ -237,8 +251,15 @@ func writePendingDetail(out io.Writer, p wharf.PendingMessage, now time.Time) {
 		fmt.Fprintf(w, "next attempt\t%s\n", p.NextAttemptAt.Local().Format(time.RFC3339Nano))
 		fmt.Fprintf(w, "last error\t%s\n", oneLine(p.LastError, 4096))
 	}
-	names := make([]string, 0, len(p.Headers))
-	for k := range p.Headers {
+	writeHeadersAndPayload(w, out, p.Headers, p.Payload)
+}
+
+// writeHeadersAndPayload ends a message's detail: its headers in name order
+// in w, then its payload on lines of its own in out (base64 when it is not
+// UTF-8).
+func writeHeadersAndPayload(w *tabwriter.Writer, out io.Writer, headers map[string]string, payload []byte) {
+	names := make([]string, 0, len(headers))
+	for k := range headers {
 		names = append(names, k)
 	}
 	sort.Strings(names)
@@ -247,17 +268,17 @@ func writePendingDetail(out io.Writer, p wharf.PendingMessage, now time.Time) {
 		if i == 0 {
 			label = "headers"
 		}
-		fmt.Fprintf(w, "%s\t%s: %s\n", label, k, p.Headers[k])
+		fmt.Fprintf(w, "%s\t%s: %s\n", label, k, headers[k])
 	}
-	if utf8.Valid(p.Payload) {
-		fmt.Fprintf(w, "payload\t%d bytes\n", len(p.Payload))
+	if utf8.Valid(payload) {
+		fmt.Fprintf(w, "payload\t%d bytes\n", len(payload))
 		_ = w.Flush()
-		fmt.Fprintf(out, "%s\n", p.Payload)
+		fmt.Fprintf(out, "%s\n", payload)
 		return
 	}
-	fmt.Fprintf(w, "payload\t%d bytes, not UTF-8, in base64:\n", len(p.Payload))
+	fmt.Fprintf(w, "payload\t%d bytes, not UTF-8, in base64:\n", len(payload))
 	_ = w.Flush()
-	fmt.Fprintf(out, "%s\n", base64.StdEncoding.EncodeToString(p.Payload))
+	fmt.Fprintf(out, "%s\n", base64.StdEncoding.EncodeToString(payload))
 }
 
 // messageJSON is the JSON form of a pending message in `wharf outbox
@@ -276,6 +297,7 @@ type messageJSON struct {
 	Attempts        int               `json:"attempts"`
 	LastError       string            `json:"last_error,omitempty"`
 	NextAttemptAt   *time.Time        `json:"next_attempt_at,omitempty"`
+	HeldBehind      *holderJSON       `json:"held_behind,omitempty"`
 	Headers         map[string]string `json:"headers"`
 	Payload         json.RawMessage   `json:"payload"`
 	PayloadEncoding string            `json:"payload_encoding,omitempty"`
@@ -305,6 +327,22 @@ func newMessageJSON(m *wharf.Message) messageJSON {
 	return j
 }
 
+// holderJSON is the message a held message waits behind.
+type holderJSON struct {
+	ID       string    `json:"id"`
+	Seq      int64     `json:"seq"`
+	Reason   string    `json:"reason"`
+	Until    time.Time `json:"until"`
+	Attempts int       `json:"attempts"`
+}
+
+func newHolderJSON(h *wharf.Holder) *holderJSON {
+	if h == nil {
+		return nil
+	}
+	return &holderJSON{ID: h.ID, Seq: h.Seq, Reason: string(h.Reason), Until: h.Until.UTC(), Attempts: h.Attempts}
+}
+
 func writePendingJSON(out io.Writer, ps []wharf.PendingMessage) error {
 	enc := json.NewEncoder(out)
 	now := time.Now()
@@ -319,6 +357,7 @@ func writePendingJSON(out io.Writer, ps []wharf.PendingMessage) error {
 			t := p.NextAttemptAt.UTC()
 			j.NextAttemptAt = &t
 		}
+		j.HeldBehind = newHolderJSON(p.HeldBehind)
 		if err := enc.Encode(j); err != nil {
 			return err
 		}
@@ -328,7 +367,7 @@ func writePendingJSON(out io.Writer, ps []wharf.PendingMessage) error {
 
 func newOutboxCancelCmd(g *globals) *cobra.Command {
 	var sel outboxSelector
-	var yes bool
+	var yes, verbose bool
 	cmd := &cobra.Command{
 		Use:   "cancel",
 		Short: "Delete pending messages so they are never delivered (asks for confirmation)",
@@ -364,6 +403,9 @@ CI) it needs --yes.`,
 					return err
 				}
 				if len(ps) == 0 {
+					if len(sel.ids) > 0 {
+						return nothingMatches(&sel)
+					}
 					fmt.Fprintf(g.stdout, "no pending message matches %s: nothing to cancel\n", sel.describe())
 					return nil
 				}
@@ -382,8 +424,12 @@ CI) it needs --yes.`,
 				if len(ps) > preview {
 					count = fmt.Sprintf("more than %d", preview)
 				}
-				q := fmt.Sprintf("Cancel %s pending messages selected by %s in schema %s? Their payloads are deleted for good. %s",
-					count, sel.describe(), g.schema, inFlightNote)
+				what := "pending messages"
+				if len(ps) == 1 {
+					what = "pending message"
+				}
+				q := fmt.Sprintf("Cancel %s %s selected by %s in schema %s? Their payloads are deleted for good. %s",
+					count, what, sel.describe(), g.schema, inFlightNote)
 				if err := g.confirm(q, "wharf outbox cancel", false); err != nil {
 					return err
 				}
@@ -392,13 +438,31 @@ CI) it needs --yes.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "%d messages cancelled. %s\n", n, inFlightNote)
+			if n == 0 && len(sel.ids) > 0 {
+				return nothingMatches(&sel)
+			}
+			fmt.Fprintf(g.stdout, "%s cancelled.%s\n", plural(int64(n), "message"), note(verbose))
 			return nil
 		},
 	}
 	sel.register(cmd, true)
 	cmd.Flags().BoolVar(&yes, "yes", false, "do not ask for confirmation (required when standard input is not a terminal)")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also say what cancelling does to held messages and to messages already at a sink")
 	return cmd
+}
+
+// note is inFlightNote, after a report, with --verbose.
+func note(verbose bool) string {
+	if !verbose {
+		return ""
+	}
+	return " " + inFlightNote
+}
+
+// nothingMatches is the error of a cancel or reschedule whose --id names no
+// pending message.
+func nothingMatches(sel *outboxSelector) error {
+	return fmt.Errorf("no pending message matches %s: it was delivered, dead-lettered (see wharf dead list) or cancelled, or the id is wrong (see wharf outbox list)", sel.describe())
 }
 
 // parseAt reads --at: "now", an RFC 3339 time, or a duration from now
@@ -420,6 +484,7 @@ func parseAt(s string, now time.Time) (time.Time, error) {
 func newOutboxRescheduleCmd(g *globals) *cobra.Command {
 	var sel outboxSelector
 	var at string
+	var verbose bool
 	cmd := &cobra.Command{
 		Use:   "reschedule",
 		Short: "Set when pending messages are delivered: now (the default), a time, or a delay",
@@ -455,11 +520,15 @@ is delivered now whatever the new time.`,
 			if !when.IsZero() {
 				shown = when.Local().Format(time.RFC3339)
 			}
-			fmt.Fprintf(g.stdout, "%d messages rescheduled to %s. %s\n", n, shown, inFlightNote)
+			if n == 0 && len(sel.ids) > 0 {
+				return nothingMatches(&sel)
+			}
+			fmt.Fprintf(g.stdout, "%s rescheduled to %s.%s\n", plural(int64(n), "message"), shown, note(verbose))
 			return nil
 		},
 	}
 	sel.register(cmd, true)
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "also say what rescheduling does to held messages and to messages already at a sink")
 	cmd.Flags().StringVar(&at, "at", "now", "new delivery time: now, an RFC 3339 time (2026-01-02T15:04:05Z) or a delay such as +10m")
 	return cmd
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -24,6 +25,8 @@ type relayFlags struct {
 	routes   []string
 	drain    bool
 	stopWait time.Duration
+	// drainTimeout bounds a --drain run (0: no bound).
+	drainTimeout time.Duration
 	// adminAddr is where the relay serves its metrics and probes ("": nowhere).
 	adminAddr string
 	cfg       wharf.Config
@@ -36,6 +39,7 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl.StringVar(&f.sink, "sink", sinkDefault, "where messages go: stdout:, file:///path.jsonl, null:, kafka://, nats://, amqp://, redis://, https:// (see README); with --route, where unrouted topics go")
 	fl.StringArrayVar(&f.routes, "route", nil, "PATTERN=SINK_URL: send topics matching PATTERN (orders.*, hooks.**) to that sink; repeatable, first match wins (YAML: routes)")
 	fl.BoolVar(&f.drain, "drain", false, "exit 0 once nothing deliverable is left: nothing due, in flight or waiting for a retry (messages scheduled for later stay)")
+	fl.DurationVar(&f.drainTimeout, "drain-timeout", 0, "with --drain: stop after this long and exit 1, naming what is left (default: wait as long as it takes)")
 	fl.DurationVar(&f.stopWait, "stop-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long to wait for in-flight deliveries (also with --drain); then they are abandoned and delivered again later. A second signal exits at once")
 	fl.StringVar(&f.cfg.RelayID, "relay-id", "", "name of this relay in the lanes table (default host-pid-random)")
 	fl.BoolVar(&f.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer in transaction mode); poll every --poll-interval")
@@ -57,7 +61,7 @@ func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 }
 
 // relaySettings are the relay flags that are settings (see markSettings).
-var relaySettings = []string{"sink", "route", "drain", "stop-timeout", "admin-addr", "relay-id", "poll-only", "poll-interval",
+var relaySettings = []string{"sink", "route", "drain", "drain-timeout", "stop-timeout", "admin-addr", "relay-id", "poll-only", "poll-interval",
 	"fetch-interval", "lease-ttl", "rebalance-interval", "exclusive", "fetch-batch", "sink-batch", "sink-concurrency", "max-buffered",
 	"max-buffered-bytes", "order-across-topics", "max-attempts", "retry-backoff", "max-retry-backoff"}
 
@@ -157,8 +161,12 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags, cfg wharf.Config) 
 		return err
 	}
 	defer stopAdmin()
+	if f.sink == "" {
+		g.log.Warn("wharf: no --sink: a message whose topic no --route matches is dead-lettered at its first attempt; pass --sink URL for the other topics, or --route '**=URL'", "routes", redactRoutes(f.routes))
+	}
+	pingSinks(ctx, g, sink)
 	if f.drain {
-		return drainUntilSignal(ctx, g, f, client)
+		return drainUntilSignal(ctx, g, f, client, pool)
 	}
 	// Start's context must outlive the signal: Stop below does the graceful stop.
 	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
@@ -178,17 +186,61 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags, cfg wharf.Config) 
 	return nil
 }
 
-// drainUntilSignal drains; a signal stops it gracefully, and after
-// --stop-timeout in-flight deliveries are abandoned (delivered again later).
-func drainUntilSignal(ctx context.Context, g *globals, f *relayFlags, client *wharf.Client) error {
+// pingTimeout bounds the start-up check of the sinks that can be pinged.
+const pingTimeout = 5 * time.Second
+
+// pingSinks checks, at start, that the sinks that can be pinged answer (a
+// Kafka sink connects lazily: without this nothing would say that no broker
+// answers until a message is due). One that does not is logged as a warning
+// and the relay starts anyway: the sink keeps trying, its messages are
+// retried with backoff, and /readyz reports it until it answers.
+func pingSinks(ctx context.Context, g *globals, sink wharf.Sink) {
+	p, ok := sink.(wharf.Pinger)
+	if !ok {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if err := p.Ping(pctx); err != nil {
+		g.log.Warn("wharf: the sink does not answer; starting anyway: its messages are retried until it does (/readyz reports it meanwhile)", "err", oneLineError(err))
+	}
+}
+
+// drainReportEvery is how often a drain logs what it still waits for.
+const drainReportEvery = 10 * time.Second
+
+// drainUntilSignal drains; a signal or --drain-timeout stops it gracefully,
+// and after --stop-timeout in-flight deliveries are abandoned (delivered
+// again later). While it runs it logs, every drainReportEvery, what it still
+// waits for.
+func drainUntilSignal(ctx context.Context, g *globals, f *relayFlags, client *wharf.Client, pool *pgxpool.Pool) error {
 	done := make(chan error, 1)
 	go func() { done <- client.Drain(context.WithoutCancel(ctx)) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
+	var timeout <-chan time.Time
+	if f.drainTimeout > 0 {
+		t := time.NewTimer(f.drainTimeout)
+		defer t.Stop()
+		timeout = t.C
 	}
-	g.log.Info("wharf: stopping the drain", "stop_timeout", f.stopWait)
+	report := time.NewTicker(drainReportEvery)
+	defer report.Stop()
+	timedOut := false
+wait:
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-report.C:
+			g.log.Info("wharf: draining: waiting for "+drainLeft(ctx, g, client, pool), "drain_timeout", f.drainTimeout)
+		case <-timeout:
+			timedOut = true
+			break wait
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	left := drainLeft(context.WithoutCancel(ctx), g, client, pool)
+	g.log.Info("wharf: stopping the drain", "stop_timeout", f.stopWait, "left", left)
 	stopCtx, cancel := context.WithTimeout(context.Background(), f.stopWait)
 	defer cancel()
 	err := client.Stop(stopCtx)
@@ -197,7 +249,54 @@ func drainUntilSignal(ctx context.Context, g *globals, f *relayFlags, client *wh
 	case <-time.After(5 * time.Second):
 		// A sink that ignores cancellation: exit anyway; the leases expire.
 	}
+	if err == nil && timedOut {
+		err = fmt.Errorf("--drain-timeout %s passed before the outbox was drained: %s left (a relay delivers them later)", f.drainTimeout, left)
+	}
 	return err
+}
+
+// drainLeft says what a drain still waits for: the messages at the sink or
+// loaded, and those waiting for a retry with the time of the next attempt.
+func drainLeft(ctx context.Context, g *globals, client *wharf.Client, pool *pgxpool.Pool) string {
+	st := client.Metrics()
+	var parts []string
+	if n := st.InFlight.Load(); n > 0 {
+		parts = append(parts, plural(n, "message")+" at the sink")
+	}
+	if n := st.Buffered.Load() - st.InFlight.Load(); n > 0 {
+		parts = append(parts, plural(n, "message")+" loaded")
+	}
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int64
+	var next *float64
+	err := pool.QueryRow(qctx, `SELECT count(*), extract(epoch FROM min(next_attempt_at) - now())::float8 FROM `+g.schema+`.retries`).Scan(&n, &next)
+	if err == nil && n > 0 {
+		s := plural(n, "retrying message")
+		if next != nil {
+			if d := time.Duration(*next * float64(time.Second)); d > 0 {
+				s += ", next attempt in " + d.Round(time.Second).String()
+			} else {
+				s += ", next attempt due now"
+			}
+		}
+		parts = append(parts, s)
+	}
+	if len(parts) == 0 {
+		if n := st.Held.Load(); n > 0 {
+			return plural(n, "held message")
+		}
+		return "the relay's next read"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// plural writes "1 message", "2 messages".
+func plural(n int64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // serveAdmin serves the relay's metrics (/metrics) and probes (/healthz,

@@ -56,7 +56,19 @@ type ioStreams struct {
 
 func stdinIsTerminal() bool {
 	fi, err := os.Stdin.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return err == nil && isTerminal(fi)
+}
+
+// isTerminal reports whether a file is a terminal: a character device other
+// than /dev/null (which scripts redirect from, and nobody answers through).
+func isTerminal(fi os.FileInfo) bool {
+	if fi.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	if null, err := os.Stat(os.DevNull); err == nil && os.SameFile(fi, null) {
+		return false
+	}
+	return true
 }
 
 func mainWith(args []string, streams ioStreams) int {
@@ -65,6 +77,14 @@ func mainWith(args []string, streams ioStreams) int {
 	err := root.Execute()
 	if err == nil {
 		return 0
+	}
+	if m := unknownCommandRE.FindStringSubmatch(err.Error()); m != nil {
+		// Cobra's own wording spans lines ("Did you mean this?" and a list).
+		parent := root
+		if c, _, ferr := root.Find(strings.Fields(m[2])[1:]); ferr == nil {
+			parent = c
+		}
+		err = unknownCommand(parent, m[1])
 	}
 	code := 1
 	var ue usageError
@@ -188,7 +208,12 @@ whole configuration and that the database and every sink answer.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if m := badFlagValueRE.FindStringSubmatch(err.Error()); m != nil {
+			if f := c.Flags().Lookup(m[2]); f != nil {
+				return usageError{fmt.Errorf("invalid value %q for --%s: %s (see wharf --help)", m[1], m[2], wantValue(f, err))}
+			}
+		}
 		return usageError{fmt.Errorf("%w (see wharf --help)", err)}
 	})
 	pf := root.PersistentFlags()
@@ -215,8 +240,52 @@ whole configuration and that the database and every sink answer.`,
 	for _, c := range root.Commands() {
 		c.SilenceUsage = true
 	}
+	refuseUnknownSubcommands(root)
 	return root, g
 }
+
+// refuseUnknownSubcommands makes every command that only groups others
+// (wharf outbox, wharf dead, ...) refuse an argument that names none of them,
+// with a usage error (exit 2) and one "did you mean" line, instead of printing
+// its help and exiting 0. Without arguments it prints its help.
+func refuseUnknownSubcommands(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		refuseUnknownSubcommands(c)
+	}
+	if cmd.Runnable() || !cmd.HasSubCommands() {
+		return
+	}
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return c.Help()
+		}
+		return unknownCommand(c, args[0])
+	}
+}
+
+// unknownCommand is the one-line error for a subcommand that does not exist.
+func unknownCommand(parent *cobra.Command, name string) error {
+	var names []string
+	for _, c := range parent.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", name, parent.CommandPath())
+	if parent.SuggestionsMinimumDistance <= 0 {
+		parent.SuggestionsMinimumDistance = 2
+	}
+	if s := parent.SuggestionsFor(name); len(s) > 0 {
+		msg += fmt.Sprintf(": did you mean %s?", strings.Join(s, " or "))
+	} else {
+		msg += ": it takes " + strings.Join(names, ", ")
+	}
+	return usageError{errors.New(msg + " (see " + parent.CommandPath() + " --help)")}
+}
+
+// unknownCommandRE matches cobra's error for an unknown command of the root.
+var unknownCommandRE = regexp.MustCompile(`^unknown command "([^"]*)" for "([^"]*)"`)
 
 // load applies the environment and the YAML file to every setting the user
 // did not give as a flag, then validates the shared settings: one place,
@@ -229,7 +298,7 @@ func (g *globals) load(cmd *cobra.Command) error {
 			return nil
 		}
 		if err := f.Value.Set(value); err != nil {
-			return fmt.Errorf("%s: invalid value %q for %s: %w", source, value, name, err)
+			return fmt.Errorf("%s: invalid value %q for %s: %s", source, value, name, wantValue(f, err))
 		}
 		// A repeatable flag (--route) takes every value of the file; the
 		// flag is marked set once all of them are in.
@@ -262,6 +331,7 @@ func (g *globals) load(cmd *cobra.Command) error {
 		if err != nil {
 			return err
 		}
+		lines := configLines(g.configFile)
 		keys := make([]string, 0, len(values))
 		for k := range values {
 			keys = append(keys, k)
@@ -269,7 +339,11 @@ func (g *globals) load(cmd *cobra.Command) error {
 		sort.Strings(keys)
 		for _, k := range keys {
 			for _, v := range values[k] {
-				if err := setIfUnset(strings.ReplaceAll(k, "_", "-"), v, "config file "+g.configFile); err != nil {
+				source := "config file " + g.configFile
+				if n := lines[k]; n > 0 {
+					source += fmt.Sprintf(" line %d", n)
+				}
+				if err := setIfUnset(strings.ReplaceAll(k, "_", "-"), v, source); err != nil {
 					return err
 				}
 			}
@@ -364,7 +438,7 @@ func readConfigFile(path string, root *cobra.Command) (map[string][]string, erro
 	var raw map[string]yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&raw); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config file %s: %w", path, err)
+		return nil, fmt.Errorf("config file %s: %w%s", path, err, yamlHint(data, err))
 	}
 	known := map[string]bool{}
 	var walk func(c *cobra.Command)

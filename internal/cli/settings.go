@@ -108,6 +108,7 @@ var (
 		"retry-backoff":      time.Millisecond,
 		"max-retry-backoff":  time.Millisecond,
 		"stop-timeout":       time.Millisecond,
+		"drain-timeout":      time.Millisecond,
 	}
 )
 

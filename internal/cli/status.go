@@ -376,26 +376,28 @@ type deadSelector struct {
 	all   bool
 	ids   []string
 	topic string
+	key   string
 	limit int
 }
 
 func (s *deadSelector) register(cmd *cobra.Command, withAll bool) {
 	cmd.Flags().StringSliceVar(&s.ids, "id", nil, "message ids (UUIDs) or outbox seqs (numbers); repeat or comma-separate")
 	cmd.Flags().StringVar(&s.topic, "topic", "", "only this topic")
+	cmd.Flags().StringVar(&s.key, "key", "", "only this key")
 	if withAll {
-		cmd.Flags().BoolVar(&s.all, "all", false, "every dead letter (required when no --id or --topic is given)")
+		cmd.Flags().BoolVar(&s.all, "all", false, "every dead letter (required when no --id, --topic or --key is given)")
 	}
 }
 
 func (s *deadSelector) filter(requireSelector bool) (wharf.DeadLetterFilter, error) {
-	if requireSelector && !s.all && len(s.ids) == 0 && s.topic == "" {
-		return wharf.DeadLetterFilter{}, usageError{errors.New("say which dead letters: --id N, --topic T, or --all")}
+	if requireSelector && !s.all && len(s.ids) == 0 && s.topic == "" && s.key == "" {
+		return wharf.DeadLetterFilter{}, usageError{errors.New("say which dead letters: --id N, --topic T, --key K, or --all")}
 	}
 	ids, seqs, err := parseIDs(s.ids, "wharf dead list")
 	if err != nil {
 		return wharf.DeadLetterFilter{}, err
 	}
-	return wharf.DeadLetterFilter{IDs: ids, Seqs: seqs, Topic: s.topic, Limit: s.limit}, nil
+	return wharf.DeadLetterFilter{IDs: ids, Seqs: seqs, Topic: s.topic, Key: s.key, Limit: s.limit}, nil
 }
 
 // describe names the selection in a question.
@@ -406,6 +408,9 @@ func (s *deadSelector) describe() string {
 	}
 	if s.topic != "" {
 		parts = append(parts, fmt.Sprintf("--topic %q", s.topic))
+	}
+	if s.key != "" {
+		parts = append(parts, fmt.Sprintf("--key %q", s.key))
 	}
 	if len(parts) == 0 {
 		return "--all"
@@ -442,31 +447,72 @@ func newDeadCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				enc := json.NewEncoder(g.stdout)
-				for _, d := range dead {
-					if err := enc.Encode(d); err != nil {
-						return err
-					}
-				}
-				return nil
+				return writeDeadJSON(g.stdout, dead)
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "SEQ\tID\tTOPIC\tKEY\tATTEMPTS\tFAILED AT\tLAST ERROR")
+			fmt.Fprintln(w, "SEQ\tID\tTOPIC\tKEY\tATTEMPTS\tFAILED AT\tCAUSE")
 			for _, d := range dead {
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Seq, d.ID, d.Topic, d.Key, d.Attempts, d.FailedAt.Format(time.RFC3339), oneLine(d.LastError, 100))
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Seq, d.ID, d.Topic, d.Key, d.Attempts, d.FailedAt.UTC().Format(time.RFC3339), oneLine(deadCause(d), 100))
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if len(dead) > 0 {
+				fmt.Fprintln(g.stderr, "(the cause is the end of the last error; wharf dead show ID prints it in full, with the payload)")
+			}
+			return nil
 		},
 	}
 	listSel.register(list, false)
 	list.Flags().IntVar(&listSel.limit, "limit", 1000, "most rows to list")
 	list.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per line")
 
+	var showIDs []string
+	var showJSON bool
+	show := &cobra.Command{
+		Use:   "show ID|SEQ...",
+		Short: "Show dead letters in full: the whole last error, headers and payload",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			all := append(append([]string(nil), showIDs...), args...)
+			if len(all) == 0 {
+				return usageError{errors.New("say which dead letters: wharf dead show ID (a message id or a seq; see wharf dead list)")}
+			}
+			uuids, seqs, err := parseIDs(all, "wharf dead list")
+			if err != nil {
+				return err
+			}
+			c, closeFn, err := g.client(cmd)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			dead, err := c.DeadLetters(cmd.Context(), wharf.DeadLetterFilter{IDs: uuids, Seqs: seqs, Limit: len(all)})
+			if err != nil {
+				return err
+			}
+			if len(dead) == 0 {
+				return fmt.Errorf("no dead letter has id %s: see wharf dead list (a retried one is back in the outbox: wharf outbox show)", strings.Join(all, ", "))
+			}
+			if showJSON {
+				return writeDeadJSON(g.stdout, dead)
+			}
+			for i, d := range dead {
+				if i > 0 {
+					fmt.Fprintln(g.stdout)
+				}
+				writeDeadDetail(g.stdout, d)
+			}
+			return nil
+		},
+	}
+	show.Flags().StringSliceVar(&showIDs, "id", nil, "message ids (UUIDs) or outbox seqs (numbers); repeat or comma-separate")
+	show.Flags().BoolVar(&showJSON, "json", false, "print one JSON object per line")
+
 	retry := newDeadChangeCmd(g, "retry", "Move dead letters back into the outbox (same ids, delivered in id order per key)",
-		"%d dead letters moved back to the outbox\n", false, (*wharf.Client).RetryDeadLetters)
+		"%s moved back to the outbox\n", false, (*wharf.Client).RetryDeadLetters)
 	purge := newDeadChangeCmd(g, "purge", "Delete dead letters for good (asks for confirmation, or --yes)",
-		"%d dead letters purged\n", true, (*wharf.Client).PurgeDeadLetters)
-	cmd.AddCommand(list, retry, purge)
+		"%s purged\n", true, (*wharf.Client).PurgeDeadLetters)
+	cmd.AddCommand(list, show, retry, purge)
 	return cmd
 }
 
@@ -521,7 +567,7 @@ func newDeadChangeCmd(g *globals, use, short, report string, destructive bool, a
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, report, n)
+			fmt.Fprintf(g.stdout, report, plural(int64(n), "dead letter"))
 			return nil
 		},
 	}

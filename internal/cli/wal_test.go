@@ -114,6 +114,7 @@ func TestDemoInWALMode(t *testing.T) {
 	code, out, errOut := run("demo", "--mode", "wal", "--database-url", url, "--messages", "2000", "--keys", "10")
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `(?m)^mode +WAL: messages are written to the WAL only and streamed from the replication slot wharf_demo_[0-9a-f]+$`, out)
+	require.Contains(t, out, "(a message's seq is its position in the WAL, so seqs start high and leave gaps)")
 	require.Contains(t, out, "every key's messages arrived in enqueue order")
 	require.Contains(t, out, "key order  intact across 10 keys")
 	schema := regexp.MustCompile(`slot (wharf_demo_[0-9a-f]+)`).FindStringSubmatch(out)[1]

@@ -41,7 +41,14 @@ func TestDeadLetterCLI(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
 	require.Len(t, lines, len(ids))
 	for i, line := range lines {
-		var d wharf.DeadLetter
+		// The --json format of every list command: snake_case, the payload
+		// inline when it is JSON.
+		var d struct {
+			ID        string          `json:"id"`
+			Attempts  int             `json:"attempts"`
+			LastError string          `json:"last_error"`
+			Payload   json.RawMessage `json:"payload"`
+		}
 		require.NoError(t, json.Unmarshal([]byte(line), &d), line)
 		require.Equal(t, ids[i], d.ID, "dead letters are listed in id order")
 		require.Equal(t, 2, d.Attempts)
@@ -57,7 +64,7 @@ func TestDeadLetterCLI(t *testing.T) {
 
 	res = cli("dead", "retry", "--id", fmt.Sprint(ids[0]))
 	require.Equalf(t, 0, res.code, "stderr: %s", res.stderr)
-	require.Equal(t, "1 dead letters moved back to the outbox\n", res.stdout)
+	require.Equal(t, "1 dead letter moved back to the outbox\n", res.stdout)
 	res = cli("dead", "retry", "--topic", "dl")
 	require.Equal(t, 0, res.code)
 	require.Equal(t, "19 dead letters moved back to the outbox\n", res.stdout)
@@ -85,7 +92,7 @@ func TestDeadLetterCLI(t *testing.T) {
 	require.Contains(t, res.stderr, "--yes")
 	res = cli("dead", "purge", "--all", "--yes")
 	require.Equal(t, 0, res.code)
-	require.Equal(t, "1 dead letters purged\n", res.stdout)
+	require.Equal(t, "1 dead letter purged\n", res.stdout)
 	res = cli("dead", "list", "--json")
 	require.Equal(t, 0, res.code)
 	require.Empty(t, strings.TrimSpace(res.stdout))

@@ -217,7 +217,11 @@ func TestRelayToWebhookDeadLetter(t *testing.T) {
 	require.Equalf(t, 0, res.code, "stderr: %s", res.stderr)
 	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
 	require.Len(t, lines, 1, "exactly the rejected message is dead: %s", res.stdout)
-	var d wharf.DeadLetter
+	var d struct {
+		Seq       int64  `json:"seq"`
+		Attempts  int    `json:"attempts"`
+		LastError string `json:"last_error"`
+	}
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &d), lines[0])
 	require.Equal(t, reject, d.Seq)
 	require.Equal(t, 1, d.Attempts, "a 400 is not retried")

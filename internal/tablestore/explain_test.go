@@ -37,10 +37,10 @@ const (
 // statusOldestDue), with the schema written as {S} where admin.go
 // concatenates `+sc+`. The test fails if admin.go no longer contains it, so
 // the documented plan cannot go stale.
-const explainStatusSQL = `SELECT l.lane, h.age, h.scheduled
+const explainStatusSQL = `SELECT l.lane, h.age, h.has_deliver_at
 FROM generate_series(0, 63) AS l(lane)
 CROSS JOIN LATERAL (
-    SELECT extract(epoch FROM now() - o.created_at)::float8 AS age, coalesce(o.deliver_at > now(), false) AS scheduled
+    SELECT extract(epoch FROM now() - o.created_at)::float8 AS age, o.deliver_at IS NOT NULL AS has_deliver_at
     FROM {S}.outbox o WHERE o.lane = l.lane ORDER BY o.id LIMIT 1) h`
 
 type explainCase struct {

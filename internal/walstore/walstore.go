@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -66,9 +67,13 @@ type Store struct {
 	mu       sync.Mutex
 	lanes    [wharfmigrate.Lanes]walLane
 	progress walstream.Progress
-	held     int64         // bytes held: payloads plus walRowOverhead per message
-	queued   int64         // the part of held in the lanes' queues, not handed to the engine
-	lastEnd  walstream.LSN // end of the last transaction taken: a stream started again skips up to it
+	held     int64 // bytes held: payloads plus walRowOverhead per message
+	// receiving is what the transaction being received counts for so far
+	// (largeTx): not in held until its commit, bounded by moveLarge.
+	receiving int64
+	leases    map[int16]int64 // the lanes this relay holds, with their fences
+	queued    int64           // the part of held in the lanes' queues, not handed to the engine
+	lastEnd   walstream.LSN   // end of the last transaction taken: a stream started again skips up to it
 	// confirmed is the furthest position confirmed to the slot; the relay
 	// writes it to <schema>.wal_progress (recordProgress), which outlives a
 	// crash of PostgreSQL (the slot's own position is saved only at
@@ -100,9 +105,13 @@ type Store struct {
 	// tableRows is set while the outbox table may hold spilled messages
 	// (spill): fetches then read it too, through the embedded table store, from
 	// tablePos.
-	tableRows  bool
-	tablePos   store.Pos
-	spillAfter time.Duration // DefaultSpillAfter, unless a test shortens it
+	tableRows bool
+	tablePos  store.Pos
+	// tableWrites counts the store's inserts of new rows into the table
+	// (moveLarge); a fetch that saw it change hands no memory row forward.
+	tableWrites int64
+	fetches     int64         // fetches started (tableNote)
+	spillAfter  time.Duration // DefaultSpillAfter, unless a test shortens it
 	// spilling holds the seqs a spill is writing to the table; a message
 	// settled from memory meanwhile (delivered while the spill ran) is
 	// noted as gone from the table (walLane.table) and its row deleted
@@ -116,6 +125,9 @@ type Store struct {
 	// outbox (store.FetchResult.More), which Drain relies on.
 	target   walstream.LSN
 	caughtUp bool
+	// afterWrite, if set (tests), runs in WriteResults between the writes
+	// and the settling of the messages they wrote.
+	afterWrite func()
 }
 
 // Gauges are the relay's metrics a WAL store keeps current: the bytes it
@@ -173,7 +185,7 @@ type walLane struct {
 	// a fetch of the table hands none of them again as a new row (a
 	// snapshot from before their move or their removal shows them as late
 	// commits); only loads and refills, which the engine asks for, do.
-	table map[int64]bool
+	table map[int64]tableNote
 	queue []*walRow // queue[head:]: not handed to the engine yet, by seq
 	head  int
 }
@@ -244,6 +256,10 @@ func (s *Store) ClaimAlone(ctx context.Context) ([]store.LaneLease, error) {
 	got, err := s.Store.ClaimAlone(ctx)
 	if err == nil && len(got) > 0 {
 		s.mu.Lock()
+		s.leases = make(map[int16]int64, len(got))
+		for _, l := range got {
+			s.leases[l.Lane] = l.Fence
+		}
 		s.startStream()
 		s.mu.Unlock()
 	}
@@ -269,6 +285,7 @@ func (s *Store) LeaseRound(ctx context.Context, ttl time.Duration) (store.LeaseR
 	if err == nil && len(lr.Renewed) > 0 {
 		s.mu.Lock()
 		oldest := s.progress.Oldest()
+		s.leases = lr.Renewed
 		s.mu.Unlock()
 		var since pgtype.Timestamptz
 		if !oldest.IsZero() {
@@ -285,28 +302,43 @@ FROM pg_replication_slots WHERE slot_name = $1`, s.slot, since).Scan(&bytes, &ag
 		if err := s.spill(ctx, lr.Renewed); err != nil {
 			s.log.Warn("wharf: moving held WAL messages to the outbox table failed; they stay in memory", "err", err)
 		}
-		s.mu.Lock()
-		tableRows := s.tableRows
-		s.mu.Unlock()
-		// The table empty at two rounds in a row: every fetch that could
-		// have read a row from it has been merged, the notes can go.
-		var still bool
-		if tableRows && s.pool.QueryRow(ctx, s.wq.tableRows).Scan(&still) == nil {
-			s.mu.Lock()
-			if !still && s.emptySeen && len(s.staleOps) == 0 {
-				s.tableRows = false
-				for i := range s.lanes {
-					s.lanes[i].table = nil
-				}
-			}
-			s.emptySeen = !still
-			s.mu.Unlock()
-		}
+		s.tableRound(ctx)
 		if err := s.recordProgress(ctx, oldest); err != nil {
 			s.log.Warn("wharf: recording the settled WAL position failed; a crash of PostgreSQL would deliver more again", "err", err)
 		}
 	}
 	return lr, err
+}
+
+// tableRound looks at the outbox table once a lease round. Rows that
+// appeared while the store read no table (dead letters retried) make the
+// fetches read it from now on. The table empty at two rounds in a row, once
+// the stream caught up with the WAL end it started at: every fetch that
+// could have read a row from it has been merged, and no message streamed
+// again after a crash can still be a copy of one of its rows, so the notes
+// can go.
+func (s *Store) tableRound(ctx context.Context) {
+	var there bool
+	if s.pool.QueryRow(ctx, s.wq.tableRows).Scan(&there) != nil {
+		return // tried again at the next round
+	}
+	s.mu.Lock()
+	var wake func()
+	switch {
+	case there && !s.tableRows:
+		s.tableRows = true
+		wake = s.wake
+	case !there && s.tableRows && s.emptySeen && s.caughtUp && len(s.staleOps) == 0:
+		s.tableRows = false
+		for i := range s.lanes {
+			s.lanes[i].table = nil
+		}
+	}
+	s.emptySeen = !there
+	s.mu.Unlock()
+	if wake != nil {
+		wake()
+	}
 }
 
 func (s *Store) ReleaseAll(ctx context.Context, lanes []int16) error {
@@ -441,7 +473,9 @@ func (s *Store) stream(ctx context.Context) (err error) {
 		// take is dead-lettered whole.
 		msgs   []walstream.Message
 		origin []int
+		large  largeTx
 	)
+	defer s.abortLarge(&large)
 	for {
 		if s.full() {
 			if err := conn.Hold(ctx, 20*time.Millisecond); err != nil {
@@ -457,6 +491,7 @@ func (s *Store) stream(ctx context.Context) (err error) {
 		case walstream.Begin:
 			s.setSlotGone(0)
 			begin, inTx, rows, bad, msgs, origin = ev, true, nil, nil, nil, nil
+			s.abortLarge(&large)
 		case walstream.Message:
 			if !ev.Transactional {
 				continue // not an outbox message: producers write transactional ones
@@ -480,10 +515,23 @@ func (s *Store) stream(ctx context.Context) (err error) {
 				origin = append(origin, len(msgs))
 			}
 			msgs = append(msgs, ev)
+			if rows, err = s.moveLarge(ctx, &large, rows); err != nil {
+				return err
+			}
+			if len(rows) == 0 {
+				origin = origin[:0] // moved to the table
+			}
 		case walstream.Commit:
 			inTx = false
 			if ev.EndLSN <= s.lastEndLocked() {
+				s.abortLarge(&large)
 				continue
+			}
+			if rows, err = s.commitLarge(ctx, &large, rows); err != nil {
+				return err
+			}
+			if len(rows) == 0 {
+				origin = origin[:0] // moved to the table
 			}
 			for {
 				if len(bad) > 0 {
@@ -637,11 +685,11 @@ func (s *Store) spill(ctx context.Context, fences map[int16]int64) error {
 			// Settled while it was being written (delivered, or
 			// dead-lettered from memory): the row must go again, and
 			// fetches of the table drop it until then.
-			l.noteTable(p.seq, false)
+			s.noteGoing(l, p.seq)
 			s.staleOps = append(s.staleOps, store.Op{Kind: store.OpAck, Lane: p.lane, Fence: fences[p.lane], Seq: p.seq})
 			continue
 		}
-		l.noteTable(p.seq, true)
+		s.noteTable(l, p.seq, true)
 		delete(l.rows, p.seq)
 		r.settled = true
 		s.held -= r.size()
@@ -657,9 +705,12 @@ func (s *Store) spill(ctx context.Context, fences map[int16]int64) error {
 	return s.deleteStale(ctx)
 }
 
-// deleteStale deletes the table rows a spill wrote for messages settled
-// meanwhile (fenced, as acknowledgements; walLane.table keeps fetches from
-// handing them out until then); what fails is tried again at the next round.
+// deleteStale writes the results of messages that became table rows while
+// they were settled from memory: the table rows a spill wrote for messages
+// settled meanwhile (acknowledgements, fenced), and results routed to memory
+// for messages a spill moved meanwhile (acknowledgements and dead-letter
+// moves); walLane.table keeps fetches from handing them out until then. What
+// fails is tried again at the next round.
 func (s *Store) deleteStale(ctx context.Context) error {
 	s.mu.Lock()
 	ops := s.staleOps
@@ -670,11 +721,17 @@ func (s *Store) deleteStale(ctx context.Context) error {
 	}
 	// A lane lost meanwhile keeps its row: its next owner delivers it
 	// again (at least once).
-	if w := s.Store.WriteResults(ctx, ops); w.Err != nil {
-		s.mu.Lock()
+	w := s.Store.WriteResults(ctx, ops)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.Err != nil {
 		s.staleOps = append(s.staleOps, ops...)
-		s.mu.Unlock()
 		return w.Err
+	}
+	for _, o := range ops {
+		if l := &s.lanes[o.Lane]; w.Valid[o.Lane] && l.table[o.Seq].fetches == math.MaxInt64 {
+			s.noteTable(l, o.Seq, false) // removed: a fetch that starts from now on does not see it
+		}
 	}
 	return nil
 }
@@ -1015,6 +1072,7 @@ func (s *Store) takeLocked(end walstream.LSN, committed time.Time, rows []*walRo
 	if len(held) > 0 {
 		return held, nil, nil
 	}
+	rows = s.dropTableCopiesLocked(rows)
 	tx, err := s.progress.Add(end, committed, len(rows))
 	if err != nil {
 		// The stream is in commit order and ends only grow, so this is a
@@ -1089,15 +1147,17 @@ VALUES ($1, 0, $5, $2, $3, 0, $4) ON CONFLICT (id) DO NOTHING`, seq, c.content, 
 // Fetch hands out, per lane asked, the messages not handed out yet: every one
 // at or below the lane's cursor (late commits), then the next ones above it
 // up to the lane's limit and byte share. Loads and refills read the held
-// messages. Nothing here waits for the database.
+// messages. Nothing here waits for the database, unless the outbox table may
+// hold rows.
 func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.FetchResult) {
 	res = store.FetchResult{Req: req, Started: s.now()}
 	defer func() { res.Finished = s.now() }()
 	// Spilled messages are rows of the outbox table: while there may be
 	// some, the table outbox's fetch reads them too (forward, late, loads
-	// and refills), and the memory's results are added to its.
+	// and refills), first, and the memory's rows are merged with its.
 	s.mu.Lock()
-	useTable, pos := s.tableRows, s.tablePos
+	s.fetches++
+	useTable, pos, writes, fetch := s.tableRows, s.tablePos, s.tableWrites, s.fetches
 	s.mu.Unlock()
 	var table store.FetchResult
 	if useTable {
@@ -1118,20 +1178,21 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 	if useTable {
 		s.tablePos = table.Pos
 		res.DBNow = table.DBNow
-		defer func() { s.addTableRows(&res, &table) }()
 	}
 	if s.err != nil {
 		res.Err, s.err = store.Wrap("stream the WAL", s.err), nil
 		return res
 	}
 	res.More = !s.caughtUp
-	res.Rows = make([]store.Row, 0, req.ExpectedRows())
+	res.Rows = make([]store.Row, 0, req.ExpectedRows()+len(table.Rows))
 	for i, lane := range req.Lanes {
 		l := &s.lanes[lane]
 		if l.fence != req.Fences[i] {
-			// The lane was claimed again: every held message goes out again.
+			// The lane was claimed again: every held message goes out
+			// again, and every table row is new to the engine.
 			l.fence = req.Fences[i]
 			l.queue, l.head = l.queue[:0], 0
+			l.table = nil
 			for _, r := range l.rows {
 				l.queue = append(l.queue, r)
 				if !r.queued {
@@ -1141,6 +1202,14 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 			}
 			slices.SortFunc(l.queue, func(a, b *walRow) int { return cmp.Compare(a.Seq, b.Seq) })
 		}
+	}
+	// Rows the table part may not have seen: the store wrote new rows to
+	// the table since it read it, or the table came into use after this
+	// fetch looked (a stream that started, rows found at a lease round).
+	moved := writes != s.tableWrites || s.tableRows && !useTable
+	upTo := s.addTableRows(&res, &table, useTable, moved, fetch)
+	for i, lane := range req.Lanes {
+		l := &s.lanes[lane]
 		cursor, limit, budget := req.Cursors[i], int(req.Limits[i]), req.Bytes[i]
 		var used int64
 		n := 0
@@ -1151,7 +1220,7 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 				continue
 			}
 			if r.Seq > cursor {
-				if n >= limit || used >= budget {
+				if n >= limit || used >= budget || r.Seq > upTo[lane] {
 					break
 				}
 				n++
@@ -1215,33 +1284,125 @@ func (s *Store) rewindLocked(table bool) {
 }
 
 // addTableRows adds the rows a fetch of the outbox table returned to res,
-// and notes them as table rows (their results go to the table store). The caller
-// holds mu.
-func (s *Store) addTableRows(res, table *store.FetchResult) {
-	if res.Err != nil {
-		return
+// and notes them as table rows (their results go to the table store); it
+// returns, per lane, the highest seq the fetch's memory part may hand out
+// forward. The caller holds mu.
+//
+// A lane's memory rows may not overtake its table rows: where the table part
+// filled the lane's row limit or byte share (more rows may wait above what it
+// read), memory rows go forward only up to the highest seq it returned, so
+// the engine's cursor never passes a table row no fetch has read (a row
+// below the cursor is found again only if its transaction is newer than the
+// previous snapshot). moved says the table part may have missed rows: the
+// store inserted new rows into the table while it ran (a large transaction,
+// moveLarge), or the fetch read no table and the table came into use since;
+// then no memory row goes forward.
+//
+// A table row whose seq memory also holds (after a crash, a spilled message
+// whose transaction the slot had not been confirmed past is streamed again)
+// is the one that counts: the memory copy is settled and dropped, unless a
+// spill is writing that very row.
+func (s *Store) addTableRows(res, table *store.FetchResult, useTable, moved bool, fetch int64) (upTo [wharfmigrate.Lanes]int64) {
+	req := &res.Req
+	for i := range upTo {
+		upTo[i] = math.MaxInt64
+	}
+	if moved {
+		for i, lane := range req.Lanes {
+			upTo[lane] = req.Cursors[i]
+		}
+	}
+	if !useTable {
+		return upTo
+	}
+	var cursor, top, bytes [wharfmigrate.Lanes]int64
+	var n [wharfmigrate.Lanes]int
+	for i, lane := range req.Lanes {
+		cursor[lane], top[lane] = req.Cursors[i], req.Cursors[i]
+	}
+	for j := range table.Rows {
+		if r := &table.Rows[j]; r.Lane >= 0 && int(r.Lane) < len(cursor) && r.Seq > cursor[r.Lane] {
+			n[r.Lane]++
+			bytes[r.Lane] += int64(len(r.Payload))
+			top[r.Lane] = max(top[r.Lane], r.Seq)
+		}
+	}
+	for i, lane := range req.Lanes {
+		if !moved && (n[lane] >= int(req.Limits[i]) || bytes[lane] >= req.Bytes[i]) {
+			upTo[lane] = top[lane]
+		}
 	}
 	add := func(dst *[]store.Row, rows []store.Row, asked bool) {
 		for _, r := range rows {
 			l := &s.lanes[r.Lane]
-			if there, known := l.table[r.Seq]; known && (!there || !asked) {
-				continue // settled, or a new row the engine already holds
+			if s.spilling[r.Seq] {
+				continue // being moved by this store: the engine has it, or memory serves it
 			}
-			l.noteTable(r.Seq, true)
+			if note, known := l.table[r.Seq]; known && (note.there && !asked || !note.there && note.fetches >= fetch) {
+				continue // a new row the engine already holds, or settled (a snapshot from before its removal)
+			}
+			if m := l.rows[r.Seq]; m != nil {
+				s.dropCopy(l, m)
+				if !m.handed.IsZero() && !asked {
+					s.noteTable(l, r.Seq, true)
+					continue // the engine has the memory copy: its results now go to the table
+				}
+			}
+			s.noteTable(l, r.Seq, true)
 			*dst = append(*dst, r)
 		}
 	}
 	add(&res.Rows, table.Rows, false)
 	add(&res.LoadRows, table.LoadRows, true)
 	add(&res.RefillRows, table.RefillRows, true)
+	return upTo
 }
 
-// noteTable records that seq is a row of the outbox table (there) or was.
-func (l *walLane) noteTable(seq int64, there bool) {
-	if l.table == nil {
-		l.table = map[int64]bool{}
+// dropCopy settles a held message that is a row of the outbox table too and
+// forgets it: the row is delivered instead. The caller holds mu.
+func (s *Store) dropCopy(l *walLane, r *walRow) {
+	delete(l.rows, r.Seq)
+	r.settled = true
+	s.held -= r.size()
+	if r.queued {
+		r.queued = false
+		s.queued -= r.size()
 	}
-	l.table[seq] = there
+	if err := s.progress.Settle(r.tx); err != nil {
+		s.log.Error("wharf: settling a WAL message failed (a bug)", "err", err)
+	}
+	if s.conn != nil {
+		s.confirmLocked(s.progress.Confirmable())
+	}
+	s.gauges.HeldBytes.Store(s.held)
+}
+
+// noteTable records that seq is a row of the outbox table (there) or was,
+// with the fetches started so far. The caller holds mu.
+func (s *Store) noteTable(l *walLane, seq int64, there bool) {
+	if l.table == nil {
+		l.table = map[int64]tableNote{}
+	}
+	l.table[seq] = tableNote{there: there, fetches: s.fetches}
+}
+
+// noteGoing records that seq is a row of the outbox table whose result is
+// still to be written (staleOps): until deleteStale wrote it, every fetch
+// drops the row. The caller holds mu.
+func (s *Store) noteGoing(l *walLane, seq int64) {
+	s.noteTable(l, seq, false)
+	l.table[seq] = tableNote{fetches: math.MaxInt64}
+}
+
+// tableNote is what the store knows of a seq that is, or was, a row of the
+// outbox table.
+type tableNote struct {
+	there bool
+	// fetches is how many fetches had started when the note was made: a
+	// fetch that started later has a snapshot taken after the row's
+	// removal, so a row of that seq it reads is a new one (a dead letter
+	// retried), not the removed one.
+	fetches int64
 }
 
 // WriteResults settles what was delivered or moved to the dead letters. An
@@ -1258,7 +1419,7 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 	if s.tableRows { // else no seq is a table row: no copy of the results
 		ops = nil
 		for _, o := range all {
-			if l := &s.lanes[o.Lane]; l.table[o.Seq] && l.rows[o.Seq] == nil {
+			if l := &s.lanes[o.Lane]; l.table[o.Seq].there && l.rows[o.Seq] == nil {
 				table = append(table, o)
 			} else {
 				ops = append(ops, o)
@@ -1278,7 +1439,7 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 			if t.Valid[o.Lane] {
 				res.Valid[o.Lane] = true
 				if o.Kind != store.OpRetry {
-					s.lanes[o.Lane].noteTable(o.Seq, false)
+					s.noteTable(&s.lanes[o.Lane], o.Seq, false)
 				}
 			}
 		}
@@ -1301,8 +1462,19 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 			res.Valid[l] = true
 		}
 	}
+	if s.afterWrite != nil {
+		s.afterWrite()
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	moved := false
+	defer func() {
+		s.mu.Unlock()
+		if moved {
+			if err := s.deleteStale(ctx); err != nil {
+				s.log.Warn("wharf: writing results of messages moved to the outbox table failed; retried at the next lease round", "err", err)
+			}
+		}
+	}()
 	for _, o := range ops {
 		if o.Kind == store.OpAck && o.Attempts == 0 && s.lanes[o.Lane].fence == o.Fence && s.stopRun != nil {
 			res.Valid[o.Lane] = true // the lanes are the stream's while it runs
@@ -1313,6 +1485,14 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 		l := &s.lanes[o.Lane]
 		r := l.rows[o.Seq]
 		if r == nil {
+			if l.table[o.Seq].there {
+				// A spill moved the message to the table after this result
+				// was routed here (or the table's copy replaced this one):
+				// the row must go too, or it stays there, handed out.
+				s.noteGoing(l, o.Seq)
+				s.staleOps = append(s.staleOps, o)
+				moved = true
+			}
 			continue
 		}
 		delete(l.rows, o.Seq)
@@ -1323,7 +1503,7 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 			s.queued -= r.size()
 		}
 		if s.spilling[o.Seq] {
-			l.noteTable(o.Seq, false) // the spill writes it to the table: not a message there
+			s.noteTable(l, o.Seq, false) // the spill writes it to the table: not a message there
 		}
 		if err := s.progress.Settle(r.tx); err != nil {
 			// Each held message settles once, so this is a bug; the slot
@@ -1410,7 +1590,7 @@ func nonEmpty(s string) *string {
 }
 
 type walQ struct {
-	fence, clear, dead, walEnd, recordProgress, stampProgress, spill, tableRows string
+	fence, clear, dead, walEnd, recordProgress, stampProgress, spill, moveLarge, tableRows string
 }
 
 // walQueries are the WAL outbox's queries of its tables. The writes of
@@ -1455,6 +1635,14 @@ FROM unnest($4::smallint[], $5::bigint[], $6::bigint[], $7::text[], $8::text[], 
     AS d(lane, id, nonce, topic, key, payload, headers, deliver_at, created_at)
 WHERE d.lane IN (SELECT lane FROM f)
 RETURNING lane, id`),
+		// moveLarge inserts the messages of a transaction too large to hold
+		// (commitLarge checks the fences), leaving out ids already there.
+		moveLarge: r(`INSERT INTO S.outbox (id, nonce, topic, key, payload, headers, deliver_at, created_at)
+OVERRIDING SYSTEM VALUE
+SELECT d.id, d.nonce, d.topic, d.key, d.payload, d.headers::jsonb, d.deliver_at, d.created_at
+FROM unnest($1::smallint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[], $8::timestamptz[], $9::timestamptz[])
+    AS d(lane, id, nonce, topic, key, payload, headers, deliver_at, created_at)
+WHERE NOT EXISTS (SELECT 1 FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id)`),
 		tableRows: r(`SELECT EXISTS (SELECT 1 FROM S.outbox)`),
 	}
 }

@@ -487,3 +487,66 @@ func mustTake(t testing.TB, ws *Store, end walstream.LSN, rows []*walRow) {
 	require.NoError(t, err)
 	require.Empty(t, held)
 }
+
+// A spill that moves a message to the table while its result is being
+// written from memory: the result follows the row. An acknowledgement
+// deletes it, a dead-letter move moves it to the dead letters; neither stays
+// in the table, handed out and never fetched again.
+func TestWALResultRacingASpillFollowsTheRow(t *testing.T) {
+	for _, kind := range []store.OpKind{store.OpAck, store.OpDead} {
+		ctx := context.Background()
+		url, err := testdb.LogicalURL()
+		require.NoError(t, err)
+		var rb [5]byte
+		_, _ = rand.Read(rb[:])
+		schema := "wr_" + hex.EncodeToString(rb[:])
+		pool, err := pgxpool.New(ctx, url)
+		require.NoError(t, err)
+		m, err := wharfmigrate.New(schema)
+		require.NoError(t, err)
+		_, err = m.Up(ctx, pool)
+		require.NoError(t, err)
+		require.NoError(t, m.SetWALMode(ctx, pool))
+		t.Cleanup(func() {
+			_, _ = m.Down(context.Background(), pool, 0)
+			pool.Close()
+		})
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+		require.NoError(t, ps.Register(ctx, 10*time.Second))
+		leases, err := ps.ClaimAlone(ctx)
+		require.NoError(t, err)
+		fences := map[int16]int64{}
+		for _, l := range leases {
+			fences[l.Lane] = l.Fence
+		}
+		ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20,
+			SpillAfter: time.Nanosecond, Gauges: testGauges()})
+		lane := walmsg.Lane("k") // the lane the table computes for the key
+		row := &walRow{Row: store.Row{Lane: lane, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}
+		mustTake(t, ws, 100, []*walRow{row})
+		res := ws.Fetch(ctx, store.FetchRequest{Lanes: []int16{lane}, Cursors: []int64{0}, Limits: []int32{10}, Bytes: []int64{1 << 20}, Fences: []int64{fences[lane]}})
+		require.NoError(t, res.Err)
+		require.Len(t, res.Rows, 1)
+		ws.stopRun = func() {} // the lanes are the stream's
+		ws.afterWrite = func() {
+			ws.afterWrite = nil
+			time.Sleep(time.Millisecond) // handed at least SpillAfter ago
+			require.NoError(t, ws.spill(ctx, fences))
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
+			require.Equal(t, 1, n, "the spill did not move the message")
+		}
+		w := ws.WriteResults(ctx, []store.Op{{Kind: kind, Lane: lane, Fence: fences[lane], Seq: 43, Attempts: 1, Err: "failed"}})
+		require.NoError(t, w.Err)
+		require.True(t, w.Valid[lane])
+		var n, dead int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+schema+".outbox), (SELECT count(*) FROM "+schema+".dead_letters)").Scan(&n, &dead))
+		require.Zero(t, n, "kind %d: the moved row stayed in the table", kind)
+		if kind == store.OpDead {
+			require.Equal(t, 1, dead, "the message was not dead-lettered")
+		}
+		require.Zero(t, ws.progress.Pending())
+		require.Zero(t, ws.held)
+	}
+}

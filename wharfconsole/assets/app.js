@@ -83,14 +83,31 @@ function fmtDur(s) {
   else out = Math.floor(s / 86400) + " d " + Math.round((s % 86400) / 3600) + " h";
   return neg ? "-" + out : out;
 }
+// fmtTime shows a time in UTC, RFC 3339 to the second, as the CLI does.
 function fmtTime(t) {
   if (!t) return "–";
   const d = new Date(t);
-  return isNaN(d) ? String(t) : d.toLocaleString();
+  return isNaN(d) ? String(t) : d.toISOString().replace(/\.\d{3}Z$/, "Z");
+}
+// niceStep is a round axis step (1, 2 or 5 times a power of ten) of
+// about span/4.
+function niceStep(span) {
+  const raw = span / 4, p = Math.pow(10, Math.floor(Math.log10(raw))), f = raw / p;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * p;
 }
 function fmtCount(c) { return (c.exact ? "" : "≈") + c.n.toLocaleString(); }
 function pill(text, kind) { return el("span", { class: "pill " + kind }, text); }
-function stateKind(s) { return { due: "ok", scheduled: "info", retrying: "warn" }[s] || "info"; }
+function stateKind(s) { return { due: "ok", scheduled: "info", retrying: "warn", held: "info" }[s] || "info"; }
+// heldText says what a held message waits for: the earlier message of its key.
+function heldText(m) {
+  const h = m.held_behind;
+  if (!h) return "";
+  return "behind " + h.id + " (" + (h.reason === "retrying" ? "retrying at " : "scheduled until ") + fmtTime(h.until) + ")";
+}
+function statePill(m) {
+  if (m.state !== "held") return pill(m.state, stateKind(m.state));
+  return el("span", { class: "held", title: "held " + heldText(m) }, pill("held", "info"), " ", el("span", { class: "mono" }, "behind " + m.held_behind.seq));
+}
 
 // ---- pages -------------------------------------------------------------
 
@@ -130,9 +147,33 @@ function card(label, value, kind) {
   return el("div", { class: "card " + (kind || "") }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
 }
 
-// The overview's hist survives page changes: 150 points, 5 minutes.
+// The overview's hist survives page changes: 150 points, 5 minutes. It
+// starts with the history the server kept, so the charts are not empty.
 const hist = [];
 const HISTORY = 150;
+
+// histPoint is a chart point from a status sample (of the history, or the
+// status itself, whose counts are objects).
+function histPoint(h) {
+  const n = (v) => (v !== null && typeof v === "object" ? v.n : v);
+  const delivered = h.in_process ? h.in_process.delivered : h.delivered;
+  return { t: Date.parse(h.time) / 1000, due: h.due, scheduled: n(h.scheduled), retrying: n(h.retrying), messages: n(h.messages),
+    inserted: h.inserted, deleted: h.deleted, delivered: delivered === null ? undefined : delivered, enq: null, out: null, rate: null };
+}
+
+// withRates sets a point's rates from the counters' change since prev: rows
+// inserted into the outbox (enqueued/s), rows removed from it (delivered,
+// dead-lettered or cancelled), and an in-process relay's deliveries.
+function withRates(p, prev) {
+  if (!prev || p.t <= prev.t) return p;
+  const dt = p.t - prev.t;
+  if (p.inserted || prev.inserted) {
+    p.enq = Math.max(0, (p.inserted - prev.inserted) / dt);
+    p.out = Math.max(0, (p.deleted - prev.deleted) / dt);
+  }
+  if (p.delivered !== undefined && prev.delivered !== undefined) p.rate = Math.max(0, (p.delivered - prev.delivered) / dt);
+  return p;
+}
 
 function overview(main, current) {
   const cards = el("div", { class: "cards" });
@@ -142,15 +183,10 @@ function overview(main, current) {
   poll(current, async () => {
     const s = await get("api/status");
     if (!current()) return;
+    if (!hist.length) for (const h of s.history || []) hist.push(withRates(histPoint(h), hist[hist.length - 1]));
     const prev = hist[hist.length - 1];
-    const t = Date.parse(s.time) / 1000;
-    const point = { t, due: s.due, scheduled: s.scheduled.n, retrying: s.retrying.n, messages: s.messages.n, rate: null, inProcess: !!s.in_process };
-    if (prev && t > prev.t) {
-      if (s.in_process && prev.delivered !== undefined) point.rate = Math.max(0, (s.in_process.delivered - prev.delivered) / (t - prev.t));
-      else if (!s.in_process) point.rate = -(s.messages.n - prev.messages) / (t - prev.t);
-    }
-    if (s.in_process) point.delivered = s.in_process.delivered;
-    if (!prev || t > prev.t) hist.push(point);
+    const point = withRates(histPoint(s), prev);
+    if (!prev || point.t > prev.t) hist.push(point);
     while (hist.length > HISTORY) hist.shift();
 
     const live = s.relays.filter((r) => r.live).length;
@@ -165,9 +201,13 @@ function overview(main, current) {
       card("Uncovered lanes", String(s.uncovered.length), s.uncovered.length > 0 ? "bad" : ""),
       s.in_process ? card("Delivered (this process)", s.in_process.delivered.toLocaleString()) : null,
     );
-    const rateName = s.in_process ? "delivered/s (relay in this process)" : "net drain/s (no relay in this process: backlog change between polls)";
+    const rates = [
+      { name: "enqueued/s", color: "#6a1b9a", key: "enq" },
+      { name: "left the outbox/s", color: "#1f6feb", key: "out" },
+    ];
+    if (s.in_process) rates.push({ name: "delivered/s (relay in this process)", color: "#2e7d32", key: "rate" });
     replace(charts, 
-      chart("Throughput: " + rateName, [{ name: s.in_process ? "delivered/s" : "net drain/s", color: "#1f6feb", key: "rate" }]),
+      chart("Throughput (rows in and out of the outbox table, from PostgreSQL's statistics)", rates),
       chart("Backlog", [
         { name: "due", color: "#2e7d32", key: "due" },
         { name: "scheduled", color: "#1f6feb", key: "scheduled" },
@@ -194,14 +234,17 @@ function chart(title, series) {
     minV = Math.min(minV, v);
   }
   if (maxV === minV) maxV = minV + 1;
+  const step = niceStep(maxV - minV);
+  minV = Math.floor(minV / step + 1e-9) * step;
+  maxV = Math.ceil(maxV / step - 1e-9) * step;
+  const decimals = (String(+step.toPrecision(3)).split(".")[1] || "").length;
   const t0 = pts.length ? pts[0].t : 0, t1 = pts.length ? pts[pts.length - 1].t : 1;
   const x = (t) => L + (W - L - R) * (t1 > t0 ? (t - t0) / (t1 - t0) : 1);
   const y = (v) => T + (H - T - B) * (1 - (v - minV) / (maxV - minV));
-  for (let i = 0; i <= 4; i++) {
-    const v = minV + (maxV - minV) * i / 4;
+  for (let v = minV; v <= maxV + step / 2; v += step) {
     box.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#e1e5eb" }));
     const lab = svg("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 10, fill: "#6b7585" });
-    lab.textContent = Math.abs(maxV - minV) < 10 ? v.toFixed(1) : Math.round(v).toLocaleString();
+    lab.textContent = ((Math.abs(v) < step / 1e6 ? 0 : v)).toLocaleString(undefined, { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
     box.append(lab);
   }
   const span = svg("text", { x: W - R, y: H - 4, "text-anchor": "end", "font-size": 10, fill: "#6b7585" });
@@ -215,7 +258,7 @@ function chart(title, series) {
     const last = [...pts].reverse().find((p) => p[s.key] !== null && p[s.key] !== undefined);
     const i = el("i");
     i.style.background = s.color;
-    return el("span", {}, i, s.name + (last ? ": " + (Math.round(last[s.key] * 10) / 10).toLocaleString() : ""));
+    return el("span", {}, i, s.name + (last ? ": " + ((Math.round(last[s.key] * 10) / 10) || 0).toLocaleString() : ""));
   }));
   return el("div", { class: "card chart" }, el("div", { class: "label" }, title), box, legend);
 }
@@ -230,7 +273,7 @@ function relays(main, current) {
     const s = await get("api/status");
     if (!current()) return;
     replace(body, ...s.relays.map((r) => el("tr", { "data-relay": r.id },
-      el("td", { class: "mono" }, r.id, r.id === cfg.relay_id ? " (this process)" : ""),
+      el("td", {}, el("span", { class: "mono nowrap" }, r.id), r.id === cfg.relay_id ? el("span", { class: "nowrap muted" }, " (this process)") : ""),
       el("td", {}, r.host), el("td", {}, String(r.pid)), el("td", {}, fmtTime(r.started_at)),
       el("td", {}, fmtDur(r.heartbeat_age_s) + " ago"),
       el("td", {}, r.live ? pill("live", "ok") : pill("not live", "bad")),
@@ -344,8 +387,8 @@ function pending(main, current) {
     if (!current()) return;
     const rows = r.messages.map((m) => el("tr", { class: "clickable" + (selected === m.id ? " selected" : ""), "data-id": m.id, onclick: () => { selected = m.id; show(m); for (const tr of list.querySelectorAll("tr")) tr.classList.toggle("selected", tr.dataset.id === m.id); } },
       el("td", { class: "mono" }, m.id), el("td", {}, m.topic), el("td", { class: "mono" }, m.key || "–"),
-      el("td", {}, pill(m.state, stateKind(m.state))),
-      el("td", {}, m.state === "retrying" ? fmtTime(m.next_attempt_at) : fmtTime(m.deliver_at)),
+      el("td", {}, statePill(m)),
+      el("td", {}, m.state === "retrying" ? fmtTime(m.next_attempt_at) : m.state === "held" ? "after " + fmtTime(m.held_behind.until) : fmtTime(m.deliver_at)),
       el("td", {}, String(m.attempts)), el("td", {}, fmtTime(m.created_at))));
     replace(list, el("table", { id: "pending" },
       el("thead", {}, el("tr", {}, ["Id", "Topic", "Key", "State", "Deliver at / next attempt", "Attempts", "Enqueued"].map((h) => el("th", {}, h)))),
@@ -360,7 +403,9 @@ function pending(main, current) {
     const actions = el("div", { class: "actions" });
     replace(detail, el("h2", {}, "Message"),
       dl([["Id", el("span", { class: "mono" }, m.id)], ["Position", String(m.seq)], ["Topic", m.topic], ["Key", el("span", { class: "mono", id: "detail-key" }, m.key || "–")],
-        ["Lane", String(m.lane)], ["State", pill(m.state, stateKind(m.state))], ["Enqueued", fmtTime(m.created_at)],
+        ["Lane", String(m.lane)], ["State", pill(m.state, stateKind(m.state))],
+        m.held_behind ? ["Held", el("span", { id: "detail-held" }, "waits " + heldText(m) + ": an earlier message of its key that is not delivered yet")] : null,
+        ["Enqueued", fmtTime(m.created_at)],
         ["Deliver at", fmtTime(m.deliver_at)], m.dedup_key ? ["Dedup key", m.dedup_key] : null,
         m.attempts ? ["Attempts", String(m.attempts)] : null, m.attempts ? ["Next attempt", fmtTime(m.next_attempt_at)] : null,
         m.last_error ? ["Last error", el("span", { class: "mono error" }, m.last_error)] : null]),
@@ -383,7 +428,7 @@ function pending(main, current) {
         if (isNaN(when)) { toast("That date and time cannot be read.", true); return; }
         try {
           const r = await post("api/pending/reschedule", { ids: [m.id], at: when.toISOString() });
-          toast("Rescheduled " + r.rescheduled + " message(s) to " + when.toLocaleString());
+          toast("Rescheduled " + r.rescheduled + " message(s) to " + fmtTime(when));
           await load();
         } catch (e) { showError(e); }
       } }, "Reschedule"),
