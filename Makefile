@@ -7,11 +7,17 @@ help: ## list the targets
 build: ## build ./wharf
 	$(GO) build -o wharf ./cmd/wharf
 
-test: ## run every test (TEST_DATABASE_URL, or a throwaway PostgreSQL)
-	$(GO) test ./...
+test: ## the README's test command: go test ./... and a line naming what was skipped
+	GO=$(GO) scripts/test.sh
 
-test/race: ## run every test with the race detector (what CI runs)
-	$(GO) test -race ./...
+test/race: ## every test with the race detector, long tests included (CI runs it)
+	WHARF_LONG_TESTS=1 $(GO) test -race -timeout 30m ./...
+
+test/long: ## the long tests too (soaks, sweeps), without the race detector
+	WHARF_LONG_TESTS=1 GO=$(GO) scripts/test.sh -timeout 30m
+
+screenshots: ## regenerate docs/img/console-*.png in chromium (the only test that writes docs)
+	WHARF_UPDATE_SCREENSHOTS=1 $(GO) test -count=1 -run 'TestConsoleInBrowser$$' ./wharfconsole
 
 GOLANGCI_LINT_VERSION ?= v2.6.2
 

@@ -65,14 +65,14 @@ func (l layout) requireSettled(t *testing.T, b *testBundle) {
 		var n int
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".retries").Scan(&n))
 		return n == 0
-	}, 10*time.Second, 20*time.Millisecond, "retry records left")
+	}, time.Minute, 20*time.Millisecond, "retry records left")
 	if !l.wal {
-		require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 10*time.Second, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, time.Minute, 20*time.Millisecond,
 			"delivered messages left in the outbox")
 		return
 	}
 	end := b.committedTo()
-	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, 10*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, time.Minute, 50*time.Millisecond,
 		"the slot was not confirmed past the last commit (%s)", end)
 }
 
@@ -255,7 +255,7 @@ func conformResumes(t *testing.T, l layout) {
 		var n int
 		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".retries").Scan(&n))
 		return n > 0
-	}, 10*time.Second, 20*time.Millisecond, "no delivery failed")
+	}, time.Minute, 20*time.Millisecond, "no delivery failed")
 	stop3()
 	rec4, _ := runRelay(t, b, nil, nil)
 	requireAllDelivered(t, rec4, third)
@@ -288,7 +288,7 @@ func conformSinkOutage(t *testing.T, l layout) {
 		ids = append(ids, commitMessages(t, b, keyed(fmt.Sprintf("during%d", i), 100, 17)...)...)
 		time.Sleep(50 * time.Millisecond)
 	}
-	require.Eventually(t, func() bool { return failed.Load() > 0 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return failed.Load() > 0 }, time.Minute, 10*time.Millisecond,
 		"no delivery was attempted during the outage")
 	down.Store(false)
 	for i := 0; i < 10; i++ {
@@ -350,7 +350,7 @@ func conformPoisonAndReplay(t *testing.T, l layout) {
 		dead, err = c.DeadLetters(context.Background(), wharf.DeadLetterFilter{})
 		require.NoError(t, err)
 		return len(dead) == 3
-	}, 10*time.Second, 50*time.Millisecond)
+	}, time.Minute, 50*time.Millisecond)
 	for i, d := range dead {
 		require.Contains(t, poison, d.ID)
 		require.Equal(t, "bad", d.Key)
@@ -418,7 +418,7 @@ func conformTakeover(t *testing.T, l layout) {
 	requireAllDelivered(t, recA, first)
 	recB, _ := runRelay(t, b, nil, func(cfg *wharf.Config) { cfg.RelayID = "relay-b" })
 	if !l.wal {
-		require.Eventually(t, func() bool { return leasedLanes(t, b, "relay-b") > 0 }, 10*time.Second, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return leasedLanes(t, b, "relay-b") > 0 }, time.Minute, 20*time.Millisecond,
 			"the second relay took no lane")
 	}
 	second := commitMessages(t, b, keyed("second", 200, 11)...)
@@ -431,7 +431,7 @@ func conformTakeover(t *testing.T, l layout) {
 			}
 		}
 		return true
-	}, 20*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	if l.wal {
 		require.Empty(t, recB.snapshot(), "the standby delivered while the other relay streams")
 		require.Equal(t, 64, leasedLanes(t, b, "relay-a"))
@@ -440,7 +440,7 @@ func conformTakeover(t *testing.T, l layout) {
 	stopA()
 	third := commitMessages(t, b, keyed("third", 200, 11)...)
 	requireAllDelivered(t, recB, third)
-	require.Eventually(t, func() bool { return leasedLanes(t, b, "relay-b") == 64 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return leasedLanes(t, b, "relay-b") == 64 }, time.Minute, 20*time.Millisecond)
 	for id, n := range deliveredIDs(both()) {
 		require.Equal(t, 1, n, "message %s delivered %d times", id, n)
 	}

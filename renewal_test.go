@@ -26,7 +26,7 @@ func TestLeaseRoundsWriteNoLaneRows(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, client.Start(ctx))
 	defer func() { require.NoError(t, client.Stop(ctx)) }()
-	require.Eventually(t, func() bool { return leasedLanes(t, b, "renewer") == 64 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return leasedLanes(t, b, "renewer") == 64 }, time.Minute, 20*time.Millisecond)
 
 	versions := func() map[int]string {
 		rows, err := b.pool.Query(ctx, "SELECT lane, xmin::text || ctid::text FROM "+b.schema+".lanes")

@@ -70,7 +70,7 @@ func TestLateCommitWithSavepoints(t *testing.T) {
 	for _, m := range got {
 		require.NotEqual(t, undone[0], m.ID, "a rolled-back savepoint's message was delivered")
 	}
-	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, time.Minute, 20*time.Millisecond,
 		"delivered rows are removed")
 }
 

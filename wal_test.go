@@ -58,7 +58,7 @@ func TestWALRelayStreamsAgainAfterTheConnectionDies(t *testing.T) {
 			require.NoError(t, b.pool.QueryRow(context.Background(),
 				"SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL", b.schema).Scan(&n))
 			return n == 1
-		}, 10*time.Second, 10*time.Millisecond, "no walsender streams the slot")
+		}, time.Minute, 10*time.Millisecond, "no walsender streams the slot")
 	}
 	requireAllDelivered(t, rec, ids)
 	got := rec.snapshot()
@@ -144,7 +144,7 @@ func TestWALRelayBacklogLargerThanItsMemory(t *testing.T) {
 		func(cfg *wharf.Config) {
 			cfg.MaxBufferedBytes, cfg.MaxBuffered, cfg.FetchBatch, cfg.HandlerConcurrency = 1<<20, 500, 100, 1
 		})
-	require.Eventually(t, func() bool { return len(rec.snapshot()) > 200 }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(rec.snapshot()) > 200 }, time.Minute, 10*time.Millisecond)
 	time.Sleep(time.Second) // a relay that did not stop reading has read everything by now
 	var sent int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(sent_lsn, $2::pg_lsn)::bigint FROM pg_stat_replication r
@@ -171,14 +171,14 @@ JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, b.s
 	require.Eventually(t, func() bool { return len(deliveredIDs(rec.snapshot())) >= len(ids) }, time.Minute, 50*time.Millisecond)
 	requireAllDelivered(t, rec, ids)
 	requireKeyOrder(t, rec.snapshot())
-	require.Eventually(t, func() bool { return relay.Metrics().WALHeldBytes.Load() == 0 }, 10*time.Second, 20*time.Millisecond)
-	require.Eventually(t, func() bool { return relay.Metrics().WALLag.Load() == 0 }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return relay.Metrics().WALHeldBytes.Load() == 0 }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return relay.Metrics().WALLag.Load() == 0 }, time.Minute, 20*time.Millisecond,
 		"a relay holding nothing unsettled still shows a lag in time")
 	require.Eventually(t, func() bool {
 		st, err := relay.Status(ctx)
 		require.NoError(t, err)
 		return st.WAL.OldestUnsettled == 0
-	}, 10*time.Second, 20*time.Millisecond, "status still shows an unsettled commit")
+	}, time.Minute, 20*time.Millisecond, "status still shows an unsettled commit")
 }
 
 // PostgreSQL saves a logical slot's confirmed position only at checkpoints:
@@ -215,7 +215,7 @@ func TestWALRelayAfterPostgresCrashSkipsWhatWasSettled(t *testing.T) {
 		lsn, err := walstream.ParseLSN(settled)
 		require.NoError(t, err)
 		return lsn >= end
-	}, 10*time.Second, 20*time.Millisecond, "the relay did not record the settled position")
+	}, time.Minute, 20*time.Millisecond, "the relay did not record the settled position")
 	stopA()
 	pending := commitMessages(t, b, keyed("pending", 300, 7)...)
 
@@ -224,7 +224,7 @@ func TestWALRelayAfterPostgresCrashSkipsWhatWasSettled(t *testing.T) {
 	var slotAt string
 	require.Eventually(t, func() bool { // the pool's connections died with the server
 		return pool.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", b.schema).Scan(&slotAt) == nil
-	}, 10*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	t.Logf("after the crash the slot is confirmed to %s; recorded settled %s, last delivered commit %s", slotAt, settled, end)
 
 	recB, _ := runRelay(t, b, nil, nil)
@@ -259,9 +259,9 @@ func TestWALRelayMovesHeldMessagesToTheTable(t *testing.T) {
 		wharf.Message{Topic: "t", Key: "now", Payload: []byte("free")})
 	requireAllDelivered(t, recA, ids[2:])
 	end := b.committedTo()
-	require.Eventually(t, func() bool { return outboxCount(t, b) == 2 }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 2 }, time.Minute, 20*time.Millisecond,
 		"the held messages were not moved to the table")
-	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, time.Minute, 20*time.Millisecond,
 		"the slot is not confirmed past the moved messages")
 	require.Zero(t, relayA.Metrics().WALHeldBytes.Load())
 	var now time.Time
@@ -280,7 +280,7 @@ func TestWALRelayMovesHeldMessagesToTheTable(t *testing.T) {
 	require.Equal(t, []string{ids[0], ids[1]}, []string{got[0].ID, got[1].ID})
 	require.Equal(t, "scheduled", string(got[0].Payload))
 	require.Equal(t, map[string]string{"h": "v"}, got[0].Headers)
-	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, time.Minute, 20*time.Millisecond,
 		"delivered messages left in the table")
 }
 
@@ -311,9 +311,9 @@ func TestWALRelayMovesAFailingKeyToTheTable(t *testing.T) {
 	}
 	requireAllDelivered(t, rec, good)
 	end := b.committedTo()
-	require.Eventually(t, func() bool { return outboxCount(t, b) == 5 }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return outboxCount(t, b) == 5 }, time.Minute, 20*time.Millisecond,
 		"the failing key's messages were not moved to the table")
-	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return slotConfirmed(t, b) >= end }, time.Minute, 20*time.Millisecond,
 		"the slot is not confirmed past the failing key")
 	failing.Store(false)
 	requireAllDelivered(t, rec, bad)
@@ -328,5 +328,5 @@ func TestWALRelayMovesAFailingKeyToTheTable(t *testing.T) {
 		var n int
 		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+".retries").Scan(&n))
 		return n == 0 && outboxCount(t, b) == 0
-	}, 10*time.Second, 20*time.Millisecond, "retry records or rows left")
+	}, time.Minute, 20*time.Millisecond, "retry records or rows left")
 }

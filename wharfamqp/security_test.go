@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
@@ -88,10 +89,7 @@ func TestDefaultExchangeRefusesBrokerQueues(t *testing.T) {
 // (a broker on another host).
 func rabbitmqctl(t *testing.T, args ...string) {
 	t.Helper()
-	ctl, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		t.Skip("rabbitmqctl is not installed: cannot create a user")
-	}
+	ctl := testtool.Path(t, "rabbitmqctl", "cannot create a user: apt-get install rabbitmq-server")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, ctl, append([]string{"-q"}, args...)...).CombinedOutput(); err != nil {

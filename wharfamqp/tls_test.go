@@ -19,6 +19,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testpki"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // tlsNodeStart bounds a private RabbitMQ node's start (about 8 s here).
@@ -137,19 +138,10 @@ func TestTLSWithPrivateCAAndClientCertificate(t *testing.T) {
 func startTLSNode(t *testing.T) (int, *testpki.PKI) {
 	t.Helper()
 	missing := func(why string) {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why + ": the TLS case runs a private RabbitMQ node")
-		}
-		t.Skip(why)
+		testtool.Missing(t, "rabbitmq-server", why+": the TLS case runs a private RabbitMQ node")
 	}
-	server, err := exec.LookPath("rabbitmq-server")
-	if err != nil {
-		missing("rabbitmq-server is not installed")
-	}
-	ctl, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		missing("rabbitmqctl is not installed")
-	}
+	server := testtool.Path(t, "rabbitmq-server", "the TLS case runs a private RabbitMQ node: apt-get install rabbitmq-server")
+	ctl := testtool.Path(t, "rabbitmqctl", "the TLS case runs a private RabbitMQ node: apt-get install rabbitmq-server")
 	if os.Geteuid() != 0 {
 		missing("a private RabbitMQ node needs root (rabbitmq-server runs it as the rabbitmq user)")
 	}

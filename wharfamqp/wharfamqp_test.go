@@ -19,15 +19,16 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/leakcheck"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
 // amqp091-go stops every goroutine it starts when its connection closes, and
 // the sink waits for its own in Close.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 const (
 	startHint         = "start it with: rabbitmq-server -detached (guest/guest on 127.0.0.1:5672), or point WHARF_TEST_AMQP_URL at one"
@@ -54,11 +55,7 @@ func requireBroker(t testing.TB) *amqp.Connection {
 		t.Cleanup(func() { _ = conn.Close() })
 		return conn
 	}
-	msg := fmt.Sprintf("no RabbitMQ at %s (%v): %s", redacted(brokerURL()), err, startHint)
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testtool.Missing(t, "rabbitmq-server", fmt.Sprintf("no RabbitMQ at %s (%v): %s", redacted(brokerURL()), err, startHint))
 	return nil
 }
 
@@ -790,10 +787,7 @@ func TestBrokerClosesConnection(t *testing.T) {
 	s := openSink(t, sinkURL(brokerURL(), append(w.options(), "name="+name)...))
 	errs, _ := publish(t, s, []*wharf.Message{msg(wharfsinktest.TopicOrders, "k", []byte("before"))})
 	requireAcked(t, errs)
-	ctl, err := exec.LookPath("rabbitmqctl")
-	if err != nil {
-		t.Skip("rabbitmqctl is not installed: cannot make the broker close the connection")
-	}
+	ctl := testtool.Path(t, "rabbitmqctl", "cannot make the broker close the connection: apt-get install rabbitmq-server")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, ctl, "-q", "list_connections", "--no-table-headers", "pid", "client_properties").CombinedOutput()

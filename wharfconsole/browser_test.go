@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfconsole"
 )
 
@@ -115,27 +116,27 @@ func chromiumPath(t *testing.T) string {
 	if p, err := exec.LookPath("chromium"); err == nil {
 		return p
 	}
-	msg := "no chromium found (apt-get install -y chromium, or set WHARF_CHROMIUM to the browser binary)"
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testtool.Missing(t, "chromium", "no browser found for the console's browser test (apt-get install -y chromium, or set WHARF_CHROMIUM to the browser binary)")
 	return ""
 }
 
-// artifactsDir is $WHARF_ARTIFACTS, or artifacts/console under the
-// repository root.
+// artifactsDir is $WHARF_ARTIFACTS when set (to keep the screenshots), or
+// a directory removed after the test: a test run never writes into the
+// repository.
 func artifactsDir(t *testing.T) string {
 	t.Helper()
 	dir := os.Getenv("WHARF_ARTIFACTS")
 	if dir == "" {
-		root, err := filepath.Abs("..")
-		require.NoError(t, err)
-		dir = filepath.Join(root, "artifacts", "console")
+		return t.TempDir()
 	}
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	return dir
 }
+
+// updateScreenshotsEnv, set to 1, makes TestConsoleInBrowser copy its
+// screenshots over the README's docs/img/console-*.png (make screenshots).
+// Without it the test writes nothing into the repository.
+const updateScreenshotsEnv = "WHARF_UPDATE_SCREENSHOTS"
 
 // The console in a real browser against a real relay: auth, every page
 // without a script error, a dead letter retried by clicking and delivered, a
@@ -445,11 +446,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ds, 1, "read-only changed nothing")
 
-	// Screenshots for the README.
-	for _, name := range []string{"overview", "blocked", "dead"} {
-		b, err := os.ReadFile(filepath.Join(dir, name+".png"))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join("..", "docs", "img", "console-"+name+".png"), b, 0o644))
+	// Screenshots for the README, on request only.
+	if os.Getenv(updateScreenshotsEnv) == "1" {
+		for _, name := range []string{"overview", "blocked", "dead"} {
+			b, err := os.ReadFile(filepath.Join(dir, name+".png"))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join("..", "docs", "img", "console-"+name+".png"), b, 0o644))
+		}
+		t.Logf("docs/img/console-{overview,blocked,dead}.png updated")
 	}
 	t.Logf("screenshots in %s", dir)
 }

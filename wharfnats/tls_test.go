@@ -18,6 +18,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testpki"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // A nats-server that only speaks TLS, with a certificate of a private CA and
@@ -26,16 +27,7 @@ import (
 // system's roots or another CA fail the open with a certificate error.
 func TestTLSWithPrivateCAAndClientCertificate(t *testing.T) {
 	t.Parallel()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		bin = "/usr/sbin/nats-server"
-		if _, serr := os.Stat(bin); serr != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("nats-server is not installed: the TLS case runs a private server")
-			}
-			t.Skip("nats-server is not installed")
-		}
-	}
+	bin := testtool.Path(t, "nats-server", "the TLS case runs a private server: apt-get install nats-server", "/usr/sbin/nats-server")
 	pki, err := testpki.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -18,14 +18,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/leakcheck"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
 // nats.go stops every goroutine it starts when its connection closes.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 const (
 	sharedURL       = "nats://127.0.0.1:4222"
@@ -48,11 +49,7 @@ func requireServer(t testing.TB, url string) *nats.Conn {
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	msg := fmt.Sprintf("no NATS server with JetStream at %s (%v): %s", url, err, startHint)
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testtool.Missing(t, "nats-server", fmt.Sprintf("no NATS server with JetStream at %s (%v): %s", url, err, startHint))
 	return nil
 }
 
@@ -291,17 +288,7 @@ type privateServer struct {
 // given; it checks readiness as user ("name:pass") when that is not "".
 func startPrivateServer(t *testing.T, conf, user string, env ...string) *privateServer {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		if _, serr := os.Stat("/usr/sbin/nats-server"); serr != nil {
-			msg := "nats-server is not installed: the broker-outage case needs it to run a private server"
-			if os.Getenv("CI") == "true" {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
-		}
-		bin = "/usr/sbin/nats-server"
-	}
+	bin := testtool.Path(t, "nats-server", "the broker-outage case runs a private server: apt-get install nats-server", "/usr/sbin/nats-server")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testpki"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // A redis-server listening only for TLS, with a private CA's certificate and
@@ -23,13 +23,7 @@ import (
 // system's roots or another CA fail the open with a certificate error.
 func TestTLSWithPrivateCAAndClientCertificate(t *testing.T) {
 	t.Parallel()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server is not installed: the TLS case runs a private server")
-		}
-		t.Skip("redis-server is not installed")
-	}
+	bin := testtool.Path(t, "redis-server", "the TLS case runs a private server: apt-get install redis-server")
 	pki, err := testpki.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

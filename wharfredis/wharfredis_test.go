@@ -18,18 +18,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/leakcheck"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
-// go-redis stops every goroutine it starts when its client closes, except
-// that a pool whose dials kept failing probes the server in the background
-// and notices the close only when its 1s sleep ends.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"))
-}
+// go-redis stops every goroutine it starts when its client closes; a pool
+// whose dials kept failing probes the server in the background and notices
+// the close only when its 1s sleep ends, which leakcheck waits for.
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 const (
 	defaultURL      = "redis://127.0.0.1:6379"
@@ -72,11 +71,7 @@ func requireRedis(t testing.TB, rawURL string) *redis.Client {
 	if u, perr := url.Parse(rawURL); perr == nil {
 		shown = u.Redacted()
 	}
-	msg := fmt.Sprintf("no Redis at %s (%v): %s", shown, err, startHint)
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testtool.Missing(t, "redis-server", fmt.Sprintf("no Redis at %s (%v): %s", shown, err, startHint))
 	return nil
 }
 
@@ -271,14 +266,7 @@ type privateServer struct {
 
 func startPrivateServer(t *testing.T, extra ...string) *privateServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		msg := "redis-server is not installed: the Redis-outage cases need it to run a private server"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	bin := testtool.Path(t, "redis-server", "the Redis-outage cases run a private server: apt-get install redis-server")
 	s := &privateServer{bin: bin, dir: t.TempDir(), extra: extra}
 	t.Cleanup(func() { s.stop(t) })
 	// Another test may take the free port between the probe and the

@@ -8,13 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/leakcheck"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 // memSink is a destination in memory: the suite's reference sink, so that
 // the suite itself is checked without a broker.

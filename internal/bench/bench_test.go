@@ -16,6 +16,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // databaseURL is set by TestMain (main_test.go), which also lets the test
@@ -166,19 +167,38 @@ func TestBaseline(t *testing.T) {
 	require.Contains(t, sb.String(), `"drain_fraction"`)
 }
 
+// A steady run at 2000 msg/s. Whether this machine sustains that rate now
+// depends on what else it runs: that verdict, and the rates' closeness to
+// the target, are checked only in the long run (CI); every run checks that
+// the verdict is the one on the run's evidence, and the rest.
 func TestSteady(t *testing.T) {
 	o := smokeOptions(ModeSteady)
 	o.Rate = 2000
 	o.Duration = 3 * time.Second
+	o.TailWait = 2 * time.Minute // ends once the relay caught up: a hang guard
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
 	m := decode(t, r)
 	require.Equal(t, "steady", m["mode"])
-	require.True(t, r.Sustainable, r.VerdictReason)
 	require.Len(t, r.Criteria, 4)
 	require.NotNil(t, r.BacklogGrowth)
+	j := Judge(Evidence{Target: float64(o.Rate), ProducerRate: r.ProducerRate, Growth: *r.BacklogGrowth, BacklogAtStop: r.BacklogAtStop})
+	require.Equal(t, j.Criteria[:3], r.Criteria[:3], "the verdict is the one on the run's evidence")
+	require.Equal(t, j.Sustainable, r.Sustainable, r.VerdictReason)
+	// The producers never run ahead of the target: 3.5 s at 2000/s, in
+	// batches of 100.
+	require.LessOrEqual(t, r.ProducerRate, 2000*1.05)
+	require.LessOrEqual(t, r.Messages, int64(7100))
+	if testtool.IsLong() {
+		require.True(t, r.Sustainable, r.VerdictReason)
+		require.InDelta(t, 2000, r.ProducerRate, 100)
+		require.InDelta(t, 2000, r.ProcessingRate, 300)
+		require.InDelta(t, 7000, r.Messages, 200)
+		require.Greater(t, r.BacklogGrowth.Readings, 100, "a reading every 20 ms over 3 s")
+		// Sampled every 100 ms: the charts have points to draw.
+		require.Greater(t, len(r.Samples), 25)
+	}
 	require.True(t, r.BacklogGrowth.Valid)
-	require.Greater(t, r.BacklogGrowth.Readings, 100, "a reading every 20 ms over 3 s")
 	require.Equal(t, r.BacklogGrowth.Slope, r.BacklogSlope)
 	require.NotNil(t, r.Start)
 	require.Zero(t, r.Start.OutboxRows)
@@ -187,18 +207,20 @@ func TestSteady(t *testing.T) {
 	require.Positive(t, r.LatencyMS.P50)
 	require.LessOrEqual(t, r.LatencyMS.P50, r.LatencyMS.P99)
 	require.LessOrEqual(t, r.LatencyMS.P99, r.LatencyMS.Max)
-	require.InDelta(t, 2000, r.ProducerRate, 100)
-	require.InDelta(t, 2000, r.ProcessingRate, 300)
+	require.Positive(t, r.ProducerRate)
+	require.Positive(t, r.ProcessingRate)
 	require.GreaterOrEqual(t, r.DrainSeconds, 0.0, "the relay caught up")
 	require.Equal(t, r.Messages, r.Delivered)
 	require.Zero(t, r.OutboxRemaining)
-	// 3.5 s at 2000/s, in batches of 100.
-	require.InDelta(t, 7000, r.Messages, 200)
-	// Sampled every 100 ms: the charts have points to draw.
-	require.Greater(t, len(r.Samples), 25)
+	require.GreaterOrEqual(t, len(r.Samples), 3, "the charts have points to draw")
 	sum, html := report(t, r)
 	require.Contains(t, sum, "backlog growth")
-	require.Contains(t, sum, "✓ backlog_growth")
+	mark := "✗"
+	if r.Criteria[1].Met {
+		mark = "✓"
+	}
+	require.Equal(t, "backlog_growth", r.Criteria[1].Name)
+	require.Contains(t, sum, mark+" backlog_growth")
 	require.Contains(t, html, "--rate<")
 	require.NotContains(t, html, "--messages<")
 }
@@ -207,18 +229,35 @@ func TestSteady(t *testing.T) {
 // attempt: the relay retries it, dead-letters it after the poison schedule's
 // attempts, and the run still works its backlog off (a dead letter counts
 // as worked off, not as delivered, and has no latency).
+//
+// What a run on this machine measures (is 2000 msg/s with poison
+// sustainable here, now?) depends on the machine and what else it runs, so
+// the run's verdict is checked for being the verdict on the run's own
+// evidence; that a backlog shaped by poison messages is judged sustainable
+// is TestGrowthPassesPoisonHolds, on deterministic input.
 func TestSteadyWithPoison(t *testing.T) {
 	o := smokeOptions(ModeSteady)
 	o.Rate = 2000
 	o.Duration = 3 * time.Second
 	o.PoisonPercent = 1
 	o.Keep = true
+	// The tail ends as soon as every message is worked off: this bound is a
+	// hang guard, not the time the relay is given.
+	o.TailWait = 2 * time.Minute
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
 	m := decode(t, r)
 	require.EqualValues(t, 1, m["settings"].(map[string]any)["poison_percent"])
 	require.Zero(t, r.OutboxRemaining, "the poison messages left the outbox")
-	require.True(t, r.Sustainable, r.VerdictReason)
+	require.GreaterOrEqual(t, r.DrainSeconds, 0.0, "the relay worked the backlog off")
+	require.Len(t, r.Criteria, 4)
+	require.NotNil(t, r.BacklogGrowth)
+	require.NotNil(t, r.LatencyMS)
+	// Without --max-p99 a steady run does not judge its latency.
+	j := Judge(Evidence{Target: float64(o.Rate), ProducerRate: r.ProducerRate, Growth: *r.BacklogGrowth, BacklogAtStop: r.BacklogAtStop})
+	require.Equal(t, j.Criteria[:3], r.Criteria[:3], "the verdict is the one on the run's evidence")
+	require.False(t, r.Criteria[3].Judged, r.Criteria[3].Detail)
+	require.Equal(t, j.Sustainable, r.Sustainable, r.VerdictReason)
 
 	// Every 100th seq is poison; the relay dead-letters each after 3 attempts.
 	pool, err := pgxpool.New(context.Background(), databaseURL)
@@ -239,7 +278,11 @@ func TestSteadyWithPoison(t *testing.T) {
 	require.Contains(t, sum, "poison messages")
 }
 
+// The sweep against the real database (its search is checked on
+// deterministic verdicts by TestSweepBisectsAndConfirms and the tests next
+// to it).
 func TestSweep(t *testing.T) {
+	testtool.Long(t, "a sweep of at least four 3 s runs")
 	o := smokeOptions(ModeSweep)
 	// Rates any machine sustains even while other tests load it: this test
 	// checks the search, not the machine (a 1000 msg/s reference step once

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // soakSeries is a 30-minute soak's samples (every 9 s) with noisy readings:
@@ -90,10 +92,12 @@ func TestSoakTrendsUseTheMeasurementWindowOnly(t *testing.T) {
 // A short soak against the real database: every sample carries the
 // resource readings and the verdict has a criterion per trend.
 func TestSoak(t *testing.T) {
+	testtool.Long(t, "a 30 s soak")
 	o := smokeOptions(ModeSoak)
 	o.Rate = 2000
 	o.Duration = soakMinDuration
 	o.Warmup = time.Second
+	o.TailWait = 2 * time.Minute // ends once the relay caught up: a hang guard
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
 	m := decode(t, r)

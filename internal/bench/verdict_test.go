@@ -157,6 +157,33 @@ func TestStudentT(t *testing.T) {
 	require.True(t, math.IsNaN(StudentTQuantile(1, 3)))
 }
 
+// Poison messages (--poison-percent 1) each stay in the backlog for their
+// attempts and backoffs before they are dead-lettered, and so do the
+// messages of their key behind them: a steady stream of them keeps a few
+// more messages in the backlog, a constant number after the first hold, and
+// the backlog does not grow.
+func TestGrowthPassesPoisonHolds(t *testing.T) {
+	tol := GrowthTolerance(synthRate)
+	const (
+		every  = 100  // every 100th message is poison
+		hold   = 0.15 // seconds: 3 attempts with 50 ms backoffs, and the fetches between them
+		behind = 20   // messages of the poison key that wait behind it
+	)
+	arrival := every / synthRate // seconds between poison messages
+	poisonHeld := func(t float64) float64 {
+		// poison messages enqueued in (t-hold, t], and what waits behind each.
+		n := math.Floor(t/arrival) - math.Floor(math.Max(0, t-hold)/arrival)
+		return n * (1 + behind)
+	}
+	for seed := range uint64(100) {
+		xs, ys := synthBacklog(seed, poisonHeld)
+		g := TestGrowth(xs, ys, tol)
+		require.False(t, g.Growing(), "seed %d: %s", seed, g)
+		j := Judge(Evidence{Target: synthRate, ProducerRate: synthRate, Growth: g, BacklogAtStop: int64(ys[len(ys)-1])})
+		require.True(t, j.Sustainable, "seed %d: %s", seed, j.Reason)
+	}
+}
+
 func TestJudge(t *testing.T) {
 	flat := Growth{Valid: true, Slope: 3, StdErr: 5, Lower: -5, Upper: 11, Tolerance: 10, PValue: 0.9, Blocks: 20, Readings: 500}
 	growing := Growth{Valid: true, Slope: 500, StdErr: 20, Lower: 465, Upper: 535, Tolerance: 10, PValue: 1e-9, Blocks: 20, Readings: 500}

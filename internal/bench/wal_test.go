@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/url"
 	"os"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/sinkurl"
 	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/internal/walstream"
 )
 
@@ -36,6 +38,7 @@ func TestSteadyWALOutbox(t *testing.T) {
 	o.Rate = 2000
 	o.Duration = 2 * time.Second
 	o.Limits = true
+	o.TailWait = 2 * time.Minute // ends once the relay caught up: a hang guard
 	var trackers []*tracker
 	trackerHook = func(tr *tracker) { trackers = append(trackers, tr) }
 	t.Cleanup(func() { trackerHook = nil })
@@ -52,7 +55,10 @@ func TestSteadyWALOutbox(t *testing.T) {
 	require.NotNil(t, r.LatencyMS, r.LatencyNote)
 	require.Positive(t, r.LatencyMS.P50)
 	require.LessOrEqual(t, r.LatencyMS.P99, r.LatencyMS.Max)
-	require.InDelta(t, 2000, r.ProducerRate, 200)
+	require.LessOrEqual(t, r.ProducerRate, 2000*1.05, "the producers never run ahead of the target")
+	if testtool.IsLong() { // how close they come depends on the machine's load
+		require.InDelta(t, 2000, r.ProducerRate, 200)
+	}
 	require.GreaterOrEqual(t, r.DrainSeconds, 0.0, "the relay caught up")
 	require.Positive(t, r.Messages)
 	require.Equal(t, r.Messages, r.Delivered)
@@ -102,11 +108,13 @@ func TestSteadyWALOutbox(t *testing.T) {
 // 1 % poison messages, which wait in memory for their retries, the relay
 // holds messages at most samples.
 func TestSoakWALOutbox(t *testing.T) {
+	testtool.Long(t, "a 30 s soak")
 	o := walOptions(t, ModeSoak)
 	o.Rate = 2000
 	o.PoisonPercent = 1
 	o.Duration = soakMinDuration
 	o.Warmup = time.Second
+	o.TailWait = 2 * time.Minute // ends once the relay caught up: a hang guard
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
 	decode(t, r)
@@ -249,7 +257,7 @@ func TestWALSlotAdvanceAndPrefix(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, dups := tr.summary()
 		return dups > 0 || tr.acked.Load() > 0
-	}, 20*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	_, err = r.stop(ctx)
 	require.NoError(t, err)
 	_, dups := tr.summary()
@@ -259,22 +267,26 @@ func TestWALSlotAdvanceAndPrefix(t *testing.T) {
 	require.Zero(t, n, "the other prefix's messages were dropped by the stream")
 }
 
-// slowSink acknowledges a message a millisecond: slower than the producers
-// of TestSweepStepAdvancesAnUndrainedSlot.
-type slowSink struct{}
+// stuckSink acknowledges nothing: it refuses every message at once (a
+// retryable error, so the relay retries later). Whatever the producers of
+// TestSweepStepAdvancesAnUndrainedSlot write stays a backlog, however fast
+// or slow the machine is.
+type stuckSink struct{}
 
-func (slowSink) Publish(ctx context.Context, msgs []*wharf.Message) []error {
-	select {
-	case <-time.After(time.Duration(len(msgs)) * time.Millisecond):
-	case <-ctx.Done():
+func (stuckSink) Publish(_ context.Context, msgs []*wharf.Message) []error {
+	errs := make([]error, len(msgs))
+	for i := range errs {
+		errs[i] = errStuck
 	}
-	return nil
+	return errs
 }
 
-func (slowSink) Close() error { return nil }
+func (stuckSink) Close() error { return nil }
+
+var errStuck = errors.New("benchstuck: this sink acknowledges nothing")
 
 func init() {
-	sinkurl.Register("benchslow", func(context.Context, *url.URL) (wharf.Sink, error) { return slowSink{}, nil })
+	sinkurl.Register("benchstuck", func(context.Context, *url.URL) (wharf.Sink, error) { return stuckSink{}, nil })
 }
 
 // A sweep step whose backlog the relay cannot work off in time leaves the
@@ -283,7 +295,7 @@ func init() {
 // redeliveries).
 func TestSweepStepAdvancesAnUndrainedSlot(t *testing.T) {
 	o := walOptions(t, ModeSweep)
-	o.Sink = "benchslow:"
+	o.Sink = "benchstuck:"
 	o.Duration = time.Second
 	o.TailWait = -1
 	e := walEnv(t, o, "wharf_bench_walundrained")
@@ -292,12 +304,14 @@ func TestSweepStepAdvancesAnUndrainedSlot(t *testing.T) {
 	defer func(w time.Duration) { drainAllWait = w }(drainAllWait)
 	drainAllWait = 300 * time.Millisecond
 
-	r, err := e.steady(ctx, steadySpec{schema: o.Schema, rate: 3000, label: "slow", drainAll: true})
+	r, err := e.steady(ctx, steadySpec{schema: o.Schema, rate: 3000, label: "stuck", drainAll: true})
 	require.NoError(t, err)
-	require.Less(t, r.Delivered, r.Messages, "the slow sink left a backlog")
+	require.Positive(t, r.Messages)
+	require.Zero(t, r.Delivered, "the stuck sink left a backlog")
 	require.Contains(t, strings.Join(r.Notes, "\n"), "the bench advanced the slot")
 
-	e.o.Sink, e.o.TailWait = "null:", 5*time.Second
+	// The tail ends once the relay caught up: a hang guard.
+	e.o.Sink, e.o.TailWait = "null:", 2*time.Minute
 	r, err = e.steady(ctx, steadySpec{schema: o.Schema, rate: 1000, label: "next"})
 	require.NoError(t, err)
 	require.Equal(t, r.Messages, r.Delivered)

@@ -22,6 +22,9 @@ import (
 var databaseURL string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(cliHelperEnv) == "1" { // this test binary runs as the wharf CLI
+		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
 	code := testdb.Run(m, &databaseURL)
 	if releaseDir != "" {
 		_ = os.RemoveAll(releaseDir)

@@ -21,6 +21,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // repoRoot is the module root, two directories up.
@@ -41,6 +42,24 @@ var (
 	releaseErr  error
 )
 
+// cliHelperEnv, set to 1, makes this test binary run as the wharf CLI (see
+// TestMain).
+const cliHelperEnv = "WHARF_CLI_TEST_HELPER"
+
+// wharfCommand returns a command running the wharf CLI with args: the
+// release binary in the long run (CI), and otherwise this test binary as
+// the CLI (the release build compiles every dependency again, with other
+// flags: minutes on a small machine).
+func wharfCommand(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	if testtool.IsLong() {
+		return exec.Command(releaseBinary(t), args...)
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), cliHelperEnv+"=1")
+	return cmd
+}
+
 // releaseBinary builds wharf with scripts/build-release.sh, once per test
 // run, and returns its path.
 func releaseBinary(t *testing.T) string {
@@ -52,7 +71,8 @@ func releaseBinary(t *testing.T) string {
 			return
 		}
 		releaseDir = dir
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		// A hang guard: a cold build cache on a busy machine takes minutes.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "build-release.sh"), dir)
 		out, err := cmd.CombinedOutput()
@@ -66,6 +86,7 @@ func releaseBinary(t *testing.T) string {
 // The release build runs `wharf version`, which names the revision it was
 // built from when the source is a git checkout.
 func TestReleaseBinaryRunsVersion(t *testing.T) {
+	testtool.Long(t, "builds the release binary (every dependency compiled again)")
 	t.Parallel()
 	bin := releaseBinary(t)
 	out, err := exec.Command(bin, "version").CombinedOutput()
@@ -114,18 +135,20 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
-// The release binary's relay serves /metrics, /healthz and /readyz on
-// --admin-addr (the port the deploy examples scrape and probe), and SIGTERM
-// stops it gracefully with exit status 0.
+// The wharf relay (the release binary in the long run) serves /metrics,
+// /healthz and /readyz on --admin-addr (the port the deploy examples scrape
+// and probe), and SIGTERM stops it gracefully with exit status 0.
 func TestRelayServesMetricsAndProbes(t *testing.T) {
 	t.Parallel()
-	bin := releaseBinary(t)
 	b := newSchema(t)
 	_, err := b.client.Enqueue(context.Background(), wharf.Message{Topic: "orders.paid", Key: "42", Payload: []byte(`{"order":42}`)})
 	require.NoError(t, err)
 	addr := freeAddr(t)
-	cmd := exec.Command(bin, append([]string{"relay", "--sink", "null:", "--lease-ttl", "3s", "--rebalance-interval", "200ms"}, b.args...)...)
-	cmd.Env = append(os.Environ(), "WHARF_ADMIN_ADDR="+addr)
+	cmd := wharfCommand(t, append([]string{"relay", "--sink", "null:", "--lease-ttl", "3s", "--rebalance-interval", "200ms"}, b.args...)...)
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "WHARF_ADMIN_ADDR="+addr)
 	stderrPath := filepath.Join(t.TempDir(), "relay.stderr")
 	errf, err := os.Create(stderrPath)
 	require.NoError(t, err)
@@ -148,7 +171,7 @@ func TestRelayServesMetricsAndProbes(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, 20*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { code, _ := get("/readyz"); return code == http.StatusOK }, time.Minute, 50*time.Millisecond,
 		"/readyz never answered 200\n%s", stderr.String())
 	code, body := get("/healthz")
 	require.Equal(t, http.StatusOK, code, body)
@@ -156,7 +179,7 @@ func TestRelayServesMetricsAndProbes(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, body := get("/metrics")
 		return strings.Contains(body, `wharf_messages_delivered_total{topic="orders.paid"} 1`)
-	}, 20*time.Second, 50*time.Millisecond, "the delivery is not counted on /metrics")
+	}, time.Minute, 50*time.Millisecond, "the delivery is not counted on /metrics")
 	_, body = get("/metrics")
 	require.Contains(t, body, "wharf_relay_info{")
 	require.Contains(t, body, "wharf_lanes_owned 64")
@@ -271,10 +294,11 @@ func TestDeployExamples(t *testing.T) {
 		_, err := os.Stat(filepath.Join(root, f))
 		require.NoError(t, err, "compose mounts %s", f)
 	}
-	if promtool, err := exec.LookPath("promtool"); err == nil {
+	t.Run("promtool check config", func(t *testing.T) {
+		promtool := testtool.Path(t, "promtool", "checks deploy/compose/prometheus.yml: apt-get install prometheus")
 		out, err := exec.Command(promtool, "check", "config", filepath.Join(root, "deploy/compose/prometheus.yml")).CombinedOutput()
 		require.NoError(t, err, "%s", out)
-	}
+	})
 
 	var deploy struct {
 		Spec struct {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // startPgBouncer runs a private PgBouncer in transaction pooling mode in front
@@ -25,16 +26,7 @@ import (
 // root, so when root it runs as the postgres OS user.
 func startPgBouncer(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		bin = "/usr/sbin/pgbouncer"
-		if _, statErr := os.Stat(bin); statErr != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)")
-			}
-			t.Skip("pgbouncer is not installed: apt-get install pgbouncer")
-		}
-	}
+	bin := testtool.Path(t, "pgbouncer", "apt-get install pgbouncer (.ci/run does)", "/usr/sbin/pgbouncer")
 	pc, err := pgconn.ParseConfig(databaseURL)
 	require.NoError(t, err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
 // SQL enqueue -> wharf relay (a process) -> Redis Streams (the real server)
@@ -32,10 +33,7 @@ func TestRelayToRedis(t *testing.T) {
 	err = rdb.Ping(pctx).Err()
 	pcancel()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Redis is not reachable at %s (%v): start it with redis-server --daemonize yes", redisURL, err)
-		}
-		t.Skipf("Redis is not reachable at %s: %v", redisURL, err)
+		testtool.Missing(t, "redis-server", fmt.Sprintf("Redis is not reachable at %s (%v): start it with redis-server --daemonize yes", redisURL, err))
 	}
 	b := setup(t)
 	prefix := "e2e:" + randHex(4)

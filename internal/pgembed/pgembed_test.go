@@ -13,15 +13,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
+
+	"github.com/wharfhq/wharf/internal/leakcheck"
+	"github.com/wharfhq/wharf/internal/testtool"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 func startCluster(t *testing.T, opts Options) *Cluster {
 	t.Helper()
 	if _, err := FindBinaries(); err != nil {
-		t.Skip(err)
+		testtool.Missing(t, "initdb", err.Error())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -82,7 +84,7 @@ func TestStopAfterServerDied(t *testing.T) {
 	pid, err := strconv.Atoi(strings.SplitN(string(pidFile), "\n", 2)[0])
 	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
-	require.Eventually(t, func() bool { return syscall.Kill(pid, 0) != nil }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return syscall.Kill(pid, 0) != nil }, time.Minute, 20*time.Millisecond)
 
 	require.NoError(t, c.Stop())
 	requireGone(t, c)
@@ -91,7 +93,7 @@ func TestStopAfterServerDied(t *testing.T) {
 func TestStartFailureReportsLog(t *testing.T) {
 	t.Parallel()
 	if _, err := FindBinaries(); err != nil {
-		t.Skip(err)
+		testtool.Missing(t, "initdb", err.Error())
 	}
 	before, err := filepath.Glob(filepath.Join(os.TempDir(), "wharf-pg-*"))
 	require.NoError(t, err)

@@ -14,12 +14,12 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 func TestOpenErrors(t *testing.T) {
 	t.Parallel()

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -68,7 +69,9 @@ type explainResult struct {
 // TestExplainHotPath regenerates docs/plans.md: EXPLAIN (ANALYZE, BUFFERS)
 // plans of every hot-path statement on a 1,000,000-message backlog, and fails
 // when a statement that touches the outbox scans it sequentially or pushes more
-// than its batch through a scan, sort or hash.
+// than its batch through a scan, sort or hash. Building the backlog takes
+// minutes on a small machine: it runs in the long run (WHARF_LONG_TESTS=1,
+// CI) or with WHARF_EXPLAIN=1.
 //
 //	WHARF_EXPLAIN=1 TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go test -run TestExplainHotPath -count=1 -v ./internal/tablestore
 //
@@ -89,6 +92,9 @@ func TestExplainHotPath(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(admin), strings.ReplaceAll(explainStatusSQL, "{S}", "`+sc+`"),
 		"the status query in admin.go changed: update explainStatusSQL in explain_test.go")
+	if !writeDoc {
+		testtool.Long(t, "EXPLAIN ANALYZE of the hot path on a 1,000,000-message backlog (WHARF_EXPLAIN=1 runs it too)")
+	}
 
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)

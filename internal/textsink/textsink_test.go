@@ -23,12 +23,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 // weirdStrings are texts JSON encoders get wrong (the envelope package's
 // tests check each against encoding/json).

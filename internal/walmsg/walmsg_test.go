@@ -211,12 +211,17 @@ func TestWALBytesPerMessage(t *testing.T) {
 		var xid int64
 		require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xid))
 		emit(tx)
+		// A synchronous commit: it returns only once the WAL up to this
+		// transaction's commit record is flushed, whatever the server's
+		// synchronous_commit (the throwaway cluster runs with it off).
+		_, err = tx.Exec(ctx, "SET LOCAL synchronous_commit = on")
+		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
 		var total, records int64
 		// Up to the flush position, not the insert position: other
 		// sessions' records past the flush make pg_walinspect refuse the
-		// range ("cannot accept future end LSN"), and the commit returned
-		// only once this transaction's records were flushed.
+		// range ("cannot accept future end LSN"), and the synchronous
+		// commit above put the flush past this transaction's records.
 		require.NoError(t, conn.QueryRow(ctx, `SELECT coalesce(sum(record_length), 0), count(*)
 FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_flush_lsn())
 WHERE resource_manager = 'LogicalMessage' AND xid::text::bigint = $2 % 4294967296`, start, xid).Scan(&total, &records))

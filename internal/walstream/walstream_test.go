@@ -213,6 +213,9 @@ func TestOnlyUnconfirmedTransactionsComeAgain(t *testing.T) {
 	c.Confirm(txs[0].commit.EndLSN) // never backwards
 	require.Equal(t, txs[1].commit.EndLSN, c.Confirmed())
 	require.NoError(t, c.Close(ctx))
+	// Close sent the position before ending the stream; the walsender
+	// records it before it exits, which can be after Close returned.
+	waitSlotInactive(t, "confirm_slot")
 	require.Equal(t, txs[1].commit.EndLSN, slotConfirmed(t, "confirm_slot"))
 
 	// The third was received but not confirmed: it comes again, alone.
@@ -254,7 +257,7 @@ func TestIdleStreamStaysUpAndReportsProgress(t *testing.T) {
 		}
 	}
 	require.NotZero(t, end, "keepalives carry the server's WAL end")
-	require.Eventually(t, func() bool { return slotConfirmed(t, "idle_slot") >= end }, 5*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return slotConfirmed(t, "idle_slot") >= end }, time.Minute, 50*time.Millisecond)
 	var active bool
 	require.NoError(t, q.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = 'idle_slot'").Scan(&active))
 	require.True(t, active, "the server did not drop the idle stream")
@@ -323,9 +326,20 @@ func TestHeldStreamStaysUp(t *testing.T) {
 // startFree starts streaming slot on c once the slot is free: a connection
 // that streamed it before has closed, but its walsender ends a moment later
 // (until then Start fails with ErrSlotActive, as a relay taking over sees).
+// waitSlotInactive waits until no walsender streams from slot.
+func waitSlotInactive(t *testing.T, slot string) {
+	t.Helper()
+	q := sqlConn(t)
+	require.Eventually(t, func() bool {
+		var active bool
+		require.NoError(t, q.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active))
+		return !active
+	}, time.Minute, 20*time.Millisecond, "the walsender of slot %s did not exit", slot)
+}
+
 func startFree(t *testing.T, c *Conn, slot string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute) // a hang guard: the old walsender exits
 	for {
 		err := c.Start(context.Background(), slot, publication, 0)
 		if !errors.Is(err, ErrSlotActive) || time.Now().After(deadline) {

@@ -10,12 +10,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -27,6 +25,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -55,16 +54,7 @@ func repoRoot(t testing.TB) string {
 // test fails under CI=true and is skipped otherwise.
 func requireTool(t testing.TB, name, install string) string {
 	t.Helper()
-	p, err := exec.LookPath(name)
-	if err == nil {
-		return p
-	}
-	msg := fmt.Sprintf("%s not found on PATH: %s", name, install)
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
+	return testtool.Path(t, name, install)
 }
 
 // migrated creates a fresh schema in the database at url, migrated, and

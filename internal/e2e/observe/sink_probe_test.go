@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"os/exec"
 	"strconv"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfprom"
 	"github.com/wharfhq/wharf/wharfredis"
 )
@@ -23,13 +23,7 @@ import (
 // problem names the sink) while it stays live, and is ready again once
 // Redis is back, and delivers.
 func TestReadyzFollowsTheSink(t *testing.T) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server is not installed: this test runs a private one")
-		}
-		t.Skip("redis-server is not installed")
-	}
+	bin := testtool.Path(t, "redis-server", "this test runs a private one: apt-get install redis-server")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := l.Addr().(*net.TCPAddr).Port

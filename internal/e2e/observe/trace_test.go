@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfkafka"
 	"github.com/wharfhq/wharf/wharfnats"
 	"github.com/wharfhq/wharf/wharfotel"
@@ -39,11 +39,7 @@ func natsStream(t *testing.T) (jetstream.Stream, string) {
 	t.Helper()
 	nc, err := nats.Connect(natsURL, nats.Timeout(2*time.Second))
 	if err != nil {
-		msg := fmt.Sprintf("no NATS server with JetStream at %s (%v): start it with: nats-server -js -a 127.0.0.1 -p 4222", natsURL, err)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testtool.Missing(t, "nats-server", fmt.Sprintf("no NATS server with JetStream at %s (%v): start it with: nats-server -js -a 127.0.0.1 -p 4222", natsURL, err))
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
