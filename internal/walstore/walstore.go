@@ -519,7 +519,10 @@ func (s *Store) stream(ctx context.Context) (err error) {
 				return err
 			}
 			if len(rows) == 0 {
-				origin = origin[:0] // moved to the table
+				// Moved to the table: neither the rows nor the contents
+				// they came from stay in memory (keeping the contents
+				// would hold the whole transaction after all).
+				origin, msgs = origin[:0], nil
 			}
 		case walstream.Commit:
 			inTx = false
@@ -531,7 +534,7 @@ func (s *Store) stream(ctx context.Context) (err error) {
 				return err
 			}
 			if len(rows) == 0 {
-				origin = origin[:0] // moved to the table
+				origin, msgs = origin[:0], nil // moved to the table
 			}
 			for {
 				if len(bad) > 0 {

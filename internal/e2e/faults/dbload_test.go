@@ -217,11 +217,11 @@ func enqueueLedgered(ctx context.Context, o *outbox, tx pgx.Tx, topic, key, payl
 	if err != nil {
 		return 0, err
 	}
-	seq, _, err := wharf.ParseID(ids[0])
+	seq, nonce, err := wharf.ParseID(ids[0])
 	if err != nil {
 		return 0, err
 	}
-	_, err = tx.Exec(ctx, "INSERT INTO "+o.schema+".fault_ledger (seq, topic, key, poison) VALUES ($1, $2, $3, false)", seq, topic, key)
+	_, err = tx.Exec(ctx, "INSERT INTO "+o.schema+".fault_ledger (seq, topic, key, poison, nonce) VALUES ($1, $2, $3, false, $4)", seq, topic, key, nonce)
 	return seq, err
 }
 

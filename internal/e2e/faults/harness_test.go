@@ -89,7 +89,7 @@ func migrateOutbox(t *testing.T, url, mode string) *outbox {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".fault_ledger (seq bigint PRIMARY KEY, topic text NOT NULL, key text, poison boolean NOT NULL)"); err != nil {
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".fault_ledger (seq bigint PRIMARY KEY, topic text NOT NULL, key text, poison boolean NOT NULL, nonce bigint NOT NULL DEFAULT 0)"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

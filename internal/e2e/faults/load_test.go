@@ -29,6 +29,10 @@ type loadShape struct {
 	poison    float64  // fraction of messages marked poison (the sink refuses them)
 	pause     time.Duration
 	limit     int // stop after this many committed messages (0 = until stopped)
+	// track keeps the id of every message whose commit was attempted
+	// (load.tried): after the database went back in time, the verifier
+	// tells a message of the abandoned history from one nobody wrote.
+	track bool
 }
 
 func (s *loadShape) defaults() {
@@ -68,6 +72,7 @@ type load struct {
 	wg        sync.WaitGroup
 	mu        sync.Mutex
 	rolled    map[int64]int64 // seq → nonce of the rolled-back messages
+	tried     map[msgID]bool  // with shape.track: every message whose commit was attempted
 	committed atomic.Int64
 	errors    atomic.Int64
 	lastErr   atomic.Value
@@ -80,7 +85,7 @@ const poisonMark = `"poison":true`
 func startLoad(t *testing.T, o *outbox, pool *pgxpool.Pool, shape loadShape) *load {
 	t.Helper()
 	shape.defaults()
-	l := &load{o: o, shape: shape, stopCh: make(chan struct{}), rolled: map[int64]int64{}}
+	l := &load{o: o, shape: shape, stopCh: make(chan struct{}), rolled: map[int64]int64{}, tried: map[msgID]bool{}}
 	if pool == nil {
 		pool = o.pool
 	}
@@ -217,9 +222,16 @@ func (l *load) oneTx(pool *pgxpool.Pool, msgs []wharf.Message, poison []bool, ro
 		l.mu.Unlock()
 		return nil
 	}
-	if _, err := tx.Exec(ctx, "INSERT INTO "+l.o.schema+".fault_ledger (seq, topic, key, poison) SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::boolean[])",
-		seqs, topics, ks, poison); err != nil {
+	if _, err := tx.Exec(ctx, "INSERT INTO "+l.o.schema+".fault_ledger (seq, topic, key, poison, nonce) SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::boolean[], $5::bigint[])",
+		seqs, topics, ks, poison, nonces); err != nil {
 		return err
+	}
+	if l.shape.track {
+		l.mu.Lock()
+		for i, s := range seqs {
+			l.tried[msgID{s, nonces[i]}] = true
+		}
+		l.mu.Unlock()
 	}
 	return tx.Commit(ctx)
 }
@@ -232,10 +244,27 @@ func sortStrings(s []string) {
 	}
 }
 
+// triedIDs returns the ids of the messages whose commit was attempted
+// (shape.track).
+func (l *load) triedIDs() map[msgID]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[msgID]bool, len(l.tried))
+	for k := range l.tried {
+		out[k] = true
+	}
+	return out
+}
+
+// msgID is a message's id: its seq and the nonce that tells it from
+// another message that got the same seq on another history.
+type msgID struct{ seq, nonce int64 }
+
 // ledgerRow is one committed message.
 type ledgerRow struct {
 	topic, key string
 	poison     bool
+	nonce      int64
 }
 
 // ledger reads which messages committed.
@@ -247,7 +276,7 @@ func (o *outbox) ledger(t *testing.T) map[int64]ledgerRow {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		m := map[int64]ledgerRow{}
-		rows, err := o.pool.Query(ctx, "SELECT seq, topic, coalesce(key, ''), poison FROM "+o.schema+".fault_ledger")
+		rows, err := o.pool.Query(ctx, "SELECT seq, topic, coalesce(key, ''), poison, nonce FROM "+o.schema+".fault_ledger")
 		if err != nil {
 			lastErr = err
 			return false
@@ -256,7 +285,7 @@ func (o *outbox) ledger(t *testing.T) map[int64]ledgerRow {
 		for rows.Next() {
 			var seq int64
 			var r ledgerRow
-			if err := rows.Scan(&seq, &r.topic, &r.key, &r.poison); err != nil {
+			if err := rows.Scan(&seq, &r.topic, &r.key, &r.poison, &r.nonce); err != nil {
 				lastErr = err
 				return false
 			}

@@ -2,9 +2,12 @@
 
 // Package faults runs wharf relays as processes under load while something
 // breaks (a relay is killed or paused, PostgreSQL restarts or crashes, the
-// network stalls, a broker goes away, the disk fills up) and checks, with one
-// verifier, that the README's guarantees held: every committed message
-// delivered, no rolled-back one, per-(topic, key) order of first deliveries.
+// network stalls, a broker goes away, the disk fills up; for a WAL outbox
+// also: the database goes back in time, its replication slot is dropped,
+// records are forged, one transaction outgrows the relay's memory) and
+// checks, with one verifier, that the README's guarantees held: every
+// committed message delivered, no rolled-back one, per-(topic, key) order of
+// first deliveries.
 //
 // The short form runs with
 //
