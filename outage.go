@@ -1,10 +1,7 @@
 package wharf
 
 import (
-	"fmt"
 	"log/slog"
-	"sort"
-	"strings"
 	"time"
 )
 
@@ -49,26 +46,4 @@ func (o *outageLog) lanesBack(log *slog.Logger, now time.Time, owned int) {
 	}
 	log.Info("wharf: holding lanes again after losing leases", "lanes_owned", owned, "since_loss", now.Sub(o.lostAt).Round(time.Millisecond))
 	o.lostAt = time.Time{}
-}
-
-// laneList writes lanes as ranges: "0-31,40".
-func laneList(lanes []int) string {
-	sort.Ints(lanes)
-	var b strings.Builder
-	for i := 0; i < len(lanes); {
-		j := i
-		for j+1 < len(lanes) && lanes[j+1] == lanes[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		if j > i {
-			fmt.Fprintf(&b, "%d-%d", lanes[i], lanes[j])
-		} else {
-			fmt.Fprintf(&b, "%d", lanes[i])
-		}
-		i = j + 1
-	}
-	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/wharfhq/wharf/internal/laneset"
 	"github.com/wharfhq/wharf/internal/store"
 )
 
@@ -53,7 +54,7 @@ func (r *relay) onLease(ev leaseEvent) {
 	if len(lost) > 0 {
 		// One line for every lane lost in the round: a relay paused past
 		// its leases loses all of them at once.
-		r.log.Warn("wharf: lost lane leases; dropping their in-memory work (another relay may deliver those messages again)", "lanes", laneList(lost), "count", len(lost))
+		r.log.Warn("wharf: lost lane leases; dropping their in-memory work (another relay may deliver those messages again)", "lanes", laneset.Ranges(lost), "count", len(lost))
 		r.outage.lanesLost(time.Now())
 	}
 	for _, lane := range ev.renewed {

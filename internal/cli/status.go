@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/laneset"
 	"github.com/wharfhq/wharf/wharfwebhook"
 )
 
@@ -173,7 +174,7 @@ func writeStatus(out io.Writer, st *wharf.Status) error {
 		oldest = roundAge(st.OldestDueAge)
 	}
 	if len(st.OldestDueUnknown) > 0 {
-		oldest += fmt.Sprintf(" (lanes %s not looked into: more than %d scheduled messages ahead)", laneRanges(st.OldestDueUnknown), wharf.StatusScanBound)
+		oldest += fmt.Sprintf(" (lanes %s not looked into: more than %d scheduled messages ahead)", laneset.Ranges(st.OldestDueUnknown), wharf.StatusScanBound)
 	}
 	fmt.Fprintf(w, "oldest due\t%s\n", oldest)
 	fmt.Fprintf(w, "retrying\t%s\n", approx(st.Retrying))
@@ -193,7 +194,7 @@ func writeStatus(out io.Writer, st *wharf.Status) error {
 		}
 		lanes := "no lanes"
 		if len(r.Lanes) > 0 {
-			lanes = fmt.Sprintf("%d lanes (%s), leases end in %s unless renewed", len(r.Lanes), laneRanges(r.Lanes), roundAge(r.LeaseLeft))
+			lanes = fmt.Sprintf("%d lanes (%s), leases end in %s unless renewed", len(r.Lanes), laneset.Ranges(r.Lanes), roundAge(r.LeaseLeft))
 		}
 		fmt.Fprintf(w, "  %s\t%s pid %d: %s; %s\n", r.ID, r.Host, r.PID, state, lanes)
 	}
@@ -220,27 +221,6 @@ func roundAge(d time.Duration) string {
 	default:
 		return d.Round(100 * time.Millisecond).String()
 	}
-}
-
-// laneRanges writes sorted lane numbers as ranges: 0-9,12,20-31.
-func laneRanges(lanes []int) string {
-	var b strings.Builder
-	for i := 0; i < len(lanes); {
-		j := i
-		for j+1 < len(lanes) && lanes[j+1] == lanes[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		if j > i {
-			fmt.Fprintf(&b, "%d-%d", lanes[i], lanes[j])
-		} else {
-			fmt.Fprintf(&b, "%d", lanes[i])
-		}
-		i = j + 1
-	}
-	return b.String()
 }
 
 // statusJSON is `wharf status --json`: snake_case names, durations in
@@ -337,10 +317,10 @@ func summariseLanes(st *wharf.Status) laneSummaryJSON {
 	})
 	for _, k := range keys {
 		gr := groups[k]
-		out.ByOwner = append(out.ByOwner, laneOwnerJSON{Owner: k[0], Count: len(gr.lanes), Lanes: laneRanges(gr.lanes), Expired: k[1] == "expired", leaseLeft: gr.left})
+		out.ByOwner = append(out.ByOwner, laneOwnerJSON{Owner: k[0], Count: len(gr.lanes), Lanes: laneset.Ranges(gr.lanes), Expired: k[1] == "expired", leaseLeft: gr.left})
 	}
 	out.Free = len(free)
-	out.FreeLanes = laneRanges(free)
+	out.FreeLanes = laneset.Ranges(free)
 	return out
 }
 
@@ -352,7 +332,7 @@ func statusJSONOf(st *wharf.Status) statusJSON {
 		Due:                   st.Due(),
 		Scheduled:             st.Scheduled.N,
 		OldestDueAgeSeconds:   secs(st.OldestDueAge),
-		OldestDueUnknownLanes: laneRanges(st.OldestDueUnknown),
+		OldestDueUnknownLanes: laneset.Ranges(st.OldestDueUnknown),
 		Retrying:              st.Retrying.N,
 		RetryingExact:         st.Retrying.Exact,
 		DeadLetters:           st.DeadLetters.N,
@@ -366,7 +346,7 @@ func statusJSONOf(st *wharf.Status) statusJSON {
 		out.Relays = append(out.Relays, relayJSON{
 			RelayID: r.ID, Host: r.Host, PID: r.PID, StartedAt: r.StartedAt.UTC(),
 			HeartbeatAgeSeconds: secs(r.HeartbeatAge), Live: r.Live,
-			LaneCount: len(r.Lanes), Lanes: laneRanges(r.Lanes), LeaseLeftSeconds: secs(r.LeaseLeft),
+			LaneCount: len(r.Lanes), Lanes: laneset.Ranges(r.Lanes), LeaseLeftSeconds: secs(r.LeaseLeft),
 		})
 	}
 	return out
