@@ -202,10 +202,13 @@ func TestLongPublishOutlivesRenewedLeases(t *testing.T) {
 	b := setupDB(t)
 	ctx := context.Background()
 	cfg := testConfig(b.schema)
-	cfg.LeaseTTL = time.Second
+	// Long enough that a renewal delayed by a loaded machine does not let the
+	// lease lapse (which would rightly end the publish); the publish lasts
+	// two of them.
+	cfg.LeaseTTL = 3 * time.Second
 	delivered := make(chan error, 4)
 	cfg.Handler = func(ctx context.Context, m *wharf.Message) error {
-		end := time.Now().Add(2500 * time.Millisecond)
+		end := time.Now().Add(2 * cfg.LeaseTTL)
 		for time.Now().Before(end) {
 			if err := ctx.Err(); err != nil {
 				delivered <- err
@@ -224,7 +227,7 @@ func TestLongPublishOutlivesRenewedLeases(t *testing.T) {
 	select {
 	case err := <-delivered:
 		require.NoError(t, err, "the publish was cut short although the lease was renewed")
-	case <-time.After(20 * time.Second):
+	case <-time.After(2 * time.Minute):
 		t.Fatal("the handler never finished")
 	}
 	require.Eventually(t, func() bool { return outboxCount(t, b) == 0 }, time.Minute, 20*time.Millisecond)
