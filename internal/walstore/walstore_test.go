@@ -31,22 +31,7 @@ import (
 // the write forever: a failing sink stalled the relay's stop.)
 func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 	ctx := context.Background()
-	url, err := testdb.LogicalURL()
-	require.NoError(t, err)
-	var rb [5]byte
-	_, _ = rand.Read(rb[:])
-	schema := "wi_" + hex.EncodeToString(rb[:])
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	m, err := wharfmigrate.New(schema)
-	require.NoError(t, err)
-	_, err = m.Up(ctx, pool)
-	require.NoError(t, err)
-	require.NoError(t, m.SetWALMode(ctx, pool))
-	t.Cleanup(func() {
-		_, _ = m.Down(context.Background(), pool, 0)
-		pool.Close()
-	})
+	pool, schema := walOutbox(t, "wi", nil)
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
@@ -244,23 +229,7 @@ func identify(t *testing.T) walstream.System {
 
 func newHistoryStore(t *testing.T) *Store {
 	t.Helper()
-	ctx := context.Background()
-	url, err := testdb.LogicalURL()
-	require.NoError(t, err)
-	var rb [5]byte
-	_, _ = rand.Read(rb[:])
-	schema := "wh_" + hex.EncodeToString(rb[:])
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	m, err := wharfmigrate.New(schema)
-	require.NoError(t, err)
-	_, err = m.Up(ctx, pool)
-	require.NoError(t, err)
-	require.NoError(t, m.SetWALMode(ctx, pool))
-	t.Cleanup(func() {
-		_, _ = m.Down(context.Background(), pool, 0)
-		pool.Close()
-	})
+	pool, schema := walOutbox(t, "wh", nil)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
 	return New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
@@ -279,15 +248,15 @@ func TestWALStoreForgetsWhatItHeldWhenTheHistoryChanged(t *testing.T) {
 	}{
 		{"WAL end below what was streamed", func(ws *Store, sys walstream.System) {
 			ws.sys = sys
-			mustTake(t, ws, sys.WALEnd+1<<20, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
+			takeAll(t, ws, sys.WALEnd+1<<20, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
 		}},
 		{"another timeline", func(ws *Store, sys walstream.System) {
 			ws.sys = walstream.System{ID: sys.ID, Timeline: sys.Timeline + 1}
-			mustTake(t, ws, 10, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
+			takeAll(t, ws, 10, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
 		}},
 		{"another cluster", func(ws *Store, sys walstream.System) {
 			ws.sys = walstream.System{ID: sys.ID + 1, Timeline: sys.Timeline}
-			mustTake(t, ws, 10, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
+			takeAll(t, ws, 10, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("old")}}})
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -345,7 +314,7 @@ func TestWALStoreKeepsItsStateOnTheSameHistory(t *testing.T) {
 	// WAL end.
 	end := identify(t).WALEnd
 	stamped := ws.recorded // the slot's position, which can be as far
-	mustTake(t, ws, end, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("held")}}})
+	takeAll(t, ws, end, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("held")}}})
 	ws.mu.Lock()
 	ws.confirmLocked(end - 1)
 	ws.mu.Unlock()
@@ -388,27 +357,9 @@ func TestWALStoreRefusesAProgressTableWithoutTheHistoryColumns(t *testing.T) {
 // session's setting is off, so a crash cannot lose it after the slot moved.
 func TestWALStoreTableWritesCommitSynchronously(t *testing.T) {
 	ctx := context.Background()
-	url, err := testdb.LogicalURL()
-	require.NoError(t, err)
-	var rb [5]byte
-	_, _ = rand.Read(rb[:])
-	schema := "wy_" + hex.EncodeToString(rb[:])
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	m, err := wharfmigrate.New(schema)
-	require.NoError(t, err)
-	_, err = m.Up(ctx, pool)
-	require.NoError(t, err)
-	require.NoError(t, m.SetWALMode(ctx, pool))
-	t.Cleanup(func() {
-		_, _ = m.Down(context.Background(), pool, 0)
-		pool.Close()
-	})
+	pool, schema := walOutbox(t, "wy", map[string]string{"synchronous_commit": "off"})
 	// What synchronous_commit was where the rows were written.
-	_, err = pool.Exec(ctx, strings.ReplaceAll(`CREATE TABLE S.sync_seen (tbl text, setting text);
+	_, err := pool.Exec(ctx, strings.ReplaceAll(`CREATE TABLE S.sync_seen (tbl text, setting text);
 CREATE FUNCTION S.note_sync() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
     INSERT INTO S.sync_seen VALUES (TG_TABLE_NAME, current_setting('synchronous_commit'));
@@ -436,7 +387,7 @@ CREATE TRIGGER note_sync AFTER INSERT ON S.dead_letters FOR EACH STATEMENT EXECU
 		{Row: store.Row{Lane: spilled, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("spilled"), CreatedAt: time.Now()}},
 		{Row: store.Row{Lane: dead, Seq: 44, Nonce: 8, Topic: "t", Key: "j", Payload: []byte("dead"), CreatedAt: time.Now()}},
 	}
-	mustTake(t, ws, 100, rows)
+	takeAll(t, ws, 100, rows)
 	res := ws.Fetch(ctx, store.FetchRequest{Lanes: []int16{spilled, dead}, Cursors: []int64{0, 0}, Limits: []int32{10, 10},
 		Bytes: []int64{1 << 20, 1 << 20}, Fences: []int64{fences[spilled], fences[dead]}})
 	require.NoError(t, res.Err)
@@ -479,15 +430,6 @@ func TestWALEndIsFlushed(t *testing.T) {
 	}
 }
 
-// mustTake has ws take a transaction ending at end and checks that it took
-// every row.
-func mustTake(t testing.TB, ws *Store, end walstream.LSN, rows []*walRow) {
-	t.Helper()
-	held, err := ws.take(end, time.Now(), rows)
-	require.NoError(t, err)
-	require.Empty(t, held)
-}
-
 // A spill that moves a message to the table while its result is being
 // written from memory: the result follows the row. An acknowledgement
 // deletes it, a dead-letter move moves it to the dead letters; neither stays
@@ -495,22 +437,7 @@ func mustTake(t testing.TB, ws *Store, end walstream.LSN, rows []*walRow) {
 func TestWALResultRacingASpillFollowsTheRow(t *testing.T) {
 	for _, kind := range []store.OpKind{store.OpAck, store.OpDead} {
 		ctx := context.Background()
-		url, err := testdb.LogicalURL()
-		require.NoError(t, err)
-		var rb [5]byte
-		_, _ = rand.Read(rb[:])
-		schema := "wr_" + hex.EncodeToString(rb[:])
-		pool, err := pgxpool.New(ctx, url)
-		require.NoError(t, err)
-		m, err := wharfmigrate.New(schema)
-		require.NoError(t, err)
-		_, err = m.Up(ctx, pool)
-		require.NoError(t, err)
-		require.NoError(t, m.SetWALMode(ctx, pool))
-		t.Cleanup(func() {
-			_, _ = m.Down(context.Background(), pool, 0)
-			pool.Close()
-		})
+		pool, schema := walOutbox(t, "wr", nil)
 		log := slog.New(slog.NewTextHandler(io.Discard, nil))
 		ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
 		require.NoError(t, ps.Register(ctx, 10*time.Second))
@@ -524,7 +451,7 @@ func TestWALResultRacingASpillFollowsTheRow(t *testing.T) {
 			SpillAfter: time.Nanosecond, Gauges: testGauges()})
 		lane := walmsg.Lane("k") // the lane the table computes for the key
 		row := &walRow{Row: store.Row{Lane: lane, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}
-		mustTake(t, ws, 100, []*walRow{row})
+		takeAll(t, ws, 100, []*walRow{row})
 		res := ws.Fetch(ctx, store.FetchRequest{Lanes: []int16{lane}, Cursors: []int64{0}, Limits: []int32{10}, Bytes: []int64{1 << 20}, Fences: []int64{fences[lane]}})
 		require.NoError(t, res.Err)
 		require.Len(t, res.Rows, 1)
@@ -549,4 +476,34 @@ func TestWALResultRacingASpillFollowsTheRow(t *testing.T) {
 		require.Zero(t, ws.progress.Pending())
 		require.Zero(t, ws.held)
 	}
+}
+
+// walOutbox migrates a fresh outbox in WAL mode, its schema named prefix_
+// and random hex, on the logical test server, and returns a pool on it
+// (with params set on every connection) and the schema; both go at cleanup.
+func walOutbox(t *testing.T, prefix string, params map[string]string) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	schema := prefix + "_" + hex.EncodeToString(rb[:])
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, pool)
+	require.NoError(t, err)
+	require.NoError(t, m.SetWALMode(ctx, pool))
+	t.Cleanup(func() {
+		_, _ = m.Down(context.Background(), pool, 0)
+		pool.Close()
+	})
+	return pool, schema
 }
