@@ -5,13 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
@@ -229,34 +227,6 @@ func TestWALEnqueueRefusedWhileTheSlotIsMissing(t *testing.T) {
 	require.Eventually(t, func() bool { return rc.Health(ctx).Ready }, 60*time.Second, 20*time.Millisecond)
 }
 
-// logicalDatabase creates a database of its own on the logical test server,
-// as a fresh database comes from template1: PUBLIC may execute
-// pg_logical_emit_message there. It is dropped at cleanup.
-func logicalDatabase(t *testing.T) (*pgxpool.Pool, string) {
-	t.Helper()
-	ctx := context.Background()
-	base, err := testdb.LogicalURL()
-	require.NoError(t, err)
-	var rb [5]byte
-	_, _ = rand.Read(rb[:])
-	name := "wsec_" + hex.EncodeToString(rb[:])
-	admin, err := pgx.Connect(ctx, base)
-	require.NoError(t, err)
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	u, err := url.Parse(base)
-	require.NoError(t, err)
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		pool.Close()
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(context.Background())
-	})
-	return pool, u.String()
-}
-
 // A relay of a WAL outbox refuses to start while PUBLIC may execute
 // pg_logical_emit_message, with one line naming what to run; and `wharf
 // migrate up --mode wal` run again on an outbox an earlier build switched
@@ -265,7 +235,7 @@ func logicalDatabase(t *testing.T) (*pgxpool.Pool, string) {
 func TestWALRelayRefusesToStartWhileAnyRoleCanEmit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := logicalDatabase(t)
+	pool, _, _ := testdb.LogicalDatabase(t, "wsec")
 	var rb [5]byte
 	_, _ = rand.Read(rb[:])
 	schema := "wsec_" + hex.EncodeToString(rb[:])

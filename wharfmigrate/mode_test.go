@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -189,35 +188,6 @@ func TestLaneCountsAgree(t *testing.T) {
 	require.Equal(t, wharfmigrate.Lanes, walmsg.Lanes)
 }
 
-// freshDatabase creates a database of its own on the logical test server
-// and returns a superuser's pool on it and its URL: a fresh database comes
-// from template1, where PUBLIC may execute pg_logical_emit_message. It is
-// dropped at cleanup.
-func freshDatabase(t *testing.T) (*pgxpool.Pool, string, string) {
-	t.Helper()
-	ctx := context.Background()
-	base, err := testdb.LogicalURL()
-	require.NoError(t, err)
-	var rb [5]byte
-	_, _ = rand.Read(rb[:])
-	name := "wmdb_" + hex.EncodeToString(rb[:])
-	admin, err := pgx.Connect(ctx, base)
-	require.NoError(t, err)
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	u, err := url.Parse(base)
-	require.NoError(t, err)
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		pool.Close()
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = admin.Close(context.Background())
-	})
-	return pool, u.String(), name
-}
-
 // A role that may create the slot but not revoke pg_logical_emit_message
 // from PUBLIC is refused before anything changes, with one line naming the
 // SQL a superuser must run; once a superuser ran it, the same role
@@ -225,7 +195,7 @@ func freshDatabase(t *testing.T) (*pgxpool.Pool, string, string) {
 func TestSetWALModeRefusesWhileAnyRoleCanEmit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, u, db := freshDatabase(t)
+	admin, u, db := testdb.LogicalDatabase(t, "wmdb")
 	var rb [4]byte
 	_, _ = rand.Read(rb[:])
 	owner, schema := "wo_"+hex.EncodeToString(rb[:]), "wm_"+hex.EncodeToString(rb[:])

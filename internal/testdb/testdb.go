@@ -5,6 +5,8 @@ package testdb
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"os"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/wharfhq/wharf/internal/pgembed"
@@ -148,4 +151,43 @@ func ownDatabase(base, name string) (string, func(), error) {
 		}
 	}
 	return u.String(), drop, nil
+}
+
+// LogicalDatabase creates a database of its own, named prefix_ and random
+// hex, on the logical test server (LogicalURL), and returns a superuser's
+// pool on it, its URL and its name; it is dropped at cleanup. A fresh
+// database comes from template1, where PUBLIC may still execute
+// pg_logical_emit_message: for tests of what WAL mode changes there.
+func LogicalDatabase(t testing.TB, prefix string) (*pgxpool.Pool, string, string) {
+	t.Helper()
+	ctx := context.Background()
+	base, err := LogicalURL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rb [5]byte
+	_, _ = rand.Read(rb[:])
+	name := prefix + "_" + hex.EncodeToString(rb[:])
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+		_ = admin.Close(context.Background())
+	})
+	return pool, u.String(), name
 }
