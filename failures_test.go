@@ -234,7 +234,7 @@ func TestRelayStopsPublishingWhenItLosesItsLanes(t *testing.T) {
 		mu.Unlock()
 	}
 	cfg := testConfig(b.schema)
-	cfg.Logger = slog.New(&lossRecorder{Handler: cfg.Logger.Handler(), lost: func() { record("lost") }})
+	cfg.Logger = slog.New(&lossRecorder{Handler: testLogT(t).Handler(), lost: func() { record("lost") }})
 	cfg.Handler = func(ctx context.Context, m *wharf.Message) error {
 		record("start")
 		select {

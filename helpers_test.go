@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -141,6 +142,38 @@ func testLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// testLogT is a logger whose records go to t.Log (shown when t fails, or
+// with -v), and to stderr as testLogger's with WHARF_TEST_LOG set: a test
+// that fails only on a loaded machine then says what its relay saw. Records
+// after t ended are dropped.
+func testLogT(t testing.TB) *slog.Logger {
+	w := &tWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct {
+	mu   sync.Mutex
+	t    testing.TB
+	done bool
+}
+
+func (w *tWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	if os.Getenv("WHARF_TEST_LOG") != "" {
+		_, _ = os.Stderr.Write(p)
+	}
+	return len(p), nil
 }
 
 // recorder is a handler that records every delivery, in order.

@@ -69,6 +69,7 @@ func (r *relay) onOps(res store.OpsResult) {
 	r.ops.retry.OK()
 	r.outage.dbOK(r.log, time.Now())
 	acks := 0
+	var lost []int
 	for _, o := range res.Ops {
 		m := o.Ref.(*msg)
 		l := m.lane
@@ -77,8 +78,7 @@ func (r *relay) onOps(res store.OpsResult) {
 			continue
 		}
 		if !res.Valid[o.Lane] {
-			r.log.Warn("wharf: lane was taken over by another relay; its results were not written", "lane", o.Lane)
-			r.stats.LeaseLosses.Add(1)
+			lost = append(lost, int(o.Lane))
 			r.dropLane(l)
 			continue
 		}
@@ -104,6 +104,7 @@ func (r *relay) onOps(res store.OpsResult) {
 		}
 		r.maybeRelease(l)
 	}
+	r.lanesLost(lost, "another relay took them over: their delivery results were not written")
 	if acks > 0 {
 		r.stats.observeRemoval(acks)
 	}

@@ -47,16 +47,10 @@ func (r *relay) onLease(ev leaseEvent) {
 	for _, lane := range ev.lost {
 		if l := r.lanes[lane]; l != nil {
 			lost = append(lost, int(lane))
-			r.stats.LeaseLosses.Add(1)
 			r.dropLane(l)
 		}
 	}
-	if len(lost) > 0 {
-		// One line for every lane lost in the round: a relay paused past
-		// its leases loses all of them at once.
-		r.log.Warn("wharf: lost lane leases; dropping their in-memory work (another relay may deliver those messages again)", "lanes", laneset.Ranges(lost), "count", len(lost))
-		r.outage.lanesLost(time.Now())
-	}
+	r.lanesLost(lost, "the lease round found them taken or expired")
 	for _, lane := range ev.renewed {
 		if l := r.lanes[lane]; l != nil {
 			l.leaseUntil = ev.until
@@ -171,6 +165,19 @@ func (r *relay) dropBuffered(l *laneState) {
 	}
 	clear(l.held)
 	r.publishMem()
+}
+
+// lanesLost counts and logs lanes this relay lost (already dropped), in one
+// line for all of them: a relay paused past its leases loses every lane at
+// once. Whichever way a loss is found (a lease round, or a fenced result
+// write refused), it is reported the same way.
+func (r *relay) lanesLost(lanes []int, how string) {
+	if len(lanes) == 0 {
+		return
+	}
+	r.stats.LeaseLosses.Add(int64(len(lanes)))
+	r.log.Warn("wharf: lost lane leases; dropping their in-memory work (another relay may deliver those messages again)", "lanes", laneset.Ranges(lanes), "count", len(lanes), "how", how)
+	r.outage.lanesLost(time.Now())
 }
 
 func (r *relay) dropLane(l *laneState) {

@@ -34,6 +34,7 @@ func TestRelayReadsAgainAfterTheDatabaseWentBackInTime(t *testing.T) {
 
 	rec := &recorder{}
 	cfg := testConfig("wharf")
+	cfg.Logger = testLogT(t)
 	cfg.Handler = rec.handle
 	cfg.LeaseTTL = 30 * time.Second // the lanes stay ours across the restore
 	cfg.RebalanceInterval = time.Second
