@@ -246,7 +246,7 @@ func (r *relay) onSink(b *sinkBatch) {
 				r.stats.Duplicates.Add(1)
 				r.log.Debug("wharf: the destination already held this message id (a redelivery)", "id", m.ID)
 			}
-			r.enqueueOp(store.Op{Kind: store.OpAck, Ref: m, At: m.at, Seq: m.Seq, Attempts: m.attempts})
+			r.enqueueOp(store.Op{Kind: store.OpAck, Ref: m, At: m.at, Seq: m.Seq, Nonce: m.nonce, Attempts: m.attempts})
 			if kq != nil {
 				kq.remove(m)
 			} else {
@@ -288,7 +288,7 @@ func (r *relay) fail(m *msg, err error, now time.Time) {
 		if m.kq != nil {
 			m.kq.deadPending++
 		}
-		r.enqueueOp(store.Op{Kind: store.OpDead, Ref: m, Seq: m.Seq, Err: text, Attempts: m.attempts})
+		r.enqueueOp(store.Op{Kind: store.OpDead, Ref: m, Seq: m.Seq, Nonce: m.nonce, Err: text, Attempts: m.attempts})
 		return
 	}
 	d, ok := retryDelay(err)
@@ -297,7 +297,7 @@ func (r *relay) fail(m *msg, err error, now time.Time) {
 	}
 	m.due = now.Add(d)
 	r.log.Debug("wharf: delivery failed; will retry", "id", m.ID, "attempt", m.attempts, "retry_in", d.Round(time.Millisecond), "err", text)
-	r.enqueueOp(store.Op{Kind: store.OpRetry, Ref: m, Seq: m.Seq, Err: text, Attempts: m.attempts, NextAt: r.toDB(m.due)})
+	r.enqueueOp(store.Op{Kind: store.OpRetry, Ref: m, Seq: m.Seq, Nonce: m.nonce, Err: text, Attempts: m.attempts, NextAt: r.toDB(m.due)})
 	if m.kq == nil {
 		l := m.lane
 		delete(l.unkeyed, m.Seq)

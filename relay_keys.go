@@ -20,6 +20,7 @@ type msg struct {
 	atSink   bool       // in a batch handed to a sink
 	dead     bool       // its dead-letter move is being written
 	at       pgtype.TID // where the table store read it (store.Row.At)
+	nonce    int64      // the id's random part (store.Op.Nonce)
 }
 
 // keyQ is one ordering key of a lane. Its messages, in seq order, are the
@@ -103,7 +104,7 @@ func (r *relay) newMsg(l *laneState, row *store.Row, okey string) *msg {
 	m := &msg{Message: Message{
 		ID: FormatID(row.Seq, row.Nonce), Seq: row.Seq, Topic: row.Topic, Key: row.Key, Payload: row.Payload,
 		Headers: row.Headers, DeliverAt: row.DeliverAt, CreatedAt: row.CreatedAt,
-	}, lane: l, at: row.At}
+	}, lane: l, at: row.At, nonce: row.Nonce}
 	m.orderKey = okey
 	if ri, ok := l.retries[m.Seq]; ok {
 		m.attempts = ri.Attempts

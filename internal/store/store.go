@@ -183,10 +183,16 @@ type Op struct {
 	// in OpsResult.Ops; stores do not look at it.
 	Ref any
 	// At is where an acknowledged row was read (Row.At).
-	At       pgtype.TID
-	Lane     int16
-	Fence    int64
-	Seq      int64
+	At    pgtype.TID
+	Lane  int16
+	Fence int64
+	Seq   int64
+	// Nonce is the id's random part. An acknowledgement or a dead-letter
+	// move touches a row only if its seq and nonce both match: a database
+	// put back in time hands out the same seqs again, and a result of the
+	// old history (written late, after a retry) must never settle a new
+	// message that took its seq.
+	Nonce    int64
 	Attempts int
 	NextAt   time.Time // database clock
 	Err      string

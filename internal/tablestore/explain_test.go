@@ -202,13 +202,16 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 	var nextLanes []int16
 	var nextIDs []int64
 	var nextAts []pgtype.TID // where the fetch read them
-	rows, err = pool.Query(ctx, "SELECT lane, id, ctid FROM "+explainSchema+".outbox WHERE id > $1 ORDER BY id LIMIT $2", explainDeleted, explainBatch+20)
+	var nextNonces []int64
+	rows, err = pool.Query(ctx, "SELECT lane, id, ctid, nonce FROM "+explainSchema+".outbox WHERE id > $1 ORDER BY id LIMIT $2", explainDeleted, explainBatch+20)
 	require.NoError(t, err)
 	for rows.Next() {
 		var lane int16
 		var id int64
 		var at pgtype.TID
-		require.NoError(t, rows.Scan(&lane, &id, &at))
+		var nonce int64
+		require.NoError(t, rows.Scan(&lane, &id, &at, &nonce))
+		nextNonces = append(nextNonces, nonce)
 		nextLanes = append(nextLanes, lane)
 		nextIDs = append(nextIDs, id)
 		nextAts = append(nextAts, at)
@@ -216,7 +219,7 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 	require.NoError(t, rows.Err())
 	require.Len(t, nextIDs, explainBatch+20)
 	retryLanes, retryIDs := nextLanes[explainBatch:explainBatch+10], nextIDs[explainBatch:explainBatch+10]
-	deadLanes, deadIDs := nextLanes[explainBatch+10:], nextIDs[explainBatch+10:]
+	deadLanes, deadIDs, deadNonces := nextLanes[explainBatch+10:], nextIDs[explainBatch+10:], nextNonces[explainBatch+10:]
 	attempts := make([]int32, 10)
 	nextAt := make([]time.Time, 10)
 	errs := make([]string, 10)
@@ -255,7 +258,7 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 		},
 		{
 			title: "ack", sql: q.ack, outbox: true, bound: explainBatch,
-			args: []any{lanes, fences, explainOwner, nextLanes[:explainBatch], nextIDs[:explainBatch], []int64{}, nextAts[:explainBatch]},
+			args: []any{lanes, fences, explainOwner, nextLanes[:explainBatch], nextIDs[:explainBatch], []int64{}, nextAts[:explainBatch], nextNonces[:explainBatch]},
 			params: fmt.Sprintf("64 lanes with fence 1, owner `%s`; deletes the %d rows after the cursors (ids %d..%d) "+
 				"with their lanes and the ctids the fetch read them at; no retries to clear (`{}`). Rolled back.",
 				explainOwner, explainBatch, nextIDs[0], nextIDs[explainBatch-1]),
@@ -268,7 +271,7 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 		},
 		{
 			title: "dead", sql: q.dead, outbox: true, bound: 10,
-			args: []any{lanes, fences, explainOwner, deadLanes, deadIDs, attempts, errs},
+			args: []any{lanes, fences, explainOwner, deadLanes, deadIDs, attempts, errs, deadNonces},
 			params: fmt.Sprintf("64 lanes with fence 1; moves 10 rows (ids %d..%d) to dead_letters. Rolled back.",
 				deadIDs[0], deadIDs[9]),
 		},

@@ -114,7 +114,9 @@ CROSS JOIN LATERAL (
     ORDER BY o.id LIMIT $5) o`),
 
 		// Each acknowledged row is found where the fetch read it: a TID scan
-		// of the ctid it had then ($7), checked against its id. A row that
+		// of the ctid it had then ($7), checked against its id and nonce
+		// (a database put back in time hands out the same ids again: a
+		// late result of the old history must not remove a new row). A row that
 		// moved since (VACUUM FULL, pg_repack) or that was read without one
 		// (NULL) falls back to a probe of outbox_lane_id: UNION ALL under
 		// LIMIT 1 runs the second branch only when the first found nothing.
@@ -125,11 +127,11 @@ CROSS JOIN LATERAL (
 		// vacuumed while nearly empty) cannot turn the removal into a scan of
 		// whole lanes.
 		ack: q(`WITH ` + Fenced + `, hit AS (
-    SELECT x.ctid FROM unnest($4::smallint[], $5::bigint[], $7::tid[]) AS d(lane, id, at)
+    SELECT x.ctid FROM unnest($4::smallint[], $5::bigint[], $7::tid[], $8::bigint[]) AS d(lane, id, at, nonce)
     CROSS JOIN LATERAL (
-        SELECT o.ctid FROM S.outbox o WHERE o.ctid = d.at AND o.id = d.id
+        SELECT o.ctid FROM S.outbox o WHERE o.ctid = d.at AND o.id = d.id AND o.nonce = d.nonce
         UNION ALL
-        SELECT o.ctid FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id
+        SELECT o.ctid FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id AND o.nonce = d.nonce
         LIMIT 1) x
     WHERE d.lane IN (SELECT lane FROM f)
 ), del AS (
@@ -150,8 +152,8 @@ ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, next_attempt_at = e
 RETURNING lane`),
 
 		dead: q(`WITH ` + Fenced + `, hit AS (
-    SELECT x.ctid, d.attempts, d.err FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::text[]) AS d(lane, id, attempts, err)
-    CROSS JOIN LATERAL (SELECT o.ctid FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id LIMIT 1) x
+    SELECT x.ctid, d.attempts, d.err FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::text[], $8::bigint[]) AS d(lane, id, attempts, err, nonce)
+    CROSS JOIN LATERAL (SELECT o.ctid FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id AND o.nonce = d.nonce LIMIT 1) x
     WHERE d.lane IN (SELECT lane FROM f)
 ), moved AS (
     DELETE FROM S.outbox o USING hit WHERE o.ctid = hit.ctid

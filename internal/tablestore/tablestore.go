@@ -571,6 +571,7 @@ type Groups struct {
 	Fences                             []int64
 	AckLane, RetryLane, DeadLane       []int16
 	AckID, RetryID, DeadID, ClearRetry []int64
+	AckNonce, DeadNonce                []int64
 	RetryAtt, DeadAtt                  []int32
 	RetryAt                            []time.Time
 	RetryErr, DeadErr                  []string
@@ -602,6 +603,7 @@ func GroupOps(ops []store.Op) *Groups {
 		case store.OpAck:
 			g.AckLane = append(g.AckLane, o.Lane)
 			g.AckID = append(g.AckID, o.Seq)
+			g.AckNonce = append(g.AckNonce, o.Nonce)
 			g.AckAt = append(g.AckAt, o.At)
 			if o.Attempts > 0 {
 				g.ClearRetry = append(g.ClearRetry, o.Seq)
@@ -622,12 +624,13 @@ func GroupOps(ops []store.Op) *Groups {
 			g.RetryErr = append(g.RetryErr, o.Err)
 		case store.OpDead:
 			if i, ok := deadAtIdx[o.Seq]; ok {
-				g.DeadLane[i], g.DeadAtt[i], g.DeadErr[i] = o.Lane, int32(o.Attempts), o.Err
+				g.DeadLane[i], g.DeadNonce[i], g.DeadAtt[i], g.DeadErr[i] = o.Lane, o.Nonce, int32(o.Attempts), o.Err
 				continue
 			}
 			deadAtIdx[o.Seq] = len(g.DeadID)
 			g.DeadLane = append(g.DeadLane, o.Lane)
 			g.DeadID = append(g.DeadID, o.Seq)
+			g.DeadNonce = append(g.DeadNonce, o.Nonce)
 			g.DeadAtt = append(g.DeadAtt, int32(o.Attempts))
 			g.DeadErr = append(g.DeadErr, o.Err)
 		}
@@ -645,13 +648,13 @@ func (s *Store) writeTx(ctx context.Context, ops []store.Op, valid map[int16]boo
 	b.Queue("BEGIN")
 	b.Queue(hotPathSettings)
 	if len(g.AckID) > 0 {
-		b.Queue(s.q.ack, g.Lanes, g.Fences, s.owner, g.AckLane, g.AckID, g.ClearRetry, g.AckAt)
+		b.Queue(s.q.ack, g.Lanes, g.Fences, s.owner, g.AckLane, g.AckID, g.ClearRetry, g.AckAt, g.AckNonce)
 	}
 	if len(g.RetryID) > 0 {
 		b.Queue(s.q.retry, g.Lanes, g.Fences, s.owner, g.RetryLane, g.RetryID, g.RetryAtt, g.RetryAt, g.RetryErr)
 	}
 	if len(g.DeadID) > 0 {
-		b.Queue(s.q.dead, g.Lanes, g.Fences, s.owner, g.DeadLane, g.DeadID, g.DeadAtt, g.DeadErr)
+		b.Queue(s.q.dead, g.Lanes, g.Fences, s.owner, g.DeadLane, g.DeadID, g.DeadAtt, g.DeadErr, g.DeadNonce)
 	}
 	b.Queue("COMMIT")
 	return SendFenced(ctx, s.pool, b, 2, valid)

@@ -81,7 +81,7 @@ func TestAckFindsRowsThatMovedSinceTheFetch(t *testing.T) {
 	var ops []store.Op
 	for _, id := range a[5:] {
 		r := at[id]
-		ops = append(ops, store.Op{Kind: store.OpAck, At: r.At, Lane: r.Lane, Fence: fences[r.Lane], Seq: id})
+		ops = append(ops, store.Op{Kind: store.OpAck, At: r.At, Lane: r.Lane, Fence: fences[r.Lane], Seq: id, Nonce: r.Nonce})
 	}
 	wr := ps.WriteResults(ctx, ops)
 	require.NoError(t, wr.Err)
@@ -90,4 +90,61 @@ func TestAckFindsRowsThatMovedSinceTheFetch(t *testing.T) {
 	left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	require.Equal(t, append(a[:5:5], b...), left, "the acknowledged rows are gone and the rows now at their old ctids stay")
+}
+
+// A database put back in time (a restore, a failover to a standby that lost
+// commits) hands out the same ids again. A result of the old history that is
+// written late — an acknowledgement or a dead-letter move retried after the
+// restore — carries the old message's nonce and must leave the new message
+// that took its id alone; the new message's own results settle it.
+func TestResultsOfAnotherHistoryLeaveANewMessageAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := scratchOutbox(t, "acknonce")
+	ps := New(Config{Pool: pool, Schema: schema, RelayID: "r1",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now})
+	require.NoError(t, ps.Register(ctx, time.Minute))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	req := store.FetchRequest{}
+	fences := map[int16]int64{}
+	for _, l := range leases {
+		fences[l.Lane] = l.Fence
+		req.Lanes = append(req.Lanes, l.Lane)
+		req.Cursors = append(req.Cursors, 0)
+		req.Limits = append(req.Limits, 100)
+		req.Bytes = append(req.Bytes, 1<<20)
+		req.Fences = append(req.Fences, l.Fence)
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, key, payload) VALUES ('t', 'a', 'p'), ('t', 'b', 'p')")
+	require.NoError(t, err)
+	res := ps.Fetch(ctx, req)
+	require.NoError(t, res.Err)
+	require.Len(t, res.Rows, 2)
+	left := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
+		return n
+	}
+	acked, dead := res.Rows[0], res.Rows[1]
+	stale := []store.Op{
+		{Kind: store.OpAck, At: acked.At, Lane: acked.Lane, Fence: fences[acked.Lane], Seq: acked.Seq, Nonce: acked.Nonce + 1},
+		{Kind: store.OpDead, Lane: dead.Lane, Fence: fences[dead.Lane], Seq: dead.Seq, Nonce: dead.Nonce + 1, Attempts: 1, Err: "old"},
+	}
+	w := ps.WriteResults(ctx, stale)
+	require.NoError(t, w.Err)
+	require.Equal(t, 2, left(), "a result of another message with the same id settled the new one")
+	var deadN int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".dead_letters").Scan(&deadN))
+	require.Zero(t, deadN)
+
+	own := []store.Op{
+		{Kind: store.OpAck, At: acked.At, Lane: acked.Lane, Fence: fences[acked.Lane], Seq: acked.Seq, Nonce: acked.Nonce},
+		{Kind: store.OpDead, Lane: dead.Lane, Fence: fences[dead.Lane], Seq: dead.Seq, Nonce: dead.Nonce, Attempts: 1, Err: "refused"},
+	}
+	w = ps.WriteResults(ctx, own)
+	require.NoError(t, w.Err)
+	require.Zero(t, left())
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".dead_letters").Scan(&deadN))
+	require.Equal(t, 1, deadN)
 }

@@ -689,7 +689,7 @@ func (s *Store) spill(ctx context.Context, fences map[int16]int64) error {
 			// dead-lettered from memory): the row must go again, and
 			// fetches of the table drop it until then.
 			s.noteGoing(l, p.seq)
-			s.staleOps = append(s.staleOps, store.Op{Kind: store.OpAck, Lane: p.lane, Fence: fences[p.lane], Seq: p.seq})
+			s.staleOps = append(s.staleOps, store.Op{Kind: store.OpAck, Lane: p.lane, Fence: fences[p.lane], Seq: p.seq, Nonce: nonceOf(rows, p.seq)})
 			continue
 		}
 		s.noteTable(l, p.seq, true)
@@ -1648,4 +1648,14 @@ FROM unnest($1::smallint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], 
 WHERE NOT EXISTS (SELECT 1 FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id)`),
 		tableRows: r(`SELECT EXISTS (SELECT 1 FROM S.outbox)`),
 	}
+}
+
+// nonceOf is the nonce of the row of rows with seq, 0 if none has it.
+func nonceOf(rows []*walRow, seq int64) int64 {
+	for i := range rows {
+		if rows[i].Seq == seq {
+			return rows[i].Nonce
+		}
+	}
+	return 0
 }

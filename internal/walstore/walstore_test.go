@@ -393,7 +393,7 @@ CREATE TRIGGER note_sync AFTER INSERT ON S.dead_letters FOR EACH STATEMENT EXECU
 	require.NoError(t, res.Err)
 	require.Len(t, res.Rows, 2)
 
-	w := ws.WriteResults(ctx, []store.Op{{Kind: store.OpDead, Lane: dead, Fence: fences[dead], Seq: 44, Attempts: 3, Err: "refused"}})
+	w := ws.WriteResults(ctx, []store.Op{{Kind: store.OpDead, Lane: dead, Fence: fences[dead], Seq: 44, Nonce: 8, Attempts: 3, Err: "refused"}})
 	require.NoError(t, w.Err)
 	require.NoError(t, ws.spill(ctx, map[int16]int64{spilled: fences[spilled]}))
 	require.Zero(t, ws.held, "not settled")
@@ -464,7 +464,7 @@ func TestWALResultRacingASpillFollowsTheRow(t *testing.T) {
 			require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
 			require.Equal(t, 1, n, "the spill did not move the message")
 		}
-		w := ws.WriteResults(ctx, []store.Op{{Kind: kind, Lane: lane, Fence: fences[lane], Seq: 43, Attempts: 1, Err: "failed"}})
+		w := ws.WriteResults(ctx, []store.Op{{Kind: kind, Lane: lane, Fence: fences[lane], Seq: 43, Nonce: 7, Attempts: 1, Err: "failed"}})
 		require.NoError(t, w.Err)
 		require.True(t, w.Valid[lane])
 		var n, dead int
