@@ -366,12 +366,14 @@ func TestStopBoundsADrainWithAHungSink(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	require.Error(t, client.Stop(stopCtx), "Stop's deadline passed with a call in flight")
+	// The handler returns only when its context ends: Drain returning at
+	// all shows Stop's deadline cancelled the call in flight (the wait is a
+	// hang guard).
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Drain did not return after Stop's deadline")
+	case <-time.After(time.Minute):
+		t.Fatalf("Drain did not return %s after Stop's deadline", time.Since(start))
 	}
-	require.Less(t, time.Since(start), 3*time.Second)
 	require.Equal(t, 5, outboxCount(t, b), "nothing was acknowledged: all of it is still there")
 }
 
