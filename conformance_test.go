@@ -525,13 +525,25 @@ func conformPostgresRestart(t *testing.T, l layout) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}()
+	// Each phase (before the restart, between it and the crash, after the
+	// crash) lasts until 400 more messages committed, however slow the
+	// machine: the relay sees traffic on both sides of each outage.
+	want := 0
+	waitCommitted := func() {
+		want += 400
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(committed) >= want
+		}, 5*time.Minute, 10*time.Millisecond, "the producer did not commit %d messages", want)
+	}
 	for _, mode := range []string{"fast", "immediate"} {
-		time.Sleep(time.Second)
+		waitCommitted()
 		require.NoError(t, cluster.StopServer(mode))
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) // down for a moment: the relay's round trips fail
 		require.NoError(t, cluster.StartServer(ctx))
 	}
-	time.Sleep(time.Second)
+	waitCommitted()
 	close(stop)
 	<-done
 	mu.Lock()
