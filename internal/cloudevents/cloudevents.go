@@ -160,6 +160,11 @@ func CheckSource(source string) error {
 	return nil
 }
 
+// ErrorText is the fixed text of the errors of [ParseMode], [NewConfig] and
+// [CheckSource], for URL fuzz tests that must tell a leaked password from
+// words the errors always hold.
+const ErrorText = "is not a CloudEvents content mode: want binary or structured (or leave it out for none) a CloudEvents source is set but no content mode: add the mode (binary or structured) or drop the source CloudEvents source has white space or a control character: write a URI-reference such as /orders-service is not a URI-reference (such as /orders-service or urn:example:orders) ce= ce_source= wharf_ce= wharf_ce_source="
+
 // On reports whether CloudEvents are sent.
 func (c Config) On() bool { return c.Mode != Off }
 
