@@ -197,6 +197,8 @@ type Sink struct {
 	where  string // the servers, for errors
 
 	serverMaxPacket atomic.Uint32 // from the last CONNACK; 0 when unannounced
+	connects        atomic.Int32  // CONNACKs received
+	sessionPresent  atomic.Bool   // the last CONNACK's Session Present flag
 	lastConnErr     atomic.Pointer[error]
 	closed          atomic.Bool
 	closeOnce       sync.Once
@@ -299,6 +301,8 @@ func New(ctx context.Context, opts Options) (*Sink, error) {
 				maxPacket = *ca.Properties.MaximumPacketSize
 			}
 			s.serverMaxPacket.Store(maxPacket)
+			s.sessionPresent.Store(ca != nil && ca.SessionPresent)
+			s.connects.Add(1)
 		},
 		OnConnectError: func(err error) {
 			s.lastConnErr.Store(&err)

@@ -581,3 +581,47 @@ func TestNoAckWithoutPuback(t *testing.T) {
 		t.Fatal("the subscriber never got the acknowledged message")
 	}
 }
+
+// The session is persistent: after the connection drops, the client
+// reconnects by itself to the session the server kept (CONNACK Session
+// Present), and publishes go through again.
+func TestSessionSurvivesReconnection(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, sharedAddr())
+	p, err := faultproxy.New(w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	via := &world{addr: p.Addr(), prefix: w.prefix}
+	s := via.openSink(t)
+	if s.sessionPresent.Load() {
+		t.Fatal("the first connection found a session: the client identifier is not new")
+	}
+	if errs := publish(t, s, msg(1, "t", "k", "before")); errs != nil {
+		t.Fatalf("before the drop: %v", errs)
+	}
+	p.Reset()
+	deadline := time.Now().Add(adminTimeout)
+	for s.connects.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the client did not reconnect after the connection dropped")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !s.sessionPresent.Load() {
+		t.Fatal("after the reconnection the server had no session: Clean Start or the Session Expiry Interval is wrong")
+	}
+	for {
+		if errs := publish(t, s, msg(2, "t", "k", "after")); errs == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("after the reconnection: %v", errs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := w.sub.wait(2, adminTimeout)
+	if len(got) < 2 || string(got[len(got)-1].payload) != "after" {
+		t.Fatalf("the subscriber got %v", got)
+	}
+}
