@@ -8,8 +8,8 @@
 //   - source: [Config.Source], "/wharf" by default.
 //   - type: the wharf topic.
 //   - subject: the message key; absent for a message without a key.
-//   - time: the enqueue time ([wharf.Message.CreatedAt], set by the database),
-//     RFC 3339 in UTC; absent when unknown.
+//   - time: the enqueue time ([wharf.Message.CreatedAt], set by the database;
+//     in WAL mode the commit time), RFC 3339 in UTC; absent when unknown.
 //   - datacontenttype: the message's content-type header (any case) when it
 //     has one, else "application/json" when the payload is valid UTF-8 JSON,
 //     else "application/octet-stream".
