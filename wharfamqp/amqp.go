@@ -53,6 +53,9 @@
 //     turns the check off. Defaults to 134217728.
 //   - dial_timeout: the bound of a connection attempt (TCP, TLS and AMQP
 //     handshake), and of opening a channel, e.g. "5s". Defaults to 5s.
+//   - ce: "binary" or "structured" to send every message as a CloudEvent
+//     (see CloudEvents). Defaults to none.
+//   - ce_source: the CloudEvents source attribute. Defaults to "/wharf".
 //   - name: the connection name the broker shows. Defaults to "wharf".
 //   - heartbeat: the heartbeat interval in seconds, as amqp091-go takes it.
 //     Defaults to 10.
@@ -124,6 +127,21 @@
 // nothing and fails after confirm_timeout; a write the broker does not read
 // for confirm_timeout, or one pending when ctx ends, closes the connection,
 // which the next Publish redials.
+//
+// # CloudEvents
+//
+// CloudEvents defines no AMQP 0-9-1 binding; with ce=binary the sink follows
+// the AMQP 1.0 binding's binary mode, whose application properties are the
+// 0-9-1 message headers: the body is the payload, every attribute is a
+// string header "cloudEvents:<name>" (cloudEvents:specversion "1.0",
+// cloudEvents:id the message id, cloudEvents:source, cloudEvents:type the
+// wharf topic, cloudEvents:subject the key, absent without one,
+// cloudEvents:time the enqueue time, cloudEvents:traceparent and
+// cloudEvents:tracestate from the message's trace context headers), and
+// datacontenttype is the content-type property. With ce=structured the body
+// is the JSON event and content-type is "application/cloudevents+json;
+// charset=UTF-8". message-id, type, timestamp and wharf-key are set in both
+// modes.
 package wharfamqp
 
 import (
@@ -141,6 +159,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
 // HeaderKey is the AMQP header that carries [wharf.Message.Key] (absent for
@@ -207,6 +226,12 @@ type Options struct {
 	// DialTimeout bounds each connection attempt and each channel opening.
 	// Defaults to 5s.
 	DialTimeout time.Duration
+	// CloudEvents sends every message as a CloudEvent: "binary" or
+	// "structured" (see the package documentation). Defaults to "" (none).
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
 
 // Sink is a [wharf.Sink] that publishes to RabbitMQ. It is safe for
@@ -219,6 +244,7 @@ type Sink struct {
 
 	exchangeTemplated bool
 	keyTemplated      bool // the routing key has {{topic}} or {{key}}
+	ce                cloudevents.Config
 	frameMax          atomic.Int64
 
 	dialSem chan struct{} // one dial at a time
@@ -257,7 +283,12 @@ func New(ctx context.Context, uri string, config amqp.Config, opts Options) (*Si
 	if err := checkOptions(&opts); err != nil {
 		return nil, err
 	}
+	ce, err := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource)
+	if err != nil {
+		return nil, fmt.Errorf("wharfamqp: Options.CloudEvents: %w", err)
+	}
 	s := &Sink{
+		ce:                ce,
 		uri:               uri,
 		where:             fmt.Sprintf("%s (vhost %q)", net.JoinHostPort(parsed.Host, strconv.Itoa(parsed.Port)), parsed.Vhost),
 		config:            config,
@@ -393,6 +424,13 @@ func (s *Sink) build(m *wharf.Message) (publishing, error) {
 		ts = time.Now()
 	}
 	id := m.ID
+	var enc cloudevents.Encoded
+	if s.ce.On() {
+		var err error
+		if enc, err = s.ce.Encode(m, cloudevents.AMQP); err != nil {
+			return p, wharf.Permanent(fmt.Errorf("wharfamqp: %w", err))
+		}
+	}
 	p.msg = amqp.Publishing{
 		Headers:      make(amqp.Table, len(m.Headers)+1),
 		DeliveryMode: amqp.Persistent,
@@ -410,10 +448,24 @@ func (s *Sink) build(m *wharf.Message) (publishing, error) {
 		if len(k) > maxShortstr {
 			return p, wharf.Permanent(fmt.Errorf("wharfamqp: message %s: header name %.40q... is %d bytes, over AMQP's 255", m.ID, k, len(k)))
 		}
+		if s.ce.On() && enc.Replaces(k) {
+			continue // the event carries it
+		}
 		p.msg.Headers[k] = v
 		size += 1 + len(k) + 1 + 4 + len(v)
 	}
-	if ct, ok := m.Headers["content-type"]; ok {
+	if s.ce.On() {
+		p.msg.Body = enc.Body
+		for _, a := range enc.Headers {
+			p.msg.Headers[a.Name] = a.Value
+			size += 1 + len(a.Name) + 1 + 4 + len(a.Value)
+		}
+		if len(enc.ContentType) > maxShortstr {
+			return p, wharf.Permanent(fmt.Errorf("wharfamqp: message %s: content type of %d bytes is over AMQP's 255", m.ID, len(enc.ContentType)))
+		}
+		p.msg.ContentType = enc.ContentType
+		size += 1 + len(enc.ContentType)
+	} else if ct, ok := m.Headers["content-type"]; ok {
 		if len(ct) > maxShortstr {
 			return p, wharf.Permanent(fmt.Errorf("wharfamqp: message %s: content-type header of %d bytes is over AMQP's 255", m.ID, len(ct)))
 		}

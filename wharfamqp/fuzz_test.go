@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
@@ -12,6 +13,7 @@ import (
 // accepted URL written back by net/url parses to the same configuration.
 func FuzzParseURL(f *testing.F) {
 	wharfsinktest.FuzzURL(f, []string{
+		"amqp://mq?ce=binary&ce_source=/svc", "amqp://mq?ce=bogus", "amqp://mq?ce_source=/s",
 		"amqp://guest:guest@127.0.0.1:5672/",
 		"amqps://u:s3cr3tpw@h:5671/vh?exchange=ex&routing_key_template={{topic}}.{{key}}&mandatory=false&strict_order=true&confirm_timeout=5s&dial_timeout=2s&max_in_flight=10&max_message_size=0&name=n&heartbeat=10&cacertfile=/ca&certfile=/c&keyfile=/k&server_name_indication=x",
 		"amqp://h?heartbeat=0",
@@ -53,4 +55,4 @@ func FuzzParseURL(f *testing.F) {
 }
 
 // fuzzErrorText is the fixed text of parseURL's errors.
-const fuzzErrorText = "sink URL wharfamqp opens amqp:// and amqps:// URLs write ://user:password@host:port/vhost?option=value names no host, or several: port is not a port number want true or false is not a positive duration such as 10s is not a positive number of messages is not a number of bytes (0 turns the check off) is not a number of seconds (0 to 65535) heartbeat=0 turns heartbeats off, and with them the detection of a dead connection: give a number of seconds is a TLS option: use amqps:// unknown option the amqp sink takes exchange, routing_key_template, mandatory, strict_order, confirm_timeout, max_in_flight, max_message_size, dial_timeout, name, heartbeat and, with amqps, cacertfile, certfile, keyfile and server_name_indication has {{key}}: only {{topic}} may name the exchange (put the key in routing_key_template) on the default exchange names the broker's own queues (amq.*), which the sink refuses: name an exchange of yours with exchange=, or use another routing key exchange is bytes, over AMQP's 255 certfile and keyfile go together"
+const fuzzErrorText = "sink URL wharfamqp opens amqp:// and amqps:// URLs write ://user:password@host:port/vhost?option=value names no host, or several: port is not a port number want true or false is not a positive duration such as 10s is not a positive number of messages is not a number of bytes (0 turns the check off) is not a number of seconds (0 to 65535) heartbeat=0 turns heartbeats off, and with them the detection of a dead connection: give a number of seconds is a TLS option: use amqps:// unknown option the amqp sink takes exchange, routing_key_template, mandatory, strict_order, confirm_timeout, max_in_flight, max_message_size, dial_timeout, name, heartbeat and, with amqps, cacertfile, certfile, keyfile and server_name_indication has {{key}}: only {{topic}} may name the exchange (put the key in routing_key_template) on the default exchange names the broker's own queues (amq.*), which the sink refuses: name an exchange of yours with exchange=, or use another routing key exchange is bytes, over AMQP's 255 certfile and keyfile go together" + " " + cloudevents.ErrorText

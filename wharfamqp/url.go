@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
 // urlConfig is what an amqp:// URL says.
@@ -111,6 +112,13 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			}
 		case "name":
 			cfg.name = v
+		case "ce":
+			if _, err := cloudevents.ParseMode(v); err != nil {
+				return cfg, fmt.Errorf("sink URL %q: ce=%q: want binary or structured", shown, v)
+			}
+			cfg.opts.CloudEvents = v
+		case "ce_source":
+			cfg.opts.CloudEventsSource = v
 		case "heartbeat":
 			if n, err := strconv.ParseUint(v, 10, 16); err != nil {
 				return cfg, fmt.Errorf("sink URL %q: heartbeat=%q is not a number of seconds (0 to 65535)", shown, v)
@@ -124,8 +132,11 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			}
 			pass.Set(k, v)
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the amqp sink takes exchange, routing_key_template, mandatory, strict_order, confirm_timeout, max_in_flight, max_message_size, dial_timeout, name, heartbeat and, with amqps, cacertfile, certfile, keyfile and server_name_indication", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the amqp sink takes exchange, routing_key_template, mandatory, strict_order, confirm_timeout, max_in_flight, max_message_size, dial_timeout, name, ce, ce_source, heartbeat and, with amqps, cacertfile, certfile, keyfile and server_name_indication", shown, k)
 		}
+	}
+	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {
+		return cfg, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, cfg.opts.CloudEvents, cfg.opts.CloudEventsSource, err)
 	}
 	if strings.Contains(cfg.opts.Exchange, KeyPlaceholder) {
 		return cfg, fmt.Errorf("sink URL %q: exchange %q has %s: only %s may name the exchange (put the key in routing_key_template)", shown, cfg.opts.Exchange, KeyPlaceholder, TopicPlaceholder)

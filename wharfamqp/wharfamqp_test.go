@@ -1042,6 +1042,8 @@ func TestParseURL(t *testing.T) {
 		t.Fatalf("amqp://mq: %+v, %v", cfg, err)
 	}
 	bad := map[string]string{
+		"amqp://mq?ce=yes":                                            `ce="yes": want binary or structured`,
+		"amqp://mq?ce_source=/svc":                                    "no content mode",
 		"amqp://u:s3cret@mq?confirm=1":                                `unknown option "confirm"`,
 		"amqp://u:s3cret@":                                            "names no host",
 		"amqp://u:s3cret@a,b":                                         "names no host, or several",

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
@@ -12,6 +13,7 @@ import (
 // accepted URL written back by net/url parses to the same configuration.
 func FuzzParseURL(f *testing.F) {
 	wharfsinktest.FuzzURL(f, []string{
+		"kafka://k1?ce=binary&ce_source=urn:svc", "kafka://k1?ce=bogus", "kafka://k1?ce_source=/s",
 		"kafka://127.0.0.1:9092",
 		"kafka://h1,h2:9093?topic_template=x.{{topic}}&client_id=c&max_message_bytes=100&delivery_timeout=3s&compression=zstd&tls=true",
 		"kafka://u:p4ssw0rd@h",
@@ -30,4 +32,4 @@ func FuzzParseURL(f *testing.F) {
 }
 
 // fuzzErrorText is the fixed text of parseURL's errors.
-const fuzzErrorText = "sink URL wharfkafka opens kafka:// URLs the kafka sink takes no user or password in the URL: for SASL build the sink with wharfkafka.New and kgo.SASL write kafka://host:port[,host:port]?option=value names no broker: unknown option the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression and tls is not a positive number of bytes is not a positive duration such as 30s want snappy, lz4, zstd, gzip or none want true or false"
+const fuzzErrorText = "sink URL wharfkafka opens kafka:// URLs the kafka sink takes no user or password in the URL: for SASL build the sink with wharfkafka.New and kgo.SASL write kafka://host:port[,host:port]?option=value names no broker: unknown option the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression and tls is not a positive number of bytes is not a positive duration such as 30s want snappy, lz4, zstd, gzip or none want true or false" + " " + cloudevents.ErrorText

@@ -30,6 +30,9 @@
 //     to 30s.
 //   - compression: "snappy", "lz4", "zstd", "gzip" or "none". Defaults to
 //     "snappy" (falling back to none for brokers without it).
+//   - ce: "binary" or "structured" to send every message as a CloudEvent
+//     (see CloudEvents). Defaults to none.
+//   - ce_source: the CloudEvents source attribute. Defaults to "/wharf".
 //   - tls: "true" to connect with TLS using the system's roots. Defaults to
 //     "false".
 //   - tls_ca: a PEM file of the CA certificates to verify the brokers with
@@ -38,6 +41,22 @@
 //
 // A URL with a user or password is rejected: for SASL or any other franz-go
 // setting, build the sink with [New] and pass [kgo.Opt] values.
+//
+// # CloudEvents
+//
+// With ce=binary each record follows the CloudEvents Kafka binding's binary
+// mode: the value is the payload, the attributes are headers "ce_<name>"
+// (ce_specversion "1.0", ce_id the message id, ce_source, ce_type the wharf
+// topic, ce_subject the key, absent without one, ce_time the enqueue time,
+// ce_traceparent and ce_tracestate from the message's trace context headers)
+// and datacontenttype is the "content-type" header (the message's own
+// content-type header, else application/json for a JSON payload, else
+// application/octet-stream). With ce=structured the value is the JSON event
+// and content-type is "application/cloudevents+json; charset=UTF-8". The
+// record key is the message key in both modes, and the other headers,
+// wharf-message-id included, are sent as without CloudEvents. A message whose
+// topic, key or trace context cannot be a CloudEvents attribute (invalid
+// UTF-8, control characters) fails permanently.
 //
 // # Failures and ordering
 //
@@ -85,6 +104,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
@@ -122,6 +142,12 @@ type Options struct {
 	// Compression is the preferred batch compression: "snappy", "lz4",
 	// "zstd", "gzip" or "none". Defaults to "snappy".
 	Compression string
+	// CloudEvents sends every message as a CloudEvent: "binary" or
+	// "structured" (see the package documentation). Defaults to "" (none).
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
 
 // Sink is a [wharf.Sink] that produces to Kafka. It is safe for concurrent use.
@@ -134,6 +160,7 @@ type Sink struct {
 	timeout   time.Duration
 	timedOut  error
 	conns     *connWatch
+	ce        cloudevents.Config
 	closeOnce sync.Once
 }
 
@@ -152,6 +179,10 @@ func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 	codec, err := codecFor(opts.Compression)
 	if err != nil {
 		return nil, err
+	}
+	ce, err := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource)
+	if err != nil {
+		return nil, fmt.Errorf("wharfkafka: Options.CloudEvents: %w", err)
 	}
 	kopts := []kgo.Opt{
 		kgo.SeedBrokers(opts.Brokers...),
@@ -178,7 +209,7 @@ func New(opts Options, extra ...kgo.Opt) (*Sink, error) {
 		}
 		return nil, fmt.Errorf("wharfkafka: %w", err)
 	}
-	s := &Sink{cl: cl, timeout: opts.DeliveryTimeout, conns: conns}
+	s := &Sink{cl: cl, timeout: opts.DeliveryTimeout, conns: conns, ce: ce}
 	s.topics, _ = wharf.ParseTopicTemplate(opts.TopicTemplate) // checked by validate
 	s.maxBytes = func(string) int32 { return opts.MaxMessageBytes }
 	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
@@ -401,14 +432,28 @@ func (s *Sink) record(m *wharf.Message) (*kgo.Record, error) {
 	if m.Key != "" {
 		r.Key = []byte(m.Key)
 	}
-	r.Headers = make([]kgo.RecordHeader, 0, len(m.Headers)+1)
+	var enc cloudevents.Encoded
+	if s.ce.On() {
+		var err error
+		if enc, err = s.ce.Encode(m, cloudevents.Kafka); err != nil {
+			return nil, wharf.Permanent(fmt.Errorf("wharfkafka: %w", err))
+		}
+		r.Value = enc.Body
+	}
+	r.Headers = make([]kgo.RecordHeader, 0, len(m.Headers)+len(enc.Headers)+2)
 	for k, v := range m.Headers {
-		if k == HeaderMessageID {
+		if k == HeaderMessageID || (s.ce.On() && enc.Replaces(k)) {
 			continue // ours is authoritative
 		}
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
 	}
 	r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderMessageID, Value: []byte(m.ID)})
+	for _, a := range enc.Headers {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: a.Name, Value: []byte(a.Value)})
+	}
+	if enc.ContentType != "" {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: "content-type", Value: []byte(enc.ContentType)})
+	}
 	if limit := int(s.maxBytes(topic)); recordSize(r) > limit {
 		return nil, wharf.Permanent(fmt.Errorf("wharfkafka: message %s: record of about %d bytes exceeds max_message_bytes %d: %w", m.ID, recordSize(r), limit, kerr.MessageTooLarge))
 	}
@@ -529,10 +574,20 @@ func parseURL(u *url.URL) (opts Options, tlsOn bool, err error) {
 				return opts, false, fmt.Errorf("sink URL %q: tls=%q: want true or false", shown, v)
 			}
 			tlsOn = b
+		case "ce":
+			if _, cerr := cloudevents.ParseMode(v); cerr != nil {
+				return opts, false, fmt.Errorf("sink URL %q: ce=%q: want binary or structured", shown, v)
+			}
+			opts.CloudEvents = v
+		case "ce_source":
+			opts.CloudEventsSource = v
 		case "tls_ca", "tls_cert", "tls_key": // read by Open
 		default:
-			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression, tls, tls_ca, tls_cert and tls_key", shown, k)
+			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression, ce, ce_source, tls, tls_ca, tls_cert and tls_key", shown, k)
 		}
+	}
+	if _, cerr := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource); cerr != nil {
+		return opts, false, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, opts.CloudEvents, opts.CloudEventsSource, cerr)
 	}
 	return opts, tlsOn, nil
 }

@@ -809,6 +809,9 @@ func TestParseURL(t *testing.T) {
 		"kafka://k1/some/path":                         "write kafka://",
 		"kafka://k1?tls=maybe":                         "tls=",
 		"kafka://k1?topic_template={{topic}}{{topic}}": "more than once",
+		"kafka://k1?ce=json":                           `ce="json": want binary or structured`,
+		"kafka://k1?ce_source=/x":                      "no content mode",
+		"kafka://k1?ce=binary&ce_source=a%20b":         "white space",
 	}
 	for raw, want := range bad {
 		u, err := url.Parse(raw)

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
@@ -12,6 +13,7 @@ import (
 // accepted URL written back by net/url parses to the same configuration.
 func FuzzParseURL(f *testing.F) {
 	wharfsinktest.FuzzURL(f, []string{
+		"nats://n1?ce=structured&ce_source=/svc", "nats://n1?ce=bogus", "nats://n1?ce_source=/s",
 		"nats://127.0.0.1:4222",
 		"nats://u:s3cr3tpw@h1:4222,h2:4222?stream=S&create_stream=true&subject_template=app.{{topic}}",
 		"nats://h?ack_timeout=10s&strict_order=true&name=x&tls=true",
@@ -32,4 +34,4 @@ func FuzzParseURL(f *testing.F) {
 }
 
 // fuzzErrorText is the fixed text of parseURL's errors.
-const fuzzErrorText = "sink URL wharfnats opens nats:// URLs write nats://host:port[,host:port]?option=value names no server: unknown option: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name and tls want true or false is not a positive duration such as 10s create_stream=true needs stream=NAME needs a subject_template of the form prefix.{{topic}} (the stream takes prefix.>), not use a prefix of your own, or add allow_system_subjects=true template has {{topic}} more than once"
+const fuzzErrorText = "sink URL wharfnats opens nats:// URLs write nats://host:port[,host:port]?option=value names no server: unknown option: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name and tls want true or false is not a positive duration such as 10s create_stream=true needs stream=NAME needs a subject_template of the form prefix.{{topic}} (the stream takes prefix.>), not use a prefix of your own, or add allow_system_subjects=true template has {{topic}} more than once" + " " + cloudevents.ErrorText

@@ -36,6 +36,9 @@
 //     ordering key in flight (see Ordering). Defaults to "false".
 //   - allow_system_subjects: "true" to allow subjects whose first token starts
 //     with "$" or is "_INBOX" (see Security). Defaults to "false".
+//   - ce: "binary" or "structured" to send every message as a CloudEvent
+//     (see CloudEvents). Defaults to none.
+//   - ce_source: the CloudEvents source attribute. Defaults to "/wharf".
 //   - name: the connection name shown by the server. Defaults to "wharf".
 //   - tls: "true" to require TLS. Defaults to "false".
 //   - tls_ca: a PEM file of the CA certificates to verify the server with
@@ -47,6 +50,18 @@
 // connection reconnects forever; while it is away, publishes fail at once
 // (Open disables nats.go's reconnect buffer, so nothing is sent after Publish
 // gave up on it) and the relay retries them.
+//
+// # CloudEvents
+//
+// With ce=binary each message follows the CloudEvents NATS binding's binary
+// mode: the data is the payload and every attribute is a header "ce-<name>"
+// with its value percent-encoded (ce-specversion "1.0", ce-id the message id,
+// ce-source, ce-type the wharf topic, ce-subject the key, absent without one,
+// ce-time the enqueue time, ce-datacontenttype, ce-traceparent and
+// ce-tracestate from the message's trace context headers). With
+// ce=structured the data is the JSON event and the Content-Type header is
+// "application/cloudevents+json; charset=UTF-8". Nats-Msg-Id and Wharf-Key
+// are sent in both modes; the message's own content-type header is not.
 //
 // # Security
 //
@@ -106,6 +121,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
@@ -146,6 +162,12 @@ type Options struct {
 	// is "_INBOX" through (NATS's own APIs and reply subjects). Defaults to
 	// false: such messages fail permanently.
 	AllowSystemSubjects bool
+	// CloudEvents sends every message as a CloudEvent: "binary" or
+	// "structured" (see the package documentation). Defaults to "" (none).
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
 
 // Sink is a [wharf.Sink] that publishes to NATS JetStream. It is safe for
@@ -156,6 +178,7 @@ type Sink struct {
 	opts      Options
 	names     wharf.TopicTemplate // destination per topic
 	pubOpts   []jetstream.PublishOpt
+	ce        cloudevents.Config
 	ownsConn  bool
 	closeOnce sync.Once
 }
@@ -180,6 +203,10 @@ func New(nc *nats.Conn, opts Options) (*Sink, error) {
 			return nil, fmt.Errorf("wharfnats: Options.SubjectTemplate %q: %w; use a prefix of your own, or set Options.AllowSystemSubjects", cmp.Or(opts.SubjectTemplate, TopicPlaceholder), err)
 		}
 	}
+	ce, err := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource)
+	if err != nil {
+		return nil, fmt.Errorf("wharfnats: Options.CloudEvents: %w", err)
+	}
 	if opts.AckTimeout == 0 {
 		opts.AckTimeout = defaultAckTimeout
 	}
@@ -200,7 +227,7 @@ func New(nc *nats.Conn, opts Options) (*Sink, error) {
 	if opts.Stream != "" {
 		pubOpts = append(pubOpts, jetstream.WithExpectStream(opts.Stream))
 	}
-	return &Sink{names: names, nc: nc, js: js, opts: opts, pubOpts: pubOpts}, nil
+	return &Sink{names: names, nc: nc, js: js, opts: opts, pubOpts: pubOpts, ce: ce}, nil
 }
 
 // Subject returns the subject a message of the wharf topic is published to.
@@ -383,12 +410,29 @@ func (s *Sink) send(m *wharf.Message) (jetstream.PubAckFuture, error) {
 		return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %s: wharf topic %q gives subject %q, a NATS system subject (first token starting with $, or _INBOX), which the sink refuses: put topics under a prefix of your own with subject_template=prefix.{{topic}}, or set allow_system_subjects=true if you mean it", m.ID, m.Topic, subject))
 	}
 	msg := &nats.Msg{Subject: subject, Data: m.Payload, Header: make(nats.Header, len(m.Headers)+3)}
+	var enc cloudevents.Encoded
+	if s.ce.On() {
+		var err error
+		if enc, err = s.ce.Encode(m, cloudevents.NATS); err != nil {
+			return nil, wharf.Permanent(fmt.Errorf("wharfnats: %w", err))
+		}
+		msg.Data = enc.Body
+	}
 	for k, v := range m.Headers {
 		if err := checkHeader(k, v); err != nil {
 			return nil, wharf.Permanent(fmt.Errorf("wharfnats: message %s: %w", m.ID, err))
 		}
+		if s.ce.On() && enc.Replaces(k) {
+			continue // the event carries it
+		}
 		// Set directly: nats.Header.Set would canonicalize the key's case.
 		msg.Header[k] = []string{v}
+	}
+	for _, a := range enc.Headers {
+		msg.Header[a.Name] = []string{a.Value} // percent-encoded: always a valid header
+	}
+	if enc.ContentType != "" {
+		msg.Header["Content-Type"] = []string{enc.ContentType}
 	}
 	for k := range msg.Header {
 		// The key header is ours: a message's own would pass for a key.
@@ -639,6 +683,13 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			cfg.opts.AllowSystemSubjects = b
 		case "name":
 			cfg.name = v
+		case "ce":
+			if _, err := cloudevents.ParseMode(v); err != nil {
+				return cfg, fmt.Errorf("sink URL %q: ce=%q: want binary or structured", shown, v)
+			}
+			cfg.opts.CloudEvents = v
+		case "ce_source":
+			cfg.opts.CloudEventsSource = v
 		case "tls":
 			b, err := strconv.ParseBool(v)
 			if err != nil {
@@ -648,7 +699,7 @@ func parseURL(u *url.URL) (urlConfig, error) {
 		case "tls_ca", "tls_cert", "tls_key":
 			cfg.tlsFiles.Set(tlsNames, k, v)
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name, tls, tls_ca, tls_cert and tls_key", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name, ce, ce_source, tls, tls_ca, tls_cert and tls_key", shown, k)
 		}
 	}
 	if cfg.tlsFiles.Any() {
@@ -656,6 +707,9 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			return cfg, fmt.Errorf("sink URL %q: tls=false with tls_ca, tls_cert or tls_key: the files are for TLS; drop tls=false", shown)
 		}
 		cfg.tls = true
+	}
+	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {
+		return cfg, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, cfg.opts.CloudEvents, cfg.opts.CloudEventsSource, err)
 	}
 	names, err := wharf.ParseTopicTemplate(cfg.opts.SubjectTemplate)
 	if err != nil {

@@ -497,6 +497,8 @@ func TestParseURL(t *testing.T) {
 		"nats://n1?subject_template=$JS.API.{{topic}}":   "allow_system_subjects=true",
 		"nats://n1?subject_template=_INBOX.{{topic}}":    "allow_system_subjects=true",
 		"nats://n1?subject_template=${{topic}}":          `subjects start with "$"`,
+		"nats://n1?ce=xml":                               `ce="xml": want binary or structured`,
+		"nats://n1?ce_source=/svc":                       "no content mode",
 	}
 	wharfsinktest.CheckURLErrors(t, func(u *url.URL) error { _, err := parseURL(u); return err }, bad)
 }

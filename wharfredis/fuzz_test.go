@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
 
@@ -12,6 +13,7 @@ import (
 // accepted URL written back by net/url parses to the same configuration.
 func FuzzParseURL(f *testing.F) {
 	wharfsinktest.FuzzURL(f, []string{
+		"redis://h?ce=structured&ce_source=/svc", "redis://h?ce=bogus", "redis://h?ce_source=/s",
 		"redis://127.0.0.1:6379",
 		"rediss://u:s3cr3tpw@h:6380/3?stream_template=s.{{topic}}&maxlen=10&timeout=2s&name=n&max_payload=100",
 		"redis://h/x",
@@ -31,4 +33,4 @@ func FuzzParseURL(f *testing.F) {
 }
 
 // fuzzErrorText is the fixed text of parseURL's errors.
-const fuzzErrorText = "sink URL wharfredis opens redis:// and rediss:// URLs write redis://[user:password@]host:port[/db]?option=value the path is not a database number: write redis://host:port/0 is not a whole number of entries (0 for no trimming) is not a positive duration such as 10s a Redis client name cannot hold spaces is not a positive number of bytes unknown option the redis sink takes stream_template, maxlen, timeout, name and max_payload stream_template: template has {{topic}} more than once"
+const fuzzErrorText = "sink URL wharfredis opens redis:// and rediss:// URLs write redis://[user:password@]host:port[/db]?option=value the path is not a database number: write redis://host:port/0 is not a whole number of entries (0 for no trimming) is not a positive duration such as 10s a Redis client name cannot hold spaces is not a positive number of bytes unknown option the redis sink takes stream_template, maxlen, timeout, name and max_payload stream_template: template has {{topic}} more than once" + " " + cloudevents.ErrorText

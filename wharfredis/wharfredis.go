@@ -21,6 +21,21 @@
 //   - payload: the payload bytes, unchanged.
 //   - "h:" + name: one field per header, e.g. "h:trace-id", in name order.
 //
+// # CloudEvents
+//
+// CloudEvents defines no binding for Redis Streams. With ce=binary the sink
+// adds one field per attribute after the fields above, named "ce_" + the
+// attribute name as in the Kafka binding (Redis fields are binary-safe like
+// Kafka headers): ce_specversion "1.0", ce_id the message id, ce_source,
+// ce_type the wharf topic, ce_subject the key (absent without one), ce_time
+// the enqueue time, ce_datacontenttype (an entry has no content type of its
+// own, so it is a field as in the NATS binding), ce_traceparent and
+// ce_tracestate from the message's trace context headers. With
+// ce=structured the payload field holds the JSON event and a field
+// "content-type" holds "application/cloudevents+json; charset=UTF-8". In
+// both modes the message's own content-type header is not written as an
+// h: field: the event carries it.
+//
 // # URL
 //
 // From the CLI the sink is opened with a URL (see [Open]):
@@ -46,6 +61,9 @@
 //     bytes; a larger one fails permanently before sending. Set it to the
 //     server's proto-max-bulk-len if you lowered it. Defaults to 512 MiB,
 //     Redis's default proto-max-bulk-len.
+//   - ce: "binary" or "structured" to write every message as a CloudEvent
+//     (see CloudEvents). Defaults to none.
+//   - ce_source: the CloudEvents source attribute. Defaults to "/wharf".
 //   - tls_ca (rediss:// only): a PEM file of the CA certificates to verify
 //     the server with, instead of the system's roots; tls_cert and tls_key:
 //     a client certificate and its key, for servers with tls-auth-clients.
@@ -140,6 +158,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
@@ -181,6 +200,12 @@ type Options struct {
 	// MaxPayload is the largest payload, key or header value sent; a larger
 	// one fails permanently before sending. Defaults to DefaultMaxPayload.
 	MaxPayload int
+	// CloudEvents writes every message as a CloudEvent: "binary" or
+	// "structured" (see the package documentation). Defaults to "" (none).
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
 
 // Sink is a [wharf.Sink] that appends to Redis streams. It is safe for
@@ -189,6 +214,7 @@ type Sink struct {
 	client     redis.UniversalClient
 	opts       Options
 	names      wharf.TopicTemplate // destination per topic
+	ce         cloudevents.Config
 	ownsClient bool
 	closeOnce  sync.Once
 	closeErr   error
@@ -226,7 +252,11 @@ func New(client redis.UniversalClient, opts Options) (*Sink, error) {
 	if opts.MaxPayload < 0 {
 		return nil, fmt.Errorf("wharfredis: Options.MaxPayload %d is negative", opts.MaxPayload)
 	}
-	s := &Sink{names: names, client: client, opts: opts}
+	ce, err := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource)
+	if err != nil {
+		return nil, fmt.Errorf("wharfredis: Options.CloudEvents: %w", err)
+	}
+	s := &Sink{names: names, client: client, opts: opts, ce: ce}
 	return s, nil
 }
 
@@ -509,15 +539,30 @@ func (s *Sink) xaddArgs(m *wharf.Message) (*redis.XAddArgs, error) {
 	if len(m.Key) > limit {
 		return nil, wharf.Permanent(fmt.Errorf("wharfredis: message %s: key of %d bytes exceeds max_payload %d", m.ID, len(m.Key), limit))
 	}
-	values := make([]any, 0, 8+2*len(m.Headers))
+	var enc cloudevents.Encoded
+	body := m.Payload
+	if s.ce.On() {
+		var err error
+		if enc, err = s.ce.Encode(m, cloudevents.Redis); err != nil {
+			return nil, wharf.Permanent(fmt.Errorf("wharfredis: %w", err))
+		}
+		body = enc.Body
+		if len(body) > limit {
+			return nil, wharf.Permanent(fmt.Errorf("wharfredis: message %s: the CloudEvent of %d bytes exceeds max_payload %d", m.ID, len(body), limit))
+		}
+	}
+	values := make([]any, 0, 10+2*len(m.Headers)+2*len(enc.Headers))
 	values = append(values, FieldID, m.ID, FieldTopic, m.Topic)
 	if m.Key != "" {
 		values = append(values, FieldKey, m.Key)
 	}
-	values = append(values, FieldPayload, m.Payload)
+	values = append(values, FieldPayload, body)
 	if len(m.Headers) > 0 {
 		names := make([]string, 0, len(m.Headers))
 		for k := range m.Headers {
+			if s.ce.On() && strings.EqualFold(k, "content-type") {
+				continue // the event carries it
+			}
 			names = append(names, k)
 		}
 		slices.Sort(names)
@@ -528,6 +573,12 @@ func (s *Sink) xaddArgs(m *wharf.Message) (*redis.XAddArgs, error) {
 			}
 			values = append(values, HeaderPrefix+k, v)
 		}
+	}
+	for _, h := range enc.Headers {
+		values = append(values, h.Name, h.Value)
+	}
+	if enc.ContentType != "" {
+		values = append(values, "content-type", enc.ContentType)
 	}
 	a := &redis.XAddArgs{Stream: stream, ID: "*", Values: values}
 	if s.opts.MaxLen > 0 {
@@ -592,7 +643,7 @@ type urlConfig struct {
 }
 
 // validOptions lists the URL options, for the unknown-option error.
-const validOptions = "stream_template, maxlen, timeout, name, max_payload and, with rediss://, tls_ca, tls_cert and tls_key"
+const validOptions = "stream_template, maxlen, timeout, name, max_payload, ce, ce_source and, with rediss://, tls_ca, tls_cert and tls_key"
 
 // tlsNames are the URL options naming the TLS files.
 var tlsNames = [3]string{"tls_ca", "tls_cert", "tls_key"}
@@ -709,6 +760,13 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: max_payload=%q is not a positive number of bytes", shown, v)
 			}
 			cfg.opts.MaxPayload = n
+		case "ce":
+			if _, err := cloudevents.ParseMode(v); err != nil {
+				return cfg, fmt.Errorf("sink URL %q: ce=%q: want binary or structured", shown, v)
+			}
+			cfg.opts.CloudEvents = v
+		case "ce_source":
+			cfg.opts.CloudEventsSource = v
 		case "tls_ca", "tls_cert", "tls_key": // read by Open
 			if u.Scheme != "rediss" {
 				return cfg, fmt.Errorf("sink URL %q: %s is a TLS option: use rediss://", shown, k)
@@ -719,6 +777,9 @@ func parseURL(u *url.URL) (urlConfig, error) {
 	}
 	if _, err := wharf.ParseTopicTemplate(cfg.opts.StreamTemplate); err != nil {
 		return cfg, fmt.Errorf("sink URL %q: stream_template: %w", shown, err)
+	}
+	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {
+		return cfg, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, cfg.opts.CloudEvents, cfg.opts.CloudEventsSource, err)
 	}
 	if cfg.opts.Timeout == 0 {
 		cfg.opts.Timeout = defaultTimeout

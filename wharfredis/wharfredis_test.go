@@ -861,6 +861,8 @@ func TestParseURL(t *testing.T) {
 	}
 
 	bad := map[string]string{
+		"redis://h?ce=avro":                                      `ce="avro": want binary or structured`,
+		"redis://h?ce_source=/svc":                               "no content mode",
 		"http://u:s3cret@h":                                      "redis:// and rediss://",
 		"redis://u:s3cret@h?acks=1":                              `unknown option "acks"`,
 		"redis://u:s3cret@h?db=1":                                `unknown option "db"`,

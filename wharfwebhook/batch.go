@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/envelope"
 )
 
@@ -184,7 +185,19 @@ func batchID(msgs []*wharf.Message, idx []int) string {
 
 func (s *Sink) sendBatch(ctx context.Context, topic string, msgs []*wharf.Message, idx []int) error {
 	what := fmt.Sprintf("batch of %d messages (ids %s to %s)", len(idx), msgs[idx[0]].ID, msgs[idx[len(idx)-1]].ID)
-	body, err := batchBody(msgs, idx)
+	ct := "application/json"
+	var body []byte
+	var err error
+	if s.ce.On() {
+		ct = cloudevents.BatchContentType
+		batch := make([]*wharf.Message, len(idx))
+		for j, i := range idx {
+			batch[j] = msgs[i]
+		}
+		body, err = s.ce.AppendBatch(make([]byte, 0, 256*len(idx)), batch)
+	} else {
+		body, err = batchBody(msgs, idx)
+	}
 	if err != nil {
 		return wharf.Permanent(fmt.Errorf("wharfwebhook: %s: cannot encode: %w", what, err))
 	}
@@ -192,7 +205,7 @@ func (s *Sink) sendBatch(ctx context.Context, topic string, msgs []*wharf.Messag
 	for k, vs := range s.static {
 		h[k] = vs
 	}
-	h.Set("Content-Type", "application/json")
+	h.Set("Content-Type", ct)
 	h.Set("User-Agent", userAgent)
 	h.Set(HeaderTopic, topic)
 	raw, shown := s.destination(topic)

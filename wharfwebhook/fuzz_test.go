@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
 // FuzzParseURL checks the http(s):// sink URL parser on any URL net/url
@@ -23,6 +25,8 @@ func FuzzParseURL(f *testing.F) {
 		"http://2130706433/", "http://0177.0.0.1/", "http://[::ffff:127.0.0.1]/", "https://h/x?q={{topic}}",
 		"https://h/x?wharf_permanent_status=none", "https://h/x?wharf_permanent_status=399", "https://h/x?wharf_header_Bad%20Name=v",
 		"https://h/%7B%7Btopic%7D%7D/x", "https://h/x?wharf_header_X=a%0Ab",
+		"https://h/x?wharf_ce=binary&wharf_ce_source=urn:svc", "https://h/x?wharf_ce=structured&wharf_mode=batch",
+		"https://h/x?wharf_ce=binary&wharf_mode=batch", "https://h/x?wharf_ce=bogus", "https://h/x?wharf_ce_source=/s",
 	} {
 		f.Add(s)
 	}
@@ -93,7 +97,7 @@ func FuzzParseURL(f *testing.F) {
 // path segments RedactURL hides; each only when it is long and found once in
 // raw, so that seeing it in an error can only mean it leaked.
 // fixedText is text the errors hold whatever the URL.
-const fixedText = TopicPlaceholder + " is only replaced in the path, not in the query; " + optionNames
+const fixedText = TopicPlaceholder + " is only replaced in the path, not in the query; " + optionNames + " " + cloudevents.ErrorText
 
 func hiddenParts(u *url.URL, raw string) []string {
 	var out []string

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/envelope"
 )
 
@@ -91,8 +92,31 @@ func checkStaticHeader(k, v string) error {
 }
 
 // singleHeaders returns the headers of m's request in single mode, without
-// the webhook-* ones.
-func (s *Sink) singleHeaders(m *wharf.Message) (http.Header, error) {
+// the webhook-* ones, and its body.
+func (s *Sink) singleHeaders(m *wharf.Message) (http.Header, []byte, error) {
+	h, err := s.messageHeaders(m)
+	if err != nil || !s.ce.On() {
+		return h, m.Payload, err
+	}
+	enc, err := s.ce.Encode(m, cloudevents.HTTP)
+	if err != nil {
+		return nil, nil, wharf.Permanent(fmt.Errorf("wharfwebhook: %w", err))
+	}
+	for k := range h {
+		if enc.Replaces(k) {
+			delete(h, k)
+		}
+	}
+	for _, a := range enc.Headers {
+		h.Set(a.Name, a.Value)
+	}
+	h.Set("Content-Type", enc.ContentType)
+	return h, enc.Body, nil
+}
+
+// messageHeaders returns the headers of m's request in single mode, without
+// the webhook-* ones and CloudEvents.
+func (s *Sink) messageHeaders(m *wharf.Message) (http.Header, error) {
 	h := make(http.Header, len(m.Headers)+len(s.static)+8)
 	ct := ""
 	for k, v := range m.Headers {
@@ -178,10 +202,10 @@ func (s *Sink) sendOne(ctx context.Context, m *wharf.Message) error {
 	if err := s.checkTopic(m); err != nil {
 		return err
 	}
-	h, err := s.singleHeaders(m)
+	h, body, err := s.singleHeaders(m)
 	if err != nil {
 		return err
 	}
 	raw, shown := s.destination(m.Topic)
-	return s.post(ctx, "message "+m.ID, raw, shown, h, m.ID, m.Payload)
+	return s.post(ctx, "message "+m.ID, raw, shown, h, m.ID, body)
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
 )
 
@@ -259,7 +260,7 @@ type urlConfig struct {
 }
 
 // optionNames lists the options for errors.
-const optionNames = "wharf_mode, wharf_batch_size, wharf_concurrency, wharf_timeout, wharf_secret_env, wharf_secret_file, wharf_allow_private, wharf_permanent_status, wharf_header_<Name> and, with https, wharf_tls_ca, wharf_tls_cert and wharf_tls_key"
+const optionNames = "wharf_mode, wharf_batch_size, wharf_concurrency, wharf_timeout, wharf_secret_env, wharf_secret_file, wharf_allow_private, wharf_permanent_status, wharf_ce, wharf_ce_source, wharf_header_<Name> and, with https, wharf_tls_ca, wharf_tls_cert and wharf_tls_key"
 
 // tlsNames are the URL options naming the TLS files.
 var tlsNames = [3]string{"wharf_tls_ca", "wharf_tls_cert", "wharf_tls_key"}
@@ -401,6 +402,13 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: wharf_permanent_status=%q: %w", shown, v, err)
 			}
 			cfg.opts.PermanentStatus = codes
+		case name == "wharf_ce":
+			if _, err := cloudevents.ParseMode(v); err != nil {
+				return cfg, fmt.Errorf("sink URL %q: wharf_ce=%q: want binary or structured", shown, v)
+			}
+			cfg.opts.CloudEvents = v
+		case name == "wharf_ce_source":
+			cfg.opts.CloudEventsSource = v
 		case name == "wharf_allow_private":
 			b, err := strconv.ParseBool(v)
 			if err != nil {
@@ -427,6 +435,12 @@ func parseURL(u *url.URL) (urlConfig, error) {
 	}
 	if cfg.secretEnv != "" && cfg.secretFile != "" {
 		return cfg, fmt.Errorf("sink URL %q: wharf_secret_env and wharf_secret_file are both set: keep one", shown)
+	}
+	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {
+		return cfg, fmt.Errorf("sink URL %q: wharf_ce=%s&wharf_ce_source=%s: %w", shown, cfg.opts.CloudEvents, cfg.opts.CloudEventsSource, err)
+	}
+	if cfg.opts.CloudEvents == "binary" && cfg.opts.Mode == ModeBatch {
+		return cfg, fmt.Errorf("sink URL %q: wharf_ce=binary needs wharf_mode=single (one request cannot carry several events' headers): use wharf_ce=structured, which batches as application/cloudevents-batch+json", shown)
 	}
 	if batchSizeSet && cfg.opts.Mode != ModeBatch {
 		return cfg, fmt.Errorf("sink URL %q: wharf_batch_size applies to wharf_mode=batch only: add wharf_mode=batch or remove it", shown)

@@ -56,35 +56,65 @@
 //
 //   - wharf_mode: "single" (one POST per message) or "batch" (one POST per
 //     group of messages). Defaults to "single".
+//
 //   - wharf_batch_size: the most messages per batch POST (batch mode only),
 //     1 to 10000. Defaults to 100.
+//
 //   - wharf_concurrency: the most requests in flight per sink, 1 to 1024.
 //     Defaults to 16.
+//
 //   - wharf_timeout: the limit on each request, response included, e.g. "5s".
 //     Defaults to 10s.
+//
 //   - wharf_secret_env: the name of an environment variable holding the
 //     Standard Webhooks secret, "whsec_" followed by the base64 key (the
 //     prefix is optional). Defaults to none: requests are not signed.
+//
 //   - wharf_secret_file: the path of a file holding the secret instead
 //     (surrounding white space is ignored).
+//
 //   - wharf_allow_private: "true" to allow loopback, private, link-local and
 //     other non-public destinations (see below). Defaults to "false".
+//
 //   - wharf_permanent_status: the answers that dead-letter a message at once,
 //     as comma-separated status codes from 400 to 599 (e.g. "400,410,422"),
 //     or "none"; every other failing status is then retried. Defaults to the
 //     set described under Results.
+//
 //   - wharf_header_<Name>: a header sent with every request, e.g.
 //     wharf_header_Authorization=Bearer%20abc. Repeatable. The sink never
 //     shows these values in errors.
+//
 //   - wharf_tls_ca (https only): a PEM file of the CA certificates to verify
 //     the destination with, instead of the system's roots; wharf_tls_cert and
 //     wharf_tls_key: a client certificate and its key (mutual TLS).
+//
+//   - wharf_ce: "binary" or "structured" to send every message as a
+//     CloudEvent (see CloudEvents). Defaults to none.
+//
+//   - wharf_ce_source: the CloudEvents source attribute. Defaults to
+//     "/wharf".
 //
 // The secret itself is not accepted in the URL (wharf_secret=...), because
 // URLs end up in shell histories, process lists and logs.
 //
 // Open checks the URL, and that the destination is not private, but does not
 // contact it. The sink ignores HTTP_PROXY and HTTPS_PROXY.
+//
+// # CloudEvents
+//
+// With wharf_ce=binary (single mode only) each POST follows the CloudEvents
+// HTTP binding's binary mode: the body is the payload, every attribute is an
+// HTTP header "ce-<name>" with its value percent-encoded (ce-specversion
+// "1.0", ce-id the message id, ce-source, ce-type the wharf topic,
+// ce-subject the key, absent without one, ce-time the enqueue time,
+// ce-traceparent and ce-tracestate from the message's trace context
+// headers) and datacontenttype is Content-Type. With wharf_ce=structured the
+// body is the JSON event and Content-Type is "application/cloudevents+json;
+// charset=UTF-8"; in batch mode the body is the JSON batch format, an array
+// of events, with Content-Type "application/cloudevents-batch+json;
+// charset=UTF-8". The webhook-* and wharf-* headers are sent in both modes,
+// the signature covering the body actually sent.
 //
 // # Secrets in URLs
 //
@@ -166,6 +196,7 @@ import (
 	"time"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
 // TopicPlaceholder is replaced by the path-escaped wharf topic in the
@@ -272,6 +303,13 @@ type Options struct {
 	// TLSConfig, when set, is the TLS client configuration (custom roots,
 	// client certificates). Defaults to the system roots.
 	TLSConfig *tls.Config
+	// CloudEvents sends every message as a CloudEvent: "binary" (single
+	// mode only) or "structured" (see the package documentation). Defaults
+	// to "" (none).
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
 
 // Sink is a [wharf.Sink] that POSTs messages to an HTTP endpoint. It is safe
@@ -286,6 +324,7 @@ type Sink struct {
 	scrub      *strings.Replacer
 	key        []byte // the HMAC key; nil when unsigned
 	static     http.Header
+	ce         cloudevents.Config
 	permanent  [maxPermanentStatus - minPermanentStatus + 1]bool
 	transport  *http.Transport
 	client     *http.Client
@@ -335,7 +374,14 @@ func newSink(opts Options, resolver *net.Resolver) (*Sink, error) {
 	if opts.Timeout < 0 {
 		return nil, fmt.Errorf("wharfwebhook: Options.Timeout %s is negative", opts.Timeout)
 	}
-	s := &Sink{opts: opts, sem: make(chan struct{}, opts.Concurrency)}
+	ce, err := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource)
+	if err != nil {
+		return nil, fmt.Errorf("wharfwebhook: Options.CloudEvents: %w", err)
+	}
+	if ce.Mode == cloudevents.Binary && opts.Mode == ModeBatch {
+		return nil, errors.New("wharfwebhook: Options.CloudEvents binary needs single mode: one request cannot carry several events' headers; use structured, which batches as application/cloudevents-batch+json")
+	}
+	s := &Sink{opts: opts, sem: make(chan struct{}, opts.Concurrency), ce: ce}
 	if opts.PermanentStatus == nil {
 		for c := minPermanentStatus; c < 500; c++ {
 			s.permanent[c-minPermanentStatus] = !slices.Contains(retriedClientErrors, c)

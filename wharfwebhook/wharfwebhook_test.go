@@ -1153,6 +1153,9 @@ func TestParseURL(t *testing.T) {
 	}
 
 	bad := map[string]string{
+		"http://h/?wharf_ce=cloud":                                `wharf_ce="cloud": want binary or structured`,
+		"http://h/?wharf_ce_source=/svc":                          "no content mode",
+		"http://h/?wharf_ce=binary&wharf_mode=batch":              "wharf_ce=binary needs wharf_mode=single",
 		"http://h/?wharf_secret=whsec_s3cret":                     "wharf_secret is not accepted, because URLs end up in logs",
 		"http://h/?wharf_acks=1&t=s3cret":                         `unknown option "wharf_acks"`,
 		"http://h/?wharf_mode=fast":                               "wharf_mode=\"fast\": want single or batch",

@@ -251,7 +251,7 @@ func sinkHosts(raw string) []string {
 	if err != nil || u.Host == "" {
 		return nil
 	}
-	defaults := map[string]string{"http": "80", "https": "443", "kafka": "9092", "nats": "4222", "amqp": "5672", "amqps": "5671", "redis": "6379", "rediss": "6379"}
+	defaults := map[string]string{"http": "80", "https": "443", "kafka": "9092", "nats": "4222", "amqp": "5672", "amqps": "5671", "redis": "6379", "rediss": "6379", "mqtt": "1883", "mqtts": "8883"}
 	port, ok := defaults[u.Scheme]
 	if !ok {
 		return nil

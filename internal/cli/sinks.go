@@ -4,6 +4,7 @@ import (
 	"github.com/wharfhq/wharf/internal/sinkurl"
 	"github.com/wharfhq/wharf/wharfamqp"
 	"github.com/wharfhq/wharf/wharfkafka"
+	"github.com/wharfhq/wharf/wharfmqtt"
 	"github.com/wharfhq/wharf/wharfnats"
 	"github.com/wharfhq/wharf/wharfredis"
 	"github.com/wharfhq/wharf/wharfwebhook"
@@ -15,6 +16,8 @@ func init() {
 	sinkurl.Register("amqp", wharfamqp.Open)
 	sinkurl.Register("amqps", wharfamqp.Open)
 	sinkurl.Register("kafka", wharfkafka.Open)
+	sinkurl.Register("mqtt", wharfmqtt.Open)
+	sinkurl.Register("mqtts", wharfmqtt.Open)
 	sinkurl.Register("nats", wharfnats.Open)
 	sinkurl.Register("redis", wharfredis.Open)
 	sinkurl.Register("rediss", wharfredis.Open)
