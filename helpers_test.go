@@ -128,6 +128,7 @@ func recordingClient(t *testing.T, b *testBundle, configure func(*wharf.Config))
 	t.Helper()
 	rec := &recorder{}
 	cfg := testConfig(b.schema)
+	cfg.Logger = testLogT(t)
 	cfg.Handler = rec.handle
 	if configure != nil {
 		configure(cfg)
