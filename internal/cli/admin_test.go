@@ -306,21 +306,21 @@ func TestMigrateDown(t *testing.T) {
 	_, err := b.client.Enqueue(ctx, wharf.Message{Topic: "t", Payload: []byte("x")})
 	require.NoError(t, err)
 
-	// Reverting versions 6, 5, 4 and 3 keeps messages; reverting 2 or 1 would not.
-	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "4")...)
+	// Reverting versions 7, 6, 5, 4 and 3 keeps messages; reverting 2 or 1 would not.
+	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "5")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "would revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 6 to 2\n"+
+	require.Equal(t, "would revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 7 to 2\n"+
 		"the outbox holds 1 pending message and 0 dead letters: these reverts keep them\n", out)
-	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "5")...)
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "6")...)
 	require.Equal(t, 1, code, "a dry run that would be refused fails")
 	requireOneLineError(t, errOut, "dry run: this migrate down would be refused: the outbox is not empty")
-	require.Equal(t, "would revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 6 to 1\n"+
+	require.Equal(t, "would revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 7 to 1\n"+
 		"the outbox holds 1 pending message and 0 dead letters: it would be refused: pass --force to revert anyway and lose them\n", out)
-	code, _, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "5", "--force")...)
+	code, _, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "6", "--force")...)
 	require.Equal(t, 0, code, "with --force the dry run would not be refused: %s", errOut)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--target-version", "0")...)
 	require.Equal(t, 1, code, errOut)
-	require.Contains(t, out, "would revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
+	require.Contains(t, out, "would revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
 
 	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "5")...)
 	require.Equal(t, 1, code)
