@@ -351,7 +351,7 @@ BEGIN
     WITH o AS (
         SELECT * FROM jsonb_to_recordset(p_outcomes) AS x(
             id bigint, token bigint, kind text, step text, state jsonb, attempt integer, run_at timestamptz,
-            error text, result jsonb, await_names text[], deadline timestamptz, timeout_step text,
+            delay double precision, error text, result jsonb, await_names text[], deadline timestamptz, timeout_step text,
             children jsonb)
     ), u AS (
         UPDATE {{schema}}.flow_instances i SET
@@ -360,13 +360,18 @@ BEGIN
             step = coalesce(o.step, i.step),
             state = coalesce(o.state, i.state),
             attempt = coalesce(o.attempt, 0),
-            run_at = CASE WHEN o.kind IN ('next', 'retry', 'paused') THEN coalesce(o.run_at, v_now)
+            run_at = CASE WHEN o.kind IN ('next', 'retry', 'paused')
+                          THEN coalesce(o.run_at, v_now + make_interval(secs => coalesce(o.delay, 0)))
                           WHEN o.kind = 'await' THEN coalesce(o.deadline, 'infinity')
                           ELSE 'infinity' END,
-            not_before = CASE WHEN o.kind IN ('next', 'retry') THEN coalesce(o.run_at, v_now) ELSE i.not_before END,
+            not_before = CASE WHEN o.kind IN ('next', 'retry')
+                              THEN coalesce(o.run_at, v_now + make_interval(secs => coalesce(o.delay, 0)))
+                              ELSE i.not_before END,
             lease_owner = NULL,
-            await_signals = CASE WHEN o.kind = 'await' THEN o.await_names END,
-            timeout_step = CASE WHEN o.kind = 'await' THEN o.timeout_step END,
+            await_signals = CASE WHEN o.kind = 'await' THEN o.await_names
+                                 WHEN o.kind IN ('retry', 'paused') THEN i.await_signals END,
+            timeout_step = CASE WHEN o.kind = 'await' THEN o.timeout_step
+                                WHEN o.kind IN ('retry', 'paused') THEN i.timeout_step END,
             spawn_round = i.spawn_round + CASE WHEN o.kind = 'spawn' THEN 1 ELSE 0 END,
             joined = CASE WHEN o.kind IN ('retry', 'paused') THEN i.joined ELSE false END,
             result = CASE WHEN o.kind = 'done' THEN o.result END,
