@@ -3,6 +3,7 @@ package wharfflow_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf/internal/testdb"
@@ -103,4 +105,13 @@ func (b *testBundle) history(t *testing.T, id int64) []string {
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// openSQL opens a database/sql handle (the pgx driver) on the test database.
+func openSQL(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", databaseURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
 }
