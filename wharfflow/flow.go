@@ -334,9 +334,14 @@ type wireChild struct {
 	RateKey          string          `json:"rate_key,omitempty"`
 }
 
+// ptrTime is t for the database, rounded up to its microseconds so that
+// "not before t" holds; nil for the zero time.
 func ptrTime(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
+	}
+	if r := t.Truncate(time.Microsecond); r.Before(t) {
+		t = r.Add(time.Microsecond)
 	}
 	return &t
 }
