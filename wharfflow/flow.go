@@ -322,6 +322,8 @@ type wireOutcome struct {
 	PauseUntil  *time.Time      `json:"pause_until,omitempty"`
 	RanStep     string          `json:"ran_step"`
 	StartedAt   time.Time       `json:"started_at"`
+	// Cont asks to keep the lease for the next step (see continueChain).
+	Cont bool `json:"cont,omitempty"`
 }
 
 type wireChild struct {

@@ -182,7 +182,8 @@ func TestLostLeaseCommitsNothing(t *testing.T) {
 			s.N = 1
 			return wharfflow.Done("b")
 		})
-	ra := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{slow}, LeaseTTL: 3 * time.Second})
+	// One slot, busy with the blocked step: A cannot claim the step again itself.
+	ra := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{slow}, LeaseTTL: 3 * time.Second, MaxInFlight: 1})
 	ids, err := b.client.Start(ctx, slow.Start(counter{}, wharfflow.StartOptions{}))
 	require.NoError(t, err)
 	<-entered

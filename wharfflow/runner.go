@@ -133,6 +133,11 @@ type Runner struct {
 	wake    chan struct{}
 	results chan result
 
+	// steps counts the step goroutines; closing (under mu) is set before
+	// the claim loop waits for them, after which no continued step starts.
+	steps   sync.WaitGroup
+	closing bool
+
 	mu       sync.Mutex
 	inflight map[int64]*running
 	wakeIDs  []int64
@@ -145,8 +150,14 @@ type Runner struct {
 type running struct {
 	token  int64
 	claim  time.Time
+	chain  int // steps run in a row on this lease (continueChain)
 	cancel context.CancelCauseFunc
 }
+
+// continueChain is how many steps of one instance a runner runs in a row
+// without a claim (Next without a time continues on the same lease), so
+// that a long chain does not keep its slot from other instances for ever.
+const continueChain = 16
 
 // errLeaseLost is the cause of a step's context when its lease was lost.
 var errLeaseLost = errors.New("wharfflow: the step's lease was lost")
@@ -276,14 +287,19 @@ type result struct {
 	w       wireOutcome
 	emit    []wharf.Message
 	elapsed time.Duration
+	chain   int
 }
 
 // claimLoop claims as many due steps as there are free slots, runs them,
 // and sleeps until a notification, an outcome written, or the next due
 // time.
 func (r *Runner) claimLoop(ctx context.Context) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		r.mu.Lock()
+		r.closing = true
+		r.mu.Unlock()
+		r.steps.Wait()
+	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	backoffDelay := 100 * time.Millisecond
@@ -324,7 +340,9 @@ func (r *Runner) claimLoop(ctx context.Context) {
 				}
 			}
 			for _, c := range rows {
-				r.run(ctx, &wg, c)
+				r.mu.Lock()
+				r.run(ctx, c, 0)
+				r.mu.Unlock()
 			}
 			if sleep == 0 {
 				continue
@@ -388,24 +406,23 @@ func (r *Runner) nextDue(ctx context.Context) (time.Time, error) {
 }
 
 // run executes one claimed step in a goroutine and hands its outcome to the
-// completer.
-func (r *Runner) run(ctx context.Context, wg *sync.WaitGroup, c claimed) {
+// completer. r.mu is held.
+func (r *Runner) run(ctx context.Context, c claimed, chain int) {
 	stepCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	r.mu.Lock()
-	r.inflight[c.ID] = &running{token: c.Token, claim: time.Now(), cancel: cancel}
-	r.mu.Unlock()
-	wg.Add(1)
+	r.inflight[c.ID] = &running{token: c.Token, claim: time.Now(), chain: chain, cancel: cancel}
+	r.steps.Add(1)
 	go func() {
-		defer wg.Done()
+		defer r.steps.Done()
 		def := r.flows[c.Flow]
 		in := Input{Instance: c.ID, Flow: c.Flow, Step: c.Step, Attempt: c.Attempt, Signals: c.Signals,
 			Children: c.Children, IdempotencyKey: idempotencyKey(c.ID, c.Step, c.Attempt)}
 		start := time.Now()
 		state, o := def.run(stepCtx, c.State, in)
-		res := result{c: c, w: encode(def, c, state, o, start), emit: o.emit, elapsed: time.Since(start)}
+		res := result{c: c, w: encode(def, c, state, o, start), emit: o.emit, elapsed: time.Since(start), chain: chain}
 		if res.w.Kind == "fail" && state == nil {
 			res.w.State = nil // keep the saved state
 		}
+		res.w.Cont = res.w.Kind == "next" && res.w.RunAt == nil && chain+1 < continueChain && ctx.Err() == nil
 		r.results <- res
 	}()
 }
@@ -430,7 +447,7 @@ func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
 				break
 			}
 			if len(batch) > 0 {
-				r.write(context.WithoutCancel(ctx), batch)
+				r.write(ctx, batch)
 			}
 			return
 		}
@@ -443,7 +460,7 @@ func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
 				break more
 			}
 		}
-		r.write(context.WithoutCancel(ctx), batch)
+		r.write(ctx, batch)
 		batch = batch[:0]
 	}
 }
@@ -451,7 +468,8 @@ func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
 // write applies one batch of outcomes: one statement, or a transaction of
 // two when outcomes emit outbox messages. Outcomes of steps whose lease was
 // lost are not applied, and their messages are not enqueued.
-func (r *Runner) write(ctx context.Context, batch []result) {
+func (r *Runner) write(runCtx context.Context, batch []result) {
+	ctx := context.WithoutCancel(runCtx)
 	ws := make([]wireOutcome, len(batch))
 	emits := false
 	for i := range batch {
@@ -461,13 +479,13 @@ func (r *Runner) write(ctx context.Context, batch []result) {
 	doc, err := json.Marshal(ws)
 	if err != nil {
 		r.cfg.Logger.Error("wharfflow: encoding outcomes", "err", err)
-		r.release(batch, nil)
+		r.release(runCtx, batch, nil)
 		return
 	}
-	q := "SELECT id FROM " + r.cfg.Schema + ".complete_flow_steps($1, $2::jsonb) AS id"
-	var applied map[int64]bool
+	q := "SELECT id, token FROM " + r.cfg.Schema + ".complete_flow_steps($1, $2::jsonb, $3)"
+	var applied map[int64]int64
 	for attempt := 0; ; attempt++ {
-		applied = map[int64]bool{}
+		applied = map[int64]int64{}
 		if !emits {
 			err = r.scanApplied(ctx, r.pool, q, string(doc), applied)
 		} else {
@@ -477,7 +495,7 @@ func (r *Runner) write(ctx context.Context, batch []result) {
 				}
 				var msgs []wharf.Message
 				for i := range batch {
-					if applied[batch[i].c.ID] {
+					if _, ok := applied[batch[i].c.ID]; ok {
 						msgs = append(msgs, batch[i].emit...)
 					}
 				}
@@ -495,43 +513,69 @@ func (r *Runner) write(ctx context.Context, batch []result) {
 		r.cfg.Logger.Error("wharfflow: writing outcomes failed; the steps run again after their leases", "err", err, "steps", len(batch))
 		applied = nil
 	}
-	r.release(batch, applied)
+	r.release(runCtx, batch, applied)
 }
 
 type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, applied map[int64]bool) error {
-	rows, err := q.Query(ctx, sql, r.cfg.RunnerID, doc)
+// scanApplied reads complete_flow_steps's answer: the applied ids, with
+// the new token of those that continue on their lease (0 for the others).
+func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, applied map[int64]int64) error {
+	rows, err := q.Query(ctx, sql, r.cfg.RunnerID, doc, r.cfg.LeaseTTL)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var token *int64
+		if err := rows.Scan(&id, &token); err != nil {
 			return err
 		}
-		applied[id] = true
+		applied[id] = 0
+		if token != nil {
+			applied[id] = *token
+		}
 	}
 	return rows.Err()
 }
 
-// release frees the batch's slots, counts it and wakes the claim loop.
-func (r *Runner) release(batch []result, applied map[int64]bool) {
+// release frees the batch's slots, or runs the next step of those that
+// continue on their lease, counts the batch and wakes the claim loop.
+func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]int64) {
+	var backIDs, backTokens []int64
 	r.mu.Lock()
 	for i := range batch {
-		id := batch[i].c.ID
-		if s, ok := r.inflight[id]; ok && s.token == batch[i].c.Token {
+		res := &batch[i]
+		id := res.c.ID
+		if s, ok := r.inflight[id]; ok && s.token == res.c.Token {
 			s.cancel(nil)
 			delete(r.inflight, id)
 		}
+		token := applied[id]
+		if token == 0 {
+			continue
+		}
+		if r.closing || ctx.Err() != nil {
+			backIDs = append(backIDs, id)
+			backTokens = append(backTokens, token)
+			continue
+		}
+		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token}, res.chain+1)
 	}
 	r.mu.Unlock()
+	if len(backIDs) > 0 {
+		if _, err := r.pool.Exec(context.WithoutCancel(ctx), "SELECT "+r.cfg.Schema+".release_flow_leases($1, $2, $3)",
+			r.cfg.RunnerID, backIDs, backTokens); err != nil {
+			r.cfg.Logger.Warn("wharfflow: handing back steps; they run after their lease", "err", err)
+		}
+	}
 	for i := range batch {
-		r.stats.observe(batch[i], applied[batch[i].c.ID])
-		if !applied[batch[i].c.ID] {
+		_, ok := applied[batch[i].c.ID]
+		r.stats.observe(batch[i], ok)
+		if !ok {
 			r.cfg.Logger.Warn("wharfflow: outcome not applied: the step's lease was lost (or the instance cancelled)",
 				"instance", batch[i].c.ID, "step", batch[i].c.Step)
 		}

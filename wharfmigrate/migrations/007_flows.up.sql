@@ -73,9 +73,11 @@ CREATE TABLE {{schema}}.flow_signals (
 CREATE UNIQUE INDEX flow_signals_dedup ON {{schema}}.flow_signals (instance_id, dedup_key);
 CREATE INDEX flow_signals_pending ON {{schema}}.flow_signals (instance_id, name) WHERE consumed_at IS NULL;
 
--- Step history: one row per executed step outcome, for operators.
+-- Step history: one row per executed step outcome, for operators. No
+-- foreign key: its check would cost a lookup per step; cleanup_flows
+-- deletes an instance's history with it.
 CREATE TABLE {{schema}}.flow_steps (
-    instance_id bigint NOT NULL REFERENCES {{schema}}.flow_instances (id) ON DELETE CASCADE,
+    instance_id bigint NOT NULL,
     step        text NOT NULL,
     attempt     integer NOT NULL,
     outcome     text NOT NULL,
@@ -193,6 +195,31 @@ RETURNS bigint LANGUAGE sql AS $$
         'flow', p_flow, 'key', p_key, 'name', p_name, 'payload', p_payload, 'dedup_key', p_dedup_key))) s
 $$;
 
+-- flow_signal_pending: instance p_id has a pending signal named in p_names.
+CREATE FUNCTION {{schema}}.flow_signal_pending(p_id bigint, p_names text[]) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                    WHERE s.instance_id = p_id AND s.consumed_at IS NULL AND s.name = ANY (p_names))
+$$;
+
+-- flow_outcomes unpacks complete_flow_steps's JSON. A function of its own
+-- for its row estimate: with jsonb_to_recordset's default of 100 the
+-- planner joins the outcomes to the claimed rows the wrong way round and
+-- rescans all outcomes for each row.
+CREATE FUNCTION {{schema}}.flow_outcomes(p_outcomes jsonb)
+RETURNS TABLE (id bigint, token bigint, kind text, step text, state jsonb, attempt integer, run_at timestamptz,
+               delay double precision, error text, result jsonb, await_names text[], deadline timestamptz,
+               timeout_step text, consumed bigint[], children jsonb, pause_key text, pause_until timestamptz,
+               ran_step text, started_at timestamptz, cont boolean)
+LANGUAGE plpgsql IMMUTABLE ROWS 10 AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM jsonb_to_recordset(p_outcomes) AS x(
+        id bigint, token bigint, kind text, step text, state jsonb, attempt integer, run_at timestamptz,
+        delay double precision, error text, result jsonb, await_names text[], deadline timestamptz,
+        timeout_step text, consumed bigint[], children jsonb, pause_key text, pause_until timestamptz,
+        ran_step text, started_at timestamptz, cont boolean);
+END $$;
+
 -- claim_flow_steps leases up to p_limit due steps of p_flows to p_runner for
 -- p_lease, highest priority first, then oldest run_at, skipping rows other
 -- claimers hold. A row whose key is paused, whose concurrency key is full or
@@ -278,20 +305,20 @@ BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
+    -- An awaiting row claimed with no awaited signal pending has reached
+    -- its deadline: it runs its timeout step.
     RETURN QUERY
-    WITH claimed AS (
-        SELECT i.id, i.await_signals IS NOT NULL AND NOT EXISTS (
-                   SELECT 1 FROM {{schema}}.flow_signals s
-                    WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals)) AS timed_out
-          FROM {{schema}}.flow_instances i WHERE i.id = ANY (v_ids)
-    ), u AS (
+    WITH u AS (
         UPDATE {{schema}}.flow_instances i SET
             status = 'running', lease_owner = p_runner, lease_token = i.lease_token + 1,
             run_at = v_now + p_lease, updated_at = v_now,
-            step = CASE WHEN cl.timed_out THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
-            await_signals = CASE WHEN cl.timed_out THEN NULL ELSE i.await_signals END,
-            timeout_step = CASE WHEN cl.timed_out THEN NULL ELSE i.timeout_step END
-          FROM claimed cl WHERE i.id = cl.id
+            step = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
+                        THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
+            await_signals = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
+                                 THEN NULL ELSE i.await_signals END,
+            timeout_step = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
+                                THEN NULL ELSE i.timeout_step END
+         WHERE i.id = ANY (v_ids)
         RETURNING i.*
     )
     SELECT u.id, u.flow, u.step, u.state, u.attempt, u.lease_token, u.run_at,
@@ -337,7 +364,11 @@ END $$;
 -- only rows p_runner still holds, with the claim's token and an unexpired
 -- lease. Everything else an outcome carries (consumed signals, children,
 -- history, the parent's join, pauses) follows in the same transaction.
-CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb) RETURNS SETOF bigint
+-- A "next" outcome marked cont, of an instance without concurrency or rate
+-- key, keeps its lease for the next step (a new token, returned): the
+-- runner runs it at once, without a claim.
+CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval)
+RETURNS TABLE (id bigint, token bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -345,29 +376,34 @@ DECLARE
     v_applied bigint[];
     v_parents bigint[];
     v_keys    text[];
+    v_awaits  bigint[];
+    v_tokens  bigint[];
     v_woken   integer := 0;
     v_n       integer;
 BEGIN
     WITH o AS (
-        SELECT * FROM jsonb_to_recordset(p_outcomes) AS x(
-            id bigint, token bigint, kind text, step text, state jsonb, attempt integer, run_at timestamptz,
-            delay double precision, error text, result jsonb, await_names text[], deadline timestamptz, timeout_step text,
-            children jsonb)
+        SELECT * FROM {{schema}}.flow_outcomes(p_outcomes)
     ), u AS (
         UPDATE {{schema}}.flow_instances i SET
-            status = CASE o.kind WHEN 'await' THEN 'awaiting' WHEN 'spawn' THEN 'joining'
-                                 WHEN 'done' THEN 'done' WHEN 'fail' THEN 'failed' ELSE 'ready' END,
+            status = CASE WHEN o.cont AND o.kind = 'next' AND o.run_at IS NULL
+                               AND i.concurrency_key IS NULL AND i.rate_key IS NULL THEN 'running'
+                          ELSE CASE o.kind WHEN 'await' THEN 'awaiting' WHEN 'spawn' THEN 'joining'
+                                 WHEN 'done' THEN 'done' WHEN 'fail' THEN 'failed' ELSE 'ready' END END,
+            lease_token = i.lease_token + 1,
             step = coalesce(o.step, i.step),
             state = coalesce(o.state, i.state),
             attempt = coalesce(o.attempt, 0),
-            run_at = CASE WHEN o.kind IN ('next', 'retry', 'paused')
+            run_at = CASE WHEN o.cont AND o.kind = 'next' AND o.run_at IS NULL
+                               AND i.concurrency_key IS NULL AND i.rate_key IS NULL THEN v_now + p_lease
+                          WHEN o.kind IN ('next', 'retry', 'paused')
                           THEN coalesce(o.run_at, v_now + make_interval(secs => coalesce(o.delay, 0)))
                           WHEN o.kind = 'await' THEN coalesce(o.deadline, 'infinity')
                           ELSE 'infinity' END,
             not_before = CASE WHEN o.kind IN ('next', 'retry')
                               THEN coalesce(o.run_at, v_now + make_interval(secs => coalesce(o.delay, 0)))
                               ELSE i.not_before END,
-            lease_owner = NULL,
+            lease_owner = CASE WHEN o.cont AND o.kind = 'next' AND o.run_at IS NULL
+                                    AND i.concurrency_key IS NULL AND i.rate_key IS NULL THEN p_runner END,
             await_signals = CASE WHEN o.kind = 'await' THEN o.await_names
                                  WHEN o.kind IN ('retry', 'paused') THEN i.await_signals END,
             timeout_step = CASE WHEN o.kind = 'await' THEN o.timeout_step
@@ -381,55 +417,53 @@ BEGIN
           FROM o
          WHERE i.id = o.id AND i.lease_token = o.token AND i.lease_owner = p_runner
            AND i.status = 'running' AND i.run_at > v_now
-        RETURNING i.id
-    )
-    SELECT array_agg(u.id) INTO v_applied FROM u;
-    IF v_applied IS NULL THEN
-        RETURN;
-    END IF;
-
-    WITH o AS (
-        SELECT * FROM jsonb_to_recordset(p_outcomes) AS x(id bigint, kind text, step text, attempt integer,
-            error text, started_at timestamptz, consumed bigint[], children jsonb, pause_key text, pause_until timestamptz,
-            ran_step text)
-         WHERE x.id = ANY (v_applied)
+        RETURNING i.id, i.spawn_round, i.parent_id, i.concurrency_key, i.status = 'running' AS continued, i.lease_token
+    ), a AS (
+        SELECT o.*, u.spawn_round, u.parent_id, u.concurrency_key, u.continued, u.lease_token FROM o JOIN u ON u.id = o.id
     ), consumed AS (
         UPDATE {{schema}}.flow_signals s SET consumed_at = v_now, consumed_step = o.ran_step
-          FROM o, unnest(o.consumed) AS c(sid)
+          FROM a AS o, unnest(o.consumed) AS c(sid)
          WHERE s.id = c.sid AND s.instance_id = o.id
     ), history AS (
         INSERT INTO {{schema}}.flow_steps (instance_id, step, attempt, outcome, error, runner, started_at, finished_at)
-        SELECT o.id, o.ran_step, coalesce(o.attempt, 0), o.kind, o.error, p_runner, coalesce(o.started_at, v_now), v_now FROM o
+        SELECT o.id, o.ran_step, coalesce(o.attempt, 0), o.kind, o.error, p_runner, coalesce(o.started_at, v_now), v_now FROM a AS o
     ), children AS (
         INSERT INTO {{schema}}.flow_instances (flow, step, state, priority, concurrency_key, concurrency_limit,
                                                rate_key, parent_id, spawn_round, run_at, not_before)
         SELECT ch.flow, ch.step, coalesce(ch.state, '{}'), coalesce(ch.priority, 0), ch.concurrency_key,
-               coalesce(ch.concurrency_limit, 1), ch.rate_key, o.id, p.spawn_round, v_now, v_now
-          FROM o JOIN {{schema}}.flow_instances p ON p.id = o.id,
+               coalesce(ch.concurrency_limit, 1), ch.rate_key, o.id, o.spawn_round, v_now, v_now
+          FROM a AS o,
                jsonb_to_recordset(o.children) AS ch(flow text, step text, state jsonb, priority integer,
                                                     concurrency_key text, concurrency_limit integer, rate_key text)
          WHERE o.kind = 'spawn'
     ), pauses AS (
         INSERT INTO {{schema}}.flow_keys AS k (key, paused_until)
-        SELECT o.pause_key, max(o.pause_until) FROM o WHERE o.kind = 'paused' AND o.pause_key IS NOT NULL GROUP BY o.pause_key
+        SELECT o.pause_key, max(o.pause_until) FROM a AS o WHERE o.kind = 'paused' AND o.pause_key IS NOT NULL GROUP BY o.pause_key
         ON CONFLICT (key) DO UPDATE SET paused_until = greatest(k.paused_until, excluded.paused_until)
     )
-    SELECT count(*) FILTER (WHERE o.kind IN ('next', 'spawn')) INTO v_n FROM o;
+    SELECT array_agg(a.id), array_agg(CASE WHEN a.continued THEN a.lease_token END),
+           count(*) FILTER (WHERE a.kind = 'spawn' OR (a.kind = 'next' AND NOT a.continued)),
+           array_agg(a.id) FILTER (WHERE a.kind = 'await'),
+           array_agg(DISTINCT a.parent_id) FILTER (WHERE a.parent_id IS NOT NULL AND a.kind IN ('done', 'fail')),
+           array_agg(DISTINCT a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL)
+      INTO v_applied, v_tokens, v_n, v_awaits, v_parents, v_keys FROM a;
+    IF v_applied IS NULL THEN
+        RETURN;
+    END IF;
     v_woken := v_woken + v_n;
 
     -- Awaits whose signal came first run at once.
-    UPDATE {{schema}}.flow_instances i SET run_at = v_now
-     WHERE i.id = ANY (v_applied) AND i.status = 'awaiting' AND EXISTS (
-           SELECT 1 FROM {{schema}}.flow_signals s
-            WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    v_woken := v_woken + v_n;
+    IF v_awaits IS NOT NULL THEN
+        UPDATE {{schema}}.flow_instances i SET run_at = v_now
+         WHERE i.id = ANY (v_awaits) AND i.status = 'awaiting'
+           AND {{schema}}.flow_signal_pending(i.id, i.await_signals);
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        v_woken := v_woken + v_n;
+    END IF;
 
     -- Joins: a parent whose children of this round have all ended runs its
     -- join step. Parents are locked first (in id order), so of two batches
     -- ending a parent's last two children the second sees the first's.
-    SELECT array_agg(DISTINCT i.parent_id) INTO v_parents FROM {{schema}}.flow_instances i
-     WHERE i.id = ANY (v_applied) AND i.parent_id IS NOT NULL AND i.status IN ('done', 'failed');
     IF v_parents IS NOT NULL THEN
         PERFORM 1 FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_parents) ORDER BY p.id FOR UPDATE;
         UPDATE {{schema}}.flow_instances p SET status = 'ready', run_at = v_now, not_before = v_now,
@@ -443,8 +477,6 @@ BEGIN
     END IF;
 
     -- A step of a concurrency key ended: the key's next waiting row may run.
-    SELECT array_agg(DISTINCT i.concurrency_key) INTO v_keys FROM {{schema}}.flow_instances i
-     WHERE i.id = ANY (v_applied) AND i.concurrency_key IS NOT NULL;
     IF v_keys IS NOT NULL THEN
         UPDATE {{schema}}.flow_instances i SET run_at = greatest(i.not_before, v_now)
           FROM unnest(v_keys) AS k(key), LATERAL (
@@ -459,7 +491,7 @@ BEGIN
     IF v_woken > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
-    RETURN QUERY SELECT unnest(v_applied);
+    RETURN QUERY SELECT * FROM unnest(v_applied, v_tokens);
 END $$;
 
 -- renew_flow_leases extends the leases p_runner still holds and returns
@@ -472,6 +504,24 @@ RETURNS SETOF bigint LANGUAGE sql AS $$
        AND i.status = 'running' AND i.run_at > clock_timestamp()
     RETURNING i.id
 $$;
+
+-- release_flow_leases hands back steps p_runner holds but will not run (a
+-- stopping runner's continued steps): they are due at once, for any runner.
+CREATE FUNCTION {{schema}}.release_flow_leases(p_runner text, p_ids bigint[], p_tokens bigint[])
+RETURNS integer LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_n integer;
+BEGIN
+    UPDATE {{schema}}.flow_instances i SET status = 'ready', run_at = clock_timestamp(), lease_owner = NULL
+      FROM unnest(p_ids, p_tokens) AS t(id, token)
+     WHERE i.id = t.id AND i.lease_token = t.token AND i.lease_owner = p_runner AND i.status = 'running';
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        PERFORM pg_notify('{{schema}}_flows', '');
+    END IF;
+    RETURN v_n;
+END $$;
 
 -- wake_flows makes awaiting instances with a pending awaited signal due now:
 -- those in p_ids, or every one when p_ids is NULL. Returns how many.
@@ -549,12 +599,20 @@ CREATE FUNCTION {{schema}}.cleanup_flows(p_before timestamptz, p_limit integer) 
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_n integer;
+    v_n   integer;
+    v_ids bigint[];
 BEGIN
-    DELETE FROM {{schema}}.flow_instances i WHERE i.id IN (
-        SELECT x.id FROM {{schema}}.flow_instances x
-         WHERE x.status IN ('done', 'cancelled') AND x.parent_id IS NULL AND x.finished_at < p_before
-         ORDER BY x.finished_at LIMIT p_limit);
+    v_ids := ARRAY(SELECT x.id FROM {{schema}}.flow_instances x
+                    WHERE x.status IN ('done', 'cancelled') AND x.parent_id IS NULL AND x.finished_at < p_before
+                    ORDER BY x.finished_at LIMIT p_limit FOR UPDATE SKIP LOCKED);
+    WITH RECURSIVE tree AS (
+        SELECT unnest(v_ids) AS id
+        UNION ALL
+        SELECT ch.id FROM {{schema}}.flow_instances ch JOIN tree t ON ch.parent_id = t.id
+    )
+    DELETE FROM {{schema}}.flow_steps s USING tree WHERE s.instance_id = tree.id;
+    -- Children and signals go by their foreign keys' cascade.
+    DELETE FROM {{schema}}.flow_instances i WHERE i.id = ANY (v_ids);
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END $$;
