@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -97,7 +98,7 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Instance, error) {
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
-	if o.Status != "" && !contains(Statuses, o.Status) {
+	if o.Status != "" && !slices.Contains(Statuses, o.Status) {
 		return nil, fmt.Errorf("wharfflow: unknown status %q: use one of %s", o.Status, strings.Join(Statuses, ", "))
 	}
 	q := "SELECT " + instanceColumns + " FROM " + c.schema + ".flow_instances WHERE ($1 = '' OR flow = $1) AND ($2 = '' OR status = $2) AND ($3 = 0 OR id < $3) ORDER BY id DESC LIMIT $4"
@@ -115,15 +116,6 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Instance, error) {
 		out = append(out, i)
 	}
 	return out, rows.Err()
-}
-
-func contains(xs []string, x string) bool {
-	for _, s := range xs {
-		if s == x {
-			return true
-		}
-	}
-	return false
 }
 
 // Get returns instance id with its step history and signals; ErrNoInstance
