@@ -55,6 +55,9 @@ type Config struct {
 	CleanupInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, counts this runner's steps (NewMetrics; one
+	// Metrics may serve every runner of a process).
+	Metrics *Metrics
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -575,6 +578,7 @@ func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]
 	for i := range batch {
 		_, ok := applied[batch[i].c.ID]
 		r.stats.observe(batch[i], ok)
+		r.cfg.Metrics.observe(batch[i], ok)
 		if !ok {
 			r.cfg.Logger.Warn("wharfflow: outcome not applied: the step's lease was lost (or the instance cancelled)",
 				"instance", batch[i].c.ID, "step", batch[i].c.Step)
