@@ -27,7 +27,9 @@ func TestMetrics(t *testing.T) {
 			}
 			return wharfflow.Fail(nil)
 		}).
-		Step("b", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome { return wharfflow.Done(nil) })
+		Step("b", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Done(nil)
+		})
 	// Two due before any runner runs: the backlog.
 	ids, err := b.client.Start(ctx, f.Start(counter{N: 1}, wharfflow.StartOptions{}), f.Start(counter{N: 2}, wharfflow.StartOptions{}))
 	require.NoError(t, err)
