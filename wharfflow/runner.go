@@ -147,7 +147,6 @@ type Runner struct {
 	started  bool
 	cancel   context.CancelFunc
 	stopped  chan struct{}
-	err      error
 }
 
 type running struct {

@@ -8,12 +8,11 @@ import (
 // Stats are a runner's counters since it was created. Read them with the
 // methods; they are safe for concurrent use.
 type Stats struct {
-	steps       atomic.Int64
-	lost        atomic.Int64
-	failed      atomic.Int64
-	stepNanos   atomic.Int64
-	byOutcome   [kindPaused + 1]atomic.Int64
-	lastOutcome atomic.Int64
+	steps     atomic.Int64
+	lost      atomic.Int64
+	failed    atomic.Int64
+	stepNanos atomic.Int64
+	byOutcome [kindPaused + 1]atomic.Int64
 }
 
 func newStats() *Stats { return &Stats{} }
@@ -33,7 +32,6 @@ func (s *Stats) observe(res result, applied bool) {
 	if k == kindFail {
 		s.failed.Add(1)
 	}
-	s.lastOutcome.Store(time.Now().UnixNano())
 }
 
 // Steps is how many step outcomes the runner committed.

@@ -336,7 +336,9 @@ BEGIN
 END $$;
 
 -- next_flow_due is the earliest run_at after now of a claimable row (NULL
--- when none is scheduled): when an idle runner looks again.
+-- when none is scheduled): when an idle runner looks again. Rows due now
+-- that the runner did not claim (other flows, or claimed by another runner)
+-- do not count, or an idle runner would look again at once, over and over.
 CREATE FUNCTION {{schema}}.next_flow_due() RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -349,7 +351,7 @@ BEGIN
     WHILE v_prio IS NOT NULL LOOP
         SELECT i.run_at INTO v_at FROM {{schema}}.flow_instances i
          WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority = v_prio
-           AND i.run_at < 'infinity' ORDER BY i.run_at LIMIT 1;
+           AND i.run_at > clock_timestamp() AND i.run_at < 'infinity' ORDER BY i.run_at LIMIT 1;
         IF v_at IS NOT NULL AND (v_min IS NULL OR v_at < v_min) THEN
             v_min := v_at;
         END IF;
