@@ -510,3 +510,44 @@ func TestStartAndSignalFromSQL(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE correlation_key = 'k-rolled-back'").Scan(&n))
 	require.Zero(t, n)
 }
+
+// A stopped runner leaves no step leased to itself: steps it ran finished
+// with their outcomes written, steps chained on their lease were handed
+// back, so another runner goes on at once rather than after the lease.
+func TestStopLeavesNoLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var ran atomic.Int32
+	f := wharfflow.New[counter]("chain", nil).
+		Step("loop", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			ran.Add(1)
+			s.N++
+			if s.N == 100 {
+				return wharfflow.Done(s.N)
+			}
+			return wharfflow.Next("loop")
+		})
+	a, err := wharfflow.NewRunner(b.pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{f}, RunnerID: "a", Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, a.Start(ctx))
+	var starts []wharfflow.Start
+	for range 10 {
+		starts = append(starts, f.Start(counter{}, wharfflow.StartOptions{}))
+	}
+	ids, err := b.client.Start(ctx, starts...)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return ran.Load() > 50 }, time.Minute, time.Millisecond)
+	require.NoError(t, a.Stop(ctx))
+	var held int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE lease_owner = 'a'").Scan(&held))
+	require.Zero(t, held)
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "b"})
+	for _, id := range ids {
+		b.waitStatus(t, id, "done")
+		d, err := b.client.Get(ctx, id)
+		require.NoError(t, err)
+		require.JSONEq(t, "100", string(d.Result), "no step ran twice, none was skipped")
+		require.Len(t, d.Steps, 100)
+	}
+}
