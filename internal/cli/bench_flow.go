@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -32,6 +33,11 @@ func runFlowBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Com
 		return usageError{fmt.Errorf("--runners must be at least 1, got %d", o.Runners)}
 	case o.MaxInFlight < 1:
 		return usageError{fmt.Errorf("--max-in-flight must be at least 1, got %d", o.MaxInFlight)}
+	}
+	for _, w := range o.Workloads {
+		if !slices.Contains(bench.FlowWorkloads, w) {
+			return usageError{fmt.Errorf("--workload %q: use steps, signal or children", w)}
+		}
 	}
 	if o.Paced < 0 {
 		o.Paced = -1

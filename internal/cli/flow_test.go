@@ -96,3 +96,20 @@ func TestFlowCommands(t *testing.T) {
 	require.Equal(t, 2, code)
 	requireOneLineError(t, errOut, `--status "stuck": use one of`)
 }
+
+// wharf bench --mode flow runs its three workloads and prints a line each.
+func TestFlowBench(t *testing.T) {
+	t.Parallel()
+	s := session{}
+	code, out, errOut := s.run("bench", "--mode", "flow", "--flows", "30", "--paced", "300ms", "--database-url", databaseURL)
+	require.Equal(t, 0, code, errOut)
+	for _, w := range []string{"steps ", "signal ", "children "} {
+		require.Contains(t, out, w)
+	}
+	code, _, errOut = s.run("bench", "--mode", "flow", "--flows", "0", "--database-url", databaseURL)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, "--flows must be at least 1")
+	code, _, errOut = s.run("bench", "--mode", "flow", "--workload", "nap", "--flows", "1", "--paced", "-1s", "--database-url", databaseURL)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, `--workload "nap": use steps, signal or children`)
+}
