@@ -321,7 +321,7 @@ func (r *Runner) claimLoop(ctx context.Context) {
 		}
 		var sleep time.Duration = -1 // until woken
 		if free > 0 {
-			rows, err := r.claim(ctx, free)
+			rows, next, err := r.claim(ctx, free)
 			switch {
 			case err != nil:
 				if ctx.Err() != nil {
@@ -335,10 +335,8 @@ func (r *Runner) claimLoop(ctx context.Context) {
 				sleep = 0 // more may be due; claim again when a slot frees
 			default:
 				backoffDelay = 100 * time.Millisecond
-				if at, err := r.nextDue(ctx); err == nil && !at.IsZero() {
-					sleep = max(time.Until(at), time.Millisecond)
-				} else if err != nil && ctx.Err() == nil {
-					sleep = time.Second
+				if next != nil {
+					sleep = max(time.Until(*next), time.Millisecond)
 				}
 			}
 			for _, c := range rows {
@@ -367,44 +365,43 @@ func (r *Runner) claimLoop(ctx context.Context) {
 	}
 }
 
-func (r *Runner) claim(ctx context.Context, n int) ([]claimed, error) {
+// claim leases up to n due steps. When it got fewer, next is when the
+// next row falls due (nil: none is scheduled; a notification or an outcome
+// written wakes the runner).
+func (r *Runner) claim(ctx context.Context, n int) (out []claimed, next *time.Time, err error) {
 	rows, err := r.pool.Query(ctx, "SELECT id, flow, step, state, attempt, lease_token, lease_until, signals, children FROM "+
 		r.cfg.Schema+".claim_flow_steps($1, $2, $3, $4)", r.cfg.RunnerID, r.names, n, r.cfg.LeaseTTL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
-	var out []claimed
 	for rows.Next() {
 		var c claimed
 		var sigs, children []byte
-		if err := rows.Scan(&c.ID, &c.Flow, &c.Step, &c.State, &c.Attempt, &c.Token, &c.Until, &sigs, &children); err != nil {
-			return nil, err
+		var until *time.Time
+		if err := rows.Scan(&c.ID, &c.Flow, &c.Step, &c.State, &c.Attempt, &c.Token, &until, &sigs, &children); err != nil {
+			return nil, nil, err
+		}
+		if c.ID == 0 { // the next due time
+			next = until
+			continue
+		}
+		if until != nil {
+			c.Until = *until
 		}
 		if len(sigs) > 0 {
 			if err := json.Unmarshal(sigs, &c.Signals); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		if len(children) > 0 {
 			if err := json.Unmarshal(children, &c.Children); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		out = append(out, c)
 	}
-	return out, rows.Err()
-}
-
-func (r *Runner) nextDue(ctx context.Context) (time.Time, error) {
-	var at *time.Time
-	if err := r.pool.QueryRow(ctx, "SELECT "+r.cfg.Schema+".next_flow_due()").Scan(&at); err != nil {
-		return time.Time{}, err
-	}
-	if at == nil {
-		return time.Time{}, nil
-	}
-	return *at, nil
+	return out, next, rows.Err()
 }
 
 // run executes one claimed step in a goroutine and hands its outcome to the

@@ -6,7 +6,7 @@ DROP FUNCTION {{schema}}.wake_flows(bigint[]);
 DROP FUNCTION {{schema}}.release_flow_leases(text, bigint[], bigint[]);
 DROP FUNCTION {{schema}}.renew_flow_leases(text, bigint[], bigint[], interval);
 DROP FUNCTION {{schema}}.complete_flow_steps(text, jsonb, interval);
-DROP FUNCTION {{schema}}.next_flow_due();
+DROP FUNCTION {{schema}}.next_flow_due(timestamptz);
 DROP FUNCTION {{schema}}.flow_outcomes(jsonb);
 DROP FUNCTION {{schema}}.flow_signal_pending(bigint, text[]);
 DROP FUNCTION {{schema}}.claim_flow_steps(text, text[], integer, interval);

@@ -220,12 +220,43 @@ BEGIN
         ran_step text, started_at timestamptz, cont boolean);
 END $$;
 
+-- next_flow_due is the earliest run_at after p_after of a claimable row
+-- (NULL when none is scheduled): when an idle runner looks again. The claim
+-- passes its own start, so rows due before it that it did not take (other
+-- flows' rows, rows another runner holds) do not count, or an idle runner
+-- would look again at once, over and over; rows that fell due since do.
+CREATE FUNCTION {{schema}}.next_flow_due(p_after timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_prio integer;
+    v_at   timestamptz;
+    v_min  timestamptz;
+BEGIN
+    SELECT i.priority INTO v_prio FROM {{schema}}.flow_instances i
+     WHERE i.status IN ('ready', 'running', 'awaiting') ORDER BY i.priority DESC LIMIT 1;
+    WHILE v_prio IS NOT NULL LOOP
+        SELECT i.run_at INTO v_at FROM {{schema}}.flow_instances i
+         WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority = v_prio
+           AND i.run_at > p_after AND i.run_at < 'infinity' ORDER BY i.run_at LIMIT 1;
+        IF v_at IS NOT NULL AND (v_min IS NULL OR v_at < v_min) THEN
+            v_min := v_at;
+        END IF;
+        SELECT i.priority INTO v_prio FROM {{schema}}.flow_instances i
+         WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority < v_prio ORDER BY i.priority DESC LIMIT 1;
+    END LOOP;
+    RETURN v_min;
+END $$;
+
 -- claim_flow_steps leases up to p_limit due steps of p_flows to p_runner for
 -- p_lease, highest priority first, then oldest run_at, skipping rows other
 -- claimers hold. A row whose key is paused, whose concurrency key is full or
 -- whose token bucket is empty is not claimed: its run_at moves to when it may
 -- run (without touching its attempt). Each returned row carries the signals
--- its step receives and, for a join step, its children's outcomes.
+-- its step receives and, for a join step, its children's outcomes. When it
+-- leased fewer than p_limit, a last row with id 0 carries in lease_until
+-- the next time a row falls due (next_flow_due), NULL when none is
+-- scheduled: the caller's timer, without another round trip.
 CREATE FUNCTION {{schema}}.claim_flow_steps(p_runner text, p_flows text[], p_limit integer, p_lease interval)
 RETURNS TABLE (id bigint, flow text, step text, state jsonb, attempt integer, lease_token bigint,
                lease_until timestamptz, signals jsonb, children jsonb)
@@ -302,6 +333,10 @@ BEGIN
         SELECT i.priority INTO v_prio FROM {{schema}}.flow_instances i
          WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority < v_prio ORDER BY i.priority DESC LIMIT 1;
     END LOOP;
+    IF v_n < p_limit THEN
+        RETURN QUERY SELECT 0::bigint, ''::text, ''::text, 'null'::jsonb, 0, 0::bigint,
+                            {{schema}}.next_flow_due(v_now), NULL::jsonb, NULL::jsonb;
+    END IF;
     IF v_n = 0 THEN
         RETURN;
     END IF;
@@ -335,31 +370,6 @@ BEGIN
       FROM u;
 END $$;
 
--- next_flow_due is the earliest run_at after now of a claimable row (NULL
--- when none is scheduled): when an idle runner looks again. Rows due now
--- that the runner did not claim (other flows, or claimed by another runner)
--- do not count, or an idle runner would look again at once, over and over.
-CREATE FUNCTION {{schema}}.next_flow_due() RETURNS timestamptz
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_prio integer;
-    v_at   timestamptz;
-    v_min  timestamptz;
-BEGIN
-    SELECT i.priority INTO v_prio FROM {{schema}}.flow_instances i
-     WHERE i.status IN ('ready', 'running', 'awaiting') ORDER BY i.priority DESC LIMIT 1;
-    WHILE v_prio IS NOT NULL LOOP
-        SELECT i.run_at INTO v_at FROM {{schema}}.flow_instances i
-         WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority = v_prio
-           AND i.run_at > clock_timestamp() AND i.run_at < 'infinity' ORDER BY i.run_at LIMIT 1;
-        IF v_at IS NOT NULL AND (v_min IS NULL OR v_at < v_min) THEN
-            v_min := v_at;
-        END IF;
-        SELECT i.priority INTO v_prio FROM {{schema}}.flow_instances i
-         WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority < v_prio ORDER BY i.priority DESC LIMIT 1;
-    END LOOP;
-    RETURN v_min;
-END $$;
 
 -- complete_flow_steps writes a batch of step outcomes (a JSON array, see
 -- wharfflow's outcome encoding) for p_runner and returns the ids it applied:
@@ -485,7 +495,9 @@ BEGIN
                SELECT w.id FROM {{schema}}.flow_instances w
                 WHERE w.concurrency_key = k.key AND w.status = 'ready' AND w.run_at > greatest(w.not_before, v_now)
                 ORDER BY w.priority DESC, w.not_before LIMIT 1) AS nxt
-         WHERE i.id = nxt.id;
+         -- Checked again on the row itself: if a claimer leased it meanwhile,
+         -- the update waits for it and must then leave its lease alone.
+         WHERE i.id = nxt.id AND i.status = 'ready' AND i.run_at > greatest(i.not_before, v_now);
         GET DIAGNOSTICS v_n = ROW_COUNT;
         v_woken := v_woken + v_n;
     END IF;
