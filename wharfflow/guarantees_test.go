@@ -551,3 +551,33 @@ func TestStopLeavesNoLeases(t *testing.T) {
 		require.Len(t, d.Steps, 100)
 	}
 }
+
+// A signal that commits after the outcome writing its await looked for
+// signals (its own wake found the instance still running) is not left
+// waiting: its notification makes a runner check the instance.
+func TestSignalCommittedAfterTheAwaitWakesByNotification(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := wharfflow.New[counter]("late", nil).
+		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Await("go", "go")
+		}).
+		Step("go", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Done(len(in.Signals))
+		})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}})
+	ids, err := b.client.Start(ctx, f.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	b.waitStatus(t, ids[0], "awaiting")
+	// The signal row as that race leaves it: recorded, the instance not woken.
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_signals (instance_id, name) VALUES ($1, 'go')", ids[0])
+	require.NoError(t, err)
+	require.Equal(t, "awaiting", b.status(t, ids[0]))
+	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", b.schema+"_flows", fmt.Sprint(ids[0]))
+	require.NoError(t, err)
+	b.waitStatus(t, ids[0], "done")
+	d, err := b.client.Get(ctx, ids[0])
+	require.NoError(t, err)
+	require.JSONEq(t, "1", string(d.Result))
+}
