@@ -2,6 +2,7 @@ package wharfflow_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfflow"
 )
@@ -111,4 +113,91 @@ func TestKill9MidStepRerunsThatStep(t *testing.T) {
 	}
 	require.Equal(t, []string{"one@doomed", "two@survivor", "three@survivor"}, runs)
 	require.JSONEq(t, "2", string(d.Result))
+}
+
+const killLoadEnv = "WHARFFLOW_KILL_LOAD"
+
+// loadFlow is the flow of the kill -9 under load test: five steps, each
+// emitting one message; onStep runs in each.
+func loadFlow(onStep func()) *wharfflow.Flow[counter] {
+	return wharfflow.New[counter]("load", nil).
+		Step("s", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			onStep()
+			s.N++
+			msg := wharf.Message{Topic: "steps", Key: fmt.Sprint(in.Instance), Payload: []byte(fmt.Sprint(s.N))}
+			if s.N == 5 {
+				return wharfflow.Done(s.N).Emit(msg)
+			}
+			return wharfflow.Next("s").Emit(msg)
+		})
+}
+
+// TestKillLoadHelperProcess is the runner TestKill9UnderLoad kills; it does
+// nothing unless started by it.
+func TestKillLoadHelperProcess(t *testing.T) {
+	marker := os.Getenv(killLoadEnv)
+	if marker == "" {
+		return
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	require.NoError(t, err)
+	var ran atomic.Int64
+	f := loadFlow(func() {
+		if ran.Add(1) == 300 {
+			_ = os.WriteFile(marker, []byte("busy"), 0o600)
+		}
+		time.Sleep(time.Millisecond)
+	})
+	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: os.Getenv("WHARFFLOW_SCHEMA"), Flows: []wharfflow.Definition{f},
+		RunnerID: "doomed", LeaseTTL: 2 * time.Second, MaxInFlight: 64, Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	select {}
+}
+
+// kill -9 of a runner process under load: another runner finishes every
+// instance, no step's outcome is lost or applied twice, and every emitted
+// message is in the outbox once.
+func TestKill9UnderLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := loadFlow(func() {})
+	var starts []wharfflow.Start
+	for range 400 {
+		starts = append(starts, f.Start(counter{}, wharfflow.StartOptions{}))
+	}
+	ids, err := b.client.Start(ctx, starts...)
+	require.NoError(t, err)
+	marker := filepath.Join(t.TempDir(), "marker")
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestKillLoadHelperProcess$", "-test.count=1")
+	cmd.Env = append(testdb.CleanEnv(), killLoadEnv+"="+marker, "WHARFFLOW_SCHEMA="+b.schema, "TEST_DATABASE_URL="+databaseURL)
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	require.Eventually(t, func() bool { _, err := os.Stat(marker); return err == nil }, time.Minute, time.Millisecond,
+		"the helper runner never got busy")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	<-exited
+	var leased int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE lease_owner = 'doomed' AND status = 'running'").Scan(&leased))
+
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "survivor"})
+	for _, id := range ids {
+		b.waitStatus(t, id, "done")
+	}
+	var outcomes, messages, distinct, wrong int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_steps").Scan(&outcomes))
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT (key, payload)) FROM "+b.schema+".outbox").Scan(&messages, &distinct))
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE state <> '{\"n\": 5}'::jsonb").Scan(&wrong))
+	require.Equal(t, 5*len(ids), outcomes, "one outcome per step: none lost, none applied twice")
+	require.Equal(t, 5*len(ids), messages)
+	require.Equal(t, messages, distinct)
+	require.Zero(t, wrong)
+	t.Logf("%d steps were leased to the killed runner", leased)
 }
