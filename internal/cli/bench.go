@@ -16,6 +16,8 @@ import (
 
 type benchFlags struct {
 	opts          bench.Options
+	flow          bench.FlowOptions
+	flowWorkloads []string
 	mode          string
 	recordsPerKey int
 	jsonPath      string
@@ -57,6 +59,12 @@ Modes:
             passing rate below); the window's own p99 is reported beside it.
             Reports the highest rate sustainable in every run, with the evidence
             of each run
+  flow      durable flows (wharfflow): per --workload (steps: 3 empty steps; signal:
+            3 steps awaiting one signal, sent by an application loop; children:
+            a parent spawning 10 one-step children and joining them), --flows
+            instances pre-started and drained by --runners runners (steps/s,
+            client round trips and commits per step), then --paced of flows
+            started at half the drained rate (step-to-step p50/p99)
   soak      a long steady run (e.g. --rate at half the sustainable rate,
             --duration 30m) with the relay in this process; samples the process's
             resident memory, Go heap and goroutines, the p99 of each interval and
@@ -84,6 +92,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
   wharf bench --mode sweep --records-per-key 10 --producer-batch 100 --payload-bytes 200 --json sweep.json
   wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000
   wharf bench --mode soak --rate 10000 --duration 30m --report soak/
+  wharf bench --mode flow --workload steps,signal,children --flows 20000
   wharf bench --mode baseline --outbox-mode wal --database-url postgres://.../db
   wharf bench --mode steady --outbox-mode wal --rate 20000 --limits --database-url postgres://.../db`,
 		Args: noArgs,
@@ -95,7 +104,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	}
 	o := &f.opts
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady, sweep or soak")
+	fl.StringVar(&f.mode, "mode", "drain", "what to measure: drain, baseline, steady, sweep, soak, or flow (durable flows, package wharfflow)")
 	fl.StringVar(&o.OutboxMode, "outbox-mode", "table", "where the bench's outbox keeps messages: table, or wal (needs wal_level=logical and --relays 1; steady, sweep and soak run the relay in this process, drain and baseline as a process; baseline adds the emit limit)")
 	fl.IntVar(&o.Messages, "messages", 200000, "drain: messages to pre-fill")
 	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady, soak and each sweep step: how long the producers run after the warm-up")
@@ -124,6 +133,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.DurationVar(&o.SampleInterval, "sample-interval", 0, "fixed sampling period (0 = adapt: 100 ms, 250 ms with relay processes, doubling past 240 samples)")
 	fl.DurationVar(&o.TailWait, "tail-wait", 10*time.Second, "steady: after the producers stop, wait at most this long for the relays to catch up (0 = do not wait; a sweep always waits for an empty outbox, up to 2m)")
 	fl.DurationVar(&o.Timeout, "timeout", 10*time.Minute, "drain, baseline: give up a drain or the removal limit after this long")
+	addFlowBenchFlags(fl, f)
 	return cmd
 }
 
@@ -174,6 +184,9 @@ func parseRelayArgs(args []string) (relayFlags, error) {
 }
 
 func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command) error {
+	if f.mode == "flow" {
+		return runFlowBench(ctx, g, f, cmd)
+	}
 	o := f.opts
 	o.Mode = bench.Mode(f.mode)
 	switch {

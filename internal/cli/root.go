@@ -236,6 +236,7 @@ whole configuration and that the database and every sink answer.`,
 		newBenchCmd(g),
 		newVersionCmd(g),
 		newConsoleCmd(g),
+		newFlowCmd(g),
 	)
 	for _, c := range root.Commands() {
 		c.SilenceUsage = true

@@ -1,0 +1,444 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wharfhq/wharf/wharfflow"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// FlowWorkloads are the workloads of `wharf bench --mode flow`.
+var FlowWorkloads = []string{"steps", "signal", "children"}
+
+// FlowOptions configure the flow benchmark.
+type FlowOptions struct {
+	DatabaseURL string
+	// Schema defaults to wharf_flowbench_<random>, dropped at the end
+	// unless Keep.
+	Schema string
+	Keep   bool
+	// Workloads to run, in order; defaults to all of FlowWorkloads.
+	Workloads []string
+	// Instances per workload for the drain (throughput). Defaults to 20000.
+	Instances int
+	// Runners in this process. Defaults to 1.
+	Runners int
+	// MaxInFlight per runner. Defaults to 512.
+	MaxInFlight int
+	// Paced is how long the latency phase starts flows at half the drained
+	// rate (0 = no latency phase). Defaults to 5s.
+	Paced    time.Duration
+	Progress io.Writer
+	Logger   *slog.Logger
+}
+
+// FlowResult is one workload's figures.
+type FlowResult struct {
+	Workload     string  `json:"workload"`
+	Instances    int     `json:"instances"`
+	StepsPerFlow int     `json:"steps_per_flow"`
+	Steps        int64   `json:"steps"`
+	Seconds      float64 `json:"seconds"`
+	StepsPerSec  float64 `json:"steps_per_sec"`
+	FlowsPerSec  float64 `json:"flows_per_sec"`
+	// Client round trips (queries, BEGIN and COMMIT each count one) and
+	// committed transactions per step during the drain, all clients
+	// (runners and, for signal, the signal sender) included.
+	RoundTripsPerStep float64 `json:"round_trips_per_step"`
+	CommitsPerStep    float64 `json:"commits_per_step"`
+	// Step-to-step latency while flows start at PacedRate flows/s: from a
+	// step's start to the next step's start of the same instance (for
+	// signal, from the signal's send to the resumed step's start).
+	PacedRate float64 `json:"paced_flows_per_sec"`
+	P50Ms     float64 `json:"step_to_step_p50_ms"`
+	P99Ms     float64 `json:"step_to_step_p99_ms"`
+	Samples   int     `json:"latency_samples"`
+}
+
+// roundTrips counts the queries a pool sends.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+type benchState struct {
+	Prev int64 `json:"prev"` // unix ns of the previous step's start
+	Sent int64 `json:"sent"`
+}
+
+// latencies collects step-to-step gaps while recording is on.
+type latencies struct {
+	on  atomic.Bool
+	mu  sync.Mutex
+	got []time.Duration
+}
+
+func (l *latencies) add(prev int64) {
+	if prev == 0 || !l.on.Load() {
+		return
+	}
+	d := time.Since(time.Unix(0, prev))
+	l.mu.Lock()
+	l.got = append(l.got, d)
+	l.mu.Unlock()
+}
+
+func (l *latencies) quantile(q float64) time.Duration {
+	if len(l.got) == 0 {
+		return 0
+	}
+	return l.got[min(len(l.got)-1, int(q*float64(len(l.got))))]
+}
+
+// RunFlow runs the flow workloads and returns their figures.
+func RunFlow(ctx context.Context, o FlowOptions) ([]FlowResult, error) {
+	if o.Instances <= 0 {
+		o.Instances = 20000
+	}
+	if o.Runners <= 0 {
+		o.Runners = 1
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 512
+	}
+	if o.Paced == 0 {
+		o.Paced = 5 * time.Second
+	}
+	if len(o.Workloads) == 0 {
+		o.Workloads = FlowWorkloads
+	}
+	for _, w := range o.Workloads {
+		if !slices.Contains(FlowWorkloads, w) {
+			return nil, fmt.Errorf("--workload %q: use steps, signal or children", w)
+		}
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	var out []FlowResult
+	for _, w := range o.Workloads {
+		res, err := runFlowWorkload(ctx, o, w)
+		if err != nil {
+			return out, fmt.Errorf("workload %s: %w", w, err)
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowResult, error) {
+	res := FlowResult{Workload: workload, Instances: o.Instances}
+	schema := o.Schema
+	if schema == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		schema = "wharf_flowbench_" + hex.EncodeToString(b[:])
+	}
+	schema += "_" + workload
+	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
+	if err != nil {
+		return res, err
+	}
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	cfg.MaxConns = int32(8 + 4*o.Runners)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer pool.Close()
+	m, err := wharfmigrate.New(schema)
+	if err != nil {
+		return res, err
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		return res, err
+	}
+	if !o.Keep {
+		defer func() { _, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") }()
+	}
+	client, err := wharfflow.NewClient(pool, schema)
+	if err != nil {
+		return res, err
+	}
+
+	lat := &latencies{}
+	var done atomic.Int64
+	step := func(next string) wharfflow.StepFunc[benchState] {
+		return func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
+			now := time.Now().UnixNano()
+			if len(in.Signals) > 0 {
+				var sent int64
+				_ = json.Unmarshal(in.Signals[0].Payload, &sent)
+				lat.add(sent)
+			} else {
+				lat.add(s.Prev)
+			}
+			s.Prev = now
+			if next == "" {
+				done.Add(1)
+				return wharfflow.Done(nil)
+			}
+			return wharfflow.Next(next)
+		}
+	}
+	var defs []wharfflow.Definition
+	var start func(i int) wharfflow.Start
+	var isDone func() int64
+	switch workload {
+	case "steps":
+		f := wharfflow.New[benchState]("steps", nil).Step("a", step("b")).Step("b", step("c")).Step("c", step(""))
+		defs = []wharfflow.Definition{f}
+		start = func(int) wharfflow.Start { return f.Start(benchState{}, wharfflow.StartOptions{}) }
+		res.StepsPerFlow = 3
+		isDone = done.Load
+	case "signal":
+		f := wharfflow.New[benchState]("signal", nil).
+			Step("a", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
+				lat.add(s.Prev)
+				s.Prev = time.Now().UnixNano()
+				return wharfflow.Await("b", "go")
+			}).
+			Step("b", step("c")).Step("c", step(""))
+		defs = []wharfflow.Definition{f}
+		start = func(int) wharfflow.Start { return f.Start(benchState{}, wharfflow.StartOptions{}) }
+		res.StepsPerFlow = 3
+		isDone = done.Load
+	case "children":
+		var parentsDone atomic.Int64
+		child := wharfflow.New[benchState]("child", nil).Step("work", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Done(nil)
+		})
+		parent := wharfflow.New[benchState]("parent", nil).
+			Step("fan", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
+				s.Prev = time.Now().UnixNano()
+				kids := make([]wharfflow.Child, 10)
+				for i := range kids {
+					kids[i] = child.Child(benchState{}, wharfflow.Options{})
+				}
+				return wharfflow.Spawn("join", kids...)
+			}).
+			Step("join", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
+				lat.add(s.Prev) // spawn → all ten children done → join
+				parentsDone.Add(1)
+				return wharfflow.Done(nil)
+			})
+		defs = []wharfflow.Definition{parent, child}
+		start = func(int) wharfflow.Start { return parent.Start(benchState{}, wharfflow.StartOptions{}) }
+		res.StepsPerFlow = 12
+		isDone = parentsDone.Load
+	}
+
+	// Pre-fill the instances, then time the runners draining them.
+	const batch = 1000
+	for i := 0; i < o.Instances; i += batch {
+		var starts []wharfflow.Start
+		for j := i; j < min(i+batch, o.Instances); j++ {
+			starts = append(starts, start(j))
+		}
+		if _, err := client.Start(ctx, starts...); err != nil {
+			return res, err
+		}
+	}
+	var runners []*wharfflow.Runner
+	defer func() {
+		for _, r := range runners {
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			_ = r.Stop(stopCtx)
+			cancel()
+		}
+	}()
+	commits := func() (int64, error) {
+		var n int64
+		err := pool.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&n)
+		return n, err
+	}
+	_, _ = pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
+	c0, err := commits()
+	if err != nil {
+		return res, err
+	}
+	rt0 := rt.n.Load()
+	t0 := time.Now()
+	for range o.Runners {
+		r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: defs, MaxInFlight: o.MaxInFlight, Logger: o.Logger})
+		if err != nil {
+			return res, err
+		}
+		if err := r.Start(ctx); err != nil {
+			return res, err
+		}
+		runners = append(runners, r)
+	}
+	senderCtx, stopSender := context.WithCancel(ctx)
+	senderDone := make(chan error, 1)
+	if workload == "signal" {
+		go func() { senderDone <- sendSignals(senderCtx, pool, client, schema) }()
+	} else {
+		close(senderDone)
+	}
+	stopSenderWait := func() error {
+		stopSender()
+		if err := <-senderDone; err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+		return nil
+	}
+	target := int64(o.Instances)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for isDone() < target {
+		select {
+		case <-ctx.Done():
+			_ = stopSenderWait()
+			return res, ctx.Err()
+		case <-tick.C:
+			fmt.Fprintf(o.Progress, "\r%s: %d/%d flows done", workload, isDone(), target)
+		}
+	}
+	elapsed := time.Since(t0)
+	rt1 := rt.n.Load()
+	_, _ = pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
+	c1, err := commits()
+	if err != nil {
+		return res, err
+	}
+	fmt.Fprintf(o.Progress, "\r%s: %d flows drained in %s\n", workload, target, elapsed.Round(time.Millisecond))
+	var steps int64
+	for _, r := range runners {
+		steps += r.Stats().Steps()
+	}
+	res.Steps = steps
+	res.Seconds = elapsed.Seconds()
+	res.StepsPerSec = float64(steps) / elapsed.Seconds()
+	res.FlowsPerSec = float64(target) / elapsed.Seconds()
+	res.RoundTripsPerStep = float64(rt1-rt0) / float64(steps)
+	res.CommitsPerStep = float64(c1-c0) / float64(steps)
+
+	// Latency at half the drained rate.
+	if o.Paced > 0 {
+		rate := res.FlowsPerSec / 2
+		res.PacedRate = rate
+		lat.on.Store(true)
+		base := done.Load()
+		if workload == "children" {
+			base = isDone()
+		}
+		interval := 10 * time.Millisecond
+		perTick := rate * interval.Seconds()
+		var owed float64
+		var started int64
+		tk := time.NewTicker(interval)
+		end := time.Now().Add(o.Paced)
+		for time.Now().Before(end) {
+			<-tk.C
+			owed += perTick
+			n := int(owed)
+			owed -= float64(n)
+			if n == 0 {
+				continue
+			}
+			starts := make([]wharfflow.Start, n)
+			for i := range starts {
+				starts[i] = start(i)
+			}
+			if _, err := client.Start(ctx, starts...); err != nil {
+				tk.Stop()
+				_ = stopSenderWait()
+				return res, err
+			}
+			started += int64(n)
+		}
+		tk.Stop()
+		for isDone()-base < started {
+			select {
+			case <-ctx.Done():
+				_ = stopSenderWait()
+				return res, ctx.Err()
+			case <-tick.C:
+			}
+		}
+		lat.on.Store(false)
+		lat.mu.Lock()
+		slices.Sort(lat.got)
+		res.Samples = len(lat.got)
+		res.P50Ms = float64(lat.quantile(0.5).Microseconds()) / 1000
+		res.P99Ms = float64(lat.quantile(0.99).Microseconds()) / 1000
+		lat.mu.Unlock()
+	}
+	if err := stopSenderWait(); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// sendSignals signals awaiting instances as an application would, in
+// batches of up to 500 per transaction, the payload carrying the send time.
+func sendSignals(ctx context.Context, pool *pgxpool.Pool, client *wharfflow.Client, schema string) error {
+	for ctx.Err() == nil {
+		// Awaits without a deadline wait at run_at infinity, on the claim's index.
+		rows, err := pool.Query(ctx, "SELECT id FROM "+schema+".flow_instances WHERE status IN ('ready', 'running', 'awaiting') "+
+			"AND priority = 0 AND run_at = 'infinity' AND status = 'awaiting' LIMIT 500")
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+			continue
+		}
+		sigs := make([]wharfflow.Signal, len(ids))
+		now := time.Now().UnixNano()
+		for i, id := range ids {
+			sigs[i] = wharfflow.Signal{Instance: id, Name: "go", Payload: now, DedupKey: "go"}
+		}
+		if _, err := client.Send(ctx, sigs...); err != nil && !errors.Is(err, wharfflow.ErrNoInstance) {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// WriteFlowSummary prints the flow workloads' figures.
+func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
+	_, err := fmt.Fprintf(w, "%-9s %9s %10s %10s %9s %9s %10s %10s %s\n", "workload", "flows", "steps/s", "flows/s",
+		"rt/step", "tx/step", "p50 ms", "p99 ms", "(latency at flows/s)")
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if _, err := fmt.Fprintf(w, "%-9s %9d %10.0f %10.0f %9.3f %9.3f %10.2f %10.2f %.0f\n", r.Workload, r.Instances,
+			r.StepsPerSec, r.FlowsPerSec, r.RoundTripsPerStep, r.CommitsPerStep, r.P50Ms, r.P99Ms, r.PacedRate); err != nil {
+			return err
+		}
+	}
+	return nil
+}

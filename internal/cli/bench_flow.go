@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/wharfhq/wharf/internal/bench"
+)
+
+func addFlowBenchFlags(fl *pflag.FlagSet, f *benchFlags) {
+	fl.StringSliceVar(&f.flowWorkloads, "workload", bench.FlowWorkloads, "flow: workloads to run (steps, signal, children), comma-separated")
+	fl.IntVar(&f.flow.Instances, "flows", 20000, "flow: instances per workload to pre-start and drain")
+	fl.IntVar(&f.flow.Runners, "runners", 1, "flow: runners in this process")
+	fl.IntVar(&f.flow.MaxInFlight, "max-in-flight", 512, "flow: steps each runner runs at once")
+	fl.DurationVar(&f.flow.Paced, "paced", 0, "flow: how long to start flows at half the drained rate for step-to-step latency (default 5s; negative = skip)")
+}
+
+// runFlowBench is `wharf bench --mode flow`.
+func runFlowBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command) error {
+	o := f.flow
+	o.Workloads = f.flowWorkloads
+	switch {
+	case o.Instances < 1:
+		return usageError{fmt.Errorf("--flows must be at least 1, got %d", o.Instances)}
+	case o.Runners < 1:
+		return usageError{fmt.Errorf("--runners must be at least 1, got %d", o.Runners)}
+	case o.MaxInFlight < 1:
+		return usageError{fmt.Errorf("--max-in-flight must be at least 1, got %d", o.MaxInFlight)}
+	}
+	for _, w := range o.Workloads {
+		if !slices.Contains(bench.FlowWorkloads, w) {
+			return usageError{fmt.Errorf("--workload %q: use steps, signal or children", w)}
+		}
+	}
+	if o.Paced < 0 {
+		o.Paced = -1
+	}
+	if cmd.Flags().Changed("schema") {
+		o.Schema = g.schema
+	}
+	o.Keep = f.opts.Keep
+	o.Progress = g.stderr
+	o.Logger = g.log
+	_, stopDB, err := g.throwawayDatabase(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopDB()
+	o.DatabaseURL = g.databaseURL
+	rs, err := bench.RunFlow(ctx, o)
+	if err != nil {
+		if ctx.Err() != nil {
+			return errors.New("interrupted")
+		}
+		return err
+	}
+	if err := bench.WriteFlowSummary(g.stdout, rs); err != nil {
+		return err
+	}
+	if f.jsonPath != "" {
+		b, err := json.MarshalIndent(rs, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(f.jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stderr, "wrote %s\n", f.jsonPath)
+	}
+	return nil
+}

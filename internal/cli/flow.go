@@ -1,0 +1,309 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/wharfhq/wharf/wharfflow"
+)
+
+func newFlowCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "flow",
+		Short: "List, show, signal, cancel or retry durable flow instances (package wharfflow)",
+		Long: `Operate the durable flows that run on this schema (package wharfflow, docs/flows.md).
+
+Instances are addressed by id (as 'wharf flow list' shows). Signals may also address an
+instance by flow and correlation key (--flow and --key).`,
+	}
+	cmd.AddCommand(newFlowListCmd(g), newFlowShowCmd(g), newFlowSignalCmd(g), newFlowCancelCmd(g), newFlowRetryCmd(g))
+	return cmd
+}
+
+func (g *globals) flowClient(cmd *cobra.Command) (*wharfflow.Client, func(), error) {
+	pool, err := g.connect(cmd.Context(), 2)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := wharfflow.NewClient(pool, g.schema)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return c, pool.Close, nil
+}
+
+func parseInstanceID(arg string) (int64, error) {
+	id, err := strconv.ParseInt(arg, 10, 64)
+	if err != nil || id < 1 {
+		return 0, usageError{fmt.Errorf("instance id %q must be a positive number (as 'wharf flow list' shows)", arg)}
+	}
+	return id, nil
+}
+
+func newFlowListCmd(g *globals) *cobra.Command {
+	var o wharfflow.ListOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List instances, newest first: flow, key, status, step, attempt, age and error",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Limit < 1 {
+				return usageError{fmt.Errorf("--limit must be at least 1 (got %d)", o.Limit)}
+			}
+			if o.Status != "" && !slices.Contains(wharfflow.Statuses, o.Status) {
+				return usageError{fmt.Errorf("--status %q: use one of %s", o.Status, strings.Join(wharfflow.Statuses, ", "))}
+			}
+			c, closeFn, err := g.flowClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			is, err := c.List(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				enc := json.NewEncoder(g.stdout)
+				for _, i := range is {
+					if err := enc.Encode(i); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			now := time.Now()
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tFLOW\tKEY\tSTATUS\tSTEP\tATTEMPT\tAGE\tERROR")
+			for _, i := range is {
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", i.ID, i.Flow, dashIfEmpty(i.Key), i.Status, i.Step, i.Attempt,
+					roundAge(now.Sub(i.CreatedAt)), oneLine(i.Error, 80))
+			}
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if len(is) == o.Limit {
+				fmt.Fprintf(g.stderr, "(first %d shown; raise --limit, narrow with --flow / --status, or page with --before %d)\n",
+					o.Limit, is[len(is)-1].ID)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.Flow, "flow", "", "only instances of this flow")
+	fl.StringVar(&o.Status, "status", "", "only instances with this status: "+strings.Join(wharfflow.Statuses, ", "))
+	fl.IntVar(&o.Limit, "limit", 100, "most instances to list")
+	fl.Int64Var(&o.Before, "before", 0, "only instances with a lower id (the next page)")
+	fl.BoolVar(&asJSON, "json", false, "one JSON object per line")
+	return cmd
+}
+
+func dashIfEmpty(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func newFlowShowCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show ID",
+		Short: "Show one instance: its state, step history with timings and errors, and signals",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseInstanceID(args[0])
+			if err != nil {
+				return err
+			}
+			c, closeFn, err := g.flowClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			d, err := c.Get(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(g.stdout).Encode(d)
+			}
+			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			ts := func(t *time.Time) string {
+				if t == nil {
+					return "-"
+				}
+				return t.UTC().Format(time.RFC3339Nano)
+			}
+			fmt.Fprintf(w, "id\t%d\n", d.ID)
+			fmt.Fprintf(w, "flow\t%s\n", d.Flow)
+			fmt.Fprintf(w, "key\t%s\n", dashIfEmpty(d.Key))
+			fmt.Fprintf(w, "status\t%s\n", d.Status)
+			fmt.Fprintf(w, "step\t%s (attempt %d)\n", d.Step, d.Attempt)
+			fmt.Fprintf(w, "priority\t%d\n", d.Priority)
+			fmt.Fprintf(w, "run at\t%s\n", ts(d.RunAt))
+			if d.LeaseOwner != "" {
+				fmt.Fprintf(w, "runner\t%s\n", d.LeaseOwner)
+			}
+			if d.ParentID != 0 {
+				fmt.Fprintf(w, "parent\t%d\n", d.ParentID)
+			}
+			if len(d.AwaitSignals) > 0 {
+				fmt.Fprintf(w, "awaiting\t%s\n", strings.Join(d.AwaitSignals, ", "))
+			}
+			if d.ConcurrencyKey != "" {
+				fmt.Fprintf(w, "concurrency key\t%s\n", d.ConcurrencyKey)
+			}
+			if d.RateKey != "" {
+				fmt.Fprintf(w, "rate key\t%s\n", d.RateKey)
+			}
+			fmt.Fprintf(w, "created at\t%s\n", d.CreatedAt.UTC().Format(time.RFC3339Nano))
+			fmt.Fprintf(w, "finished at\t%s\n", ts(d.FinishedAt))
+			fmt.Fprintf(w, "state\t%s\n", oneLine(string(d.State), 200))
+			if len(d.Result) > 0 {
+				fmt.Fprintf(w, "result\t%s\n", oneLine(string(d.Result), 200))
+			}
+			if d.Error != "" {
+				fmt.Fprintf(w, "error\t%s\n", oneLine(d.Error, 200))
+			}
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, "\nsteps:")
+			w = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "STEP\tATTEMPT\tOUTCOME\tSTARTED\tTOOK\tRUNNER\tERROR")
+			for _, s := range d.Steps {
+				fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Step, s.Attempt, s.Outcome, s.StartedAt.UTC().Format(time.RFC3339Nano),
+					s.FinishedAt.Sub(s.StartedAt).Round(time.Microsecond), s.Runner, oneLine(s.Error, 80))
+			}
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintln(g.stdout, "\nsignals:")
+			w = tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "ID\tNAME\tDEDUP KEY\tRECEIVED\tCONSUMED BY\tPAYLOAD")
+			for _, s := range d.Signals {
+				by := "pending"
+				if s.ConsumedAt != nil {
+					by = s.ConsumedStep
+				}
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Name, dashIfEmpty(s.DedupKey), s.CreatedAt.UTC().Format(time.RFC3339Nano),
+					by, oneLine(string(s.Payload), 80))
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "the instance, its steps and signals as one JSON object")
+	return cmd
+}
+
+func newFlowSignalCmd(g *globals) *cobra.Command {
+	var s wharfflow.Signal
+	var payload string
+	cmd := &cobra.Command{
+		Use:   "signal [ID] --name NAME",
+		Short: "Send a signal to an instance (by id, or by --flow and --key)",
+		Example: `  wharf flow signal 42 --name payment-captured --payload '{"cents": 4200}' --dedup-key psp-evt-981
+  wharf flow signal --flow checkout --key o-1 --name payment-captured`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				id, err := parseInstanceID(args[0])
+				if err != nil {
+					return err
+				}
+				if s.Flow != "" || s.Key != "" {
+					return usageError{errors.New("give an instance id or --flow and --key, not both")}
+				}
+				s.Instance = id
+			} else if s.Flow == "" || s.Key == "" {
+				return usageError{errors.New("address the instance: an id, or --flow and --key")}
+			}
+			if s.Name == "" {
+				return usageError{errors.New("--name is required: the signal name the flow awaits")}
+			}
+			if payload != "" {
+				if !json.Valid([]byte(payload)) {
+					return usageError{fmt.Errorf("--payload must be JSON (quote a string: '\"text\"'), got %q", payload)}
+				}
+				s.Payload = json.RawMessage(payload)
+			}
+			c, closeFn, err := g.flowClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ids, err := c.Send(cmd.Context(), s)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "signal %d recorded\n", ids[0])
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&s.Name, "name", "", "signal name (required)")
+	fl.StringVar(&s.Flow, "flow", "", "with --key: the flow of the instance")
+	fl.StringVar(&s.Key, "key", "", "with --flow: the instance's correlation key")
+	fl.StringVar(&payload, "payload", "", "JSON payload")
+	fl.StringVar(&s.DedupKey, "dedup-key", "", "a second signal with this key to the same instance is not recorded again")
+	return cmd
+}
+
+func newFlowCancelCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Cancel an instance that has not ended, and its children; a step running now commits nothing",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseInstanceID(args[0])
+			if err != nil {
+				return err
+			}
+			c, closeFn, err := g.flowClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			n, err := c.Cancel(cmd.Context(), id)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "cancelled %d instance(s)\n", n)
+			return nil
+		},
+	}
+}
+
+func newFlowRetryCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "retry ID",
+		Short: "Run a failed instance's failed step again, from attempt 0",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := parseInstanceID(args[0])
+			if err != nil {
+				return err
+			}
+			c, closeFn, err := g.flowClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			if err := c.Retry(cmd.Context(), id); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.stdout, "instance %d will run its failed step again\n", id)
+			return nil
+		},
+	}
+}

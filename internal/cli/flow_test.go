@@ -1,0 +1,115 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/wharfflow"
+)
+
+// wharf flow list, show, signal, retry and cancel against instances a runner
+// executes.
+func TestFlowCommands(t *testing.T) {
+	t.Parallel()
+	b := newSchema(t)
+	ctx := context.Background()
+	type st struct{}
+	var healthy atomic.Bool
+	f := wharfflow.New[st]("order", &wharfflow.FlowConfig{MaxAttempts: 1}).
+		Step("wait", func(ctx context.Context, s *st, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Await("charge", "paid")
+		}).
+		Step("charge", func(ctx context.Context, s *st, in wharfflow.Input) wharfflow.Outcome {
+			if !healthy.Load() {
+				return wharfflow.Retry(errors.New("card network down"))
+			}
+			return wharfflow.Done("charged")
+		})
+	r, err := wharfflow.NewRunner(b.pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{f},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	fc, err := wharfflow.NewClient(b.pool, b.schema)
+	require.NoError(t, err)
+	ids, err := fc.Start(ctx, f.Start(st{}, wharfflow.StartOptions{Key: "o-7"}), f.Start(st{}, wharfflow.StartOptions{Key: "o-8"}))
+	require.NoError(t, err)
+	status := func(id int64) string {
+		var s string
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT status FROM "+b.schema+".flow_instances WHERE id = $1", id).Scan(&s))
+		return s
+	}
+	waitStatus := func(id int64, want string) {
+		require.Eventually(t, func() bool { return status(id) == want }, time.Minute, 10*time.Millisecond)
+	}
+	waitStatus(ids[0], "awaiting")
+	s := session{}
+
+	code, out, errOut := s.run(b.cmd("flow", "list", "--status", "awaiting")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "o-7")
+	require.Contains(t, out, "awaiting")
+
+	code, out, errOut = s.run(b.cmd("flow", "signal", "--flow", "order", "--key", "o-7", "--name", "paid", "--payload", `{"cents": 10}`, "--dedup-key", "e1")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "recorded")
+	waitStatus(ids[0], "failed")
+
+	code, out, errOut = s.run(b.cmd("flow", "show", fmt.Sprint(ids[0]))...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "card network down")
+	require.Contains(t, out, "paid")
+	require.Contains(t, out, "charge")
+
+	healthy.Store(true)
+	code, _, errOut = s.run(b.cmd("flow", "retry", fmt.Sprint(ids[0]))...)
+	require.Equal(t, 0, code, errOut)
+	waitStatus(ids[0], "done")
+
+	code, out, errOut = s.run(b.cmd("flow", "cancel", fmt.Sprint(ids[1]))...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "cancelled 1 instance")
+	require.Equal(t, "cancelled", status(ids[1]))
+
+	// Mistakes: one line naming what is wrong.
+	code, _, errOut = s.run(b.cmd("flow", "cancel", fmt.Sprint(ids[1]))...)
+	require.Equal(t, 1, code)
+	requireOneLineError(t, errOut, "no such active flow instance")
+	code, _, errOut = s.run(b.cmd("flow", "show", "abc")...)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, `instance id "abc" must be a positive number`)
+	code, _, errOut = s.run(b.cmd("flow", "signal", "--flow", "order", "--key", "o-8")...)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, "--name is required")
+	code, _, errOut = s.run(b.cmd("flow", "signal", "1", "--name", "x", "--payload", "not json")...)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, "--payload must be JSON")
+	code, _, errOut = s.run(b.cmd("flow", "list", "--status", "stuck")...)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, `--status "stuck": use one of`)
+}
+
+// wharf bench --mode flow runs its three workloads and prints a line each.
+func TestFlowBench(t *testing.T) {
+	t.Parallel()
+	s := session{}
+	code, out, errOut := s.run("bench", "--mode", "flow", "--flows", "30", "--paced", "300ms", "--database-url", databaseURL)
+	require.Equal(t, 0, code, errOut)
+	for _, w := range []string{"steps ", "signal ", "children "} {
+		require.Contains(t, out, w)
+	}
+	code, _, errOut = s.run("bench", "--mode", "flow", "--flows", "0", "--database-url", databaseURL)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, "--flows must be at least 1")
+	code, _, errOut = s.run("bench", "--mode", "flow", "--workload", "nap", "--flows", "1", "--paced", "-1s", "--database-url", databaseURL)
+	require.Equal(t, 2, code)
+	requireOneLineError(t, errOut, `--workload "nap": use steps, signal or children`)
+}

@@ -1,0 +1,218 @@
+package wharfflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Instance is a flow instance as operators see it.
+type Instance struct {
+	ID             int64           `json:"id"`
+	Flow           string          `json:"flow"`
+	Key            string          `json:"key,omitempty"`
+	Status         string          `json:"status"`
+	Step           string          `json:"step"`
+	Attempt        int             `json:"attempt"`
+	Priority       int             `json:"priority"`
+	RunAt          *time.Time      `json:"run_at,omitempty"`
+	LeaseOwner     string          `json:"lease_owner,omitempty"`
+	ParentID       int64           `json:"parent_id,omitempty"`
+	AwaitSignals   []string        `json:"await_signals,omitempty"`
+	ConcurrencyKey string          `json:"concurrency_key,omitempty"`
+	RateKey        string          `json:"rate_key,omitempty"`
+	State          json.RawMessage `json:"state"`
+	Result         json.RawMessage `json:"result,omitempty"`
+	Error          string          `json:"error,omitempty"`
+	CreatedAt      time.Time       `json:"created_at"`
+	UpdatedAt      time.Time       `json:"updated_at"`
+	FinishedAt     *time.Time      `json:"finished_at,omitempty"`
+}
+
+// StepRecord is one executed step in an instance's history.
+type StepRecord struct {
+	Step       string    `json:"step"`
+	Attempt    int       `json:"attempt"`
+	Outcome    string    `json:"outcome"`
+	Error      string    `json:"error,omitempty"`
+	Runner     string    `json:"runner"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// SignalRecord is a signal an instance received.
+type SignalRecord struct {
+	ID           int64           `json:"id"`
+	Name         string          `json:"name"`
+	Payload      json.RawMessage `json:"payload,omitempty"`
+	DedupKey     string          `json:"dedup_key,omitempty"`
+	CreatedAt    time.Time       `json:"created_at"`
+	ConsumedAt   *time.Time      `json:"consumed_at,omitempty"`
+	ConsumedStep string          `json:"consumed_step,omitempty"`
+}
+
+// Details is an instance with its step history and signals.
+type Details struct {
+	Instance
+	Steps   []StepRecord   `json:"steps"`
+	Signals []SignalRecord `json:"signals"`
+}
+
+const instanceColumns = `id, flow, coalesce(correlation_key, ''), status, step, attempt, priority,
+CASE WHEN run_at < 'infinity' THEN run_at END, coalesce(lease_owner, ''), coalesce(parent_id, 0),
+await_signals, coalesce(concurrency_key, ''), coalesce(rate_key, ''), state, result, coalesce(error, ''),
+created_at, updated_at, finished_at`
+
+func scanInstance(row pgx.Row) (Instance, error) {
+	var i Instance
+	err := row.Scan(&i.ID, &i.Flow, &i.Key, &i.Status, &i.Step, &i.Attempt, &i.Priority, &i.RunAt, &i.LeaseOwner,
+		&i.ParentID, &i.AwaitSignals, &i.ConcurrencyKey, &i.RateKey, &i.State, &i.Result, &i.Error,
+		&i.CreatedAt, &i.UpdatedAt, &i.FinishedAt)
+	return i, err
+}
+
+// ListOptions filter List.
+type ListOptions struct {
+	// Flow and Status, when set, keep only instances of that flow and status.
+	Flow, Status string
+	// Limit defaults to 100.
+	Limit int
+	// Before, when set, lists instances with a lower id (the next page).
+	Before int64
+}
+
+// Statuses are the statuses an instance can have.
+var Statuses = []string{"ready", "running", "awaiting", "joining", "done", "failed", "cancelled"}
+
+// List returns instances, newest first.
+func (c *Client) List(ctx context.Context, o ListOptions) ([]Instance, error) {
+	if c.pool == nil {
+		return nil, ErrNoPool
+	}
+	if o.Limit <= 0 {
+		o.Limit = 100
+	}
+	if o.Status != "" && !slices.Contains(Statuses, o.Status) {
+		return nil, fmt.Errorf("wharfflow: unknown status %q: use one of %s", o.Status, strings.Join(Statuses, ", "))
+	}
+	q := "SELECT " + instanceColumns + " FROM " + c.schema + ".flow_instances WHERE ($1 = '' OR flow = $1) AND ($2 = '' OR status = $2) AND ($3 = 0 OR id < $3) ORDER BY id DESC LIMIT $4"
+	rows, err := c.pool.Query(ctx, q, o.Flow, o.Status, o.Before, o.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("wharfflow: list: %w", err)
+	}
+	defer rows.Close()
+	var out []Instance
+	for rows.Next() {
+		i, err := scanInstance(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, i)
+	}
+	return out, rows.Err()
+}
+
+// Get returns instance id with its step history and signals; ErrNoInstance
+// when there is none.
+func (c *Client) Get(ctx context.Context, id int64) (Details, error) {
+	if c.pool == nil {
+		return Details{}, ErrNoPool
+	}
+	var d Details
+	i, err := scanInstance(c.pool.QueryRow(ctx, "SELECT "+instanceColumns+" FROM "+c.schema+".flow_instances WHERE id = $1", id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, fmt.Errorf("%w: instance %d", ErrNoInstance, id)
+	}
+	if err != nil {
+		return d, fmt.Errorf("wharfflow: get: %w", err)
+	}
+	d.Instance = i
+	rows, err := c.pool.Query(ctx, "SELECT step, attempt, outcome, coalesce(error, ''), runner, started_at, finished_at FROM "+
+		c.schema+".flow_steps WHERE instance_id = $1 ORDER BY finished_at, started_at", id)
+	if err != nil {
+		return d, err
+	}
+	for rows.Next() {
+		var s StepRecord
+		if err := rows.Scan(&s.Step, &s.Attempt, &s.Outcome, &s.Error, &s.Runner, &s.StartedAt, &s.FinishedAt); err != nil {
+			rows.Close()
+			return d, err
+		}
+		d.Steps = append(d.Steps, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return d, err
+	}
+	rows, err = c.pool.Query(ctx, "SELECT id, name, payload, coalesce(dedup_key, ''), created_at, consumed_at, coalesce(consumed_step, '') FROM "+
+		c.schema+".flow_signals WHERE instance_id = $1 ORDER BY id", id)
+	if err != nil {
+		return d, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var s SignalRecord
+		if err := rows.Scan(&s.ID, &s.Name, &s.Payload, &s.DedupKey, &s.CreatedAt, &s.ConsumedAt, &s.ConsumedStep); err != nil {
+			return d, err
+		}
+		d.Signals = append(d.Signals, s)
+	}
+	return d, rows.Err()
+}
+
+// Wait returns instance id once it has ended (done, failed or cancelled),
+// looking every interval, or ctx's error.
+func (c *Client) Wait(ctx context.Context, id int64, interval time.Duration) (Instance, error) {
+	if c.pool == nil {
+		return Instance{}, ErrNoPool
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		i, err := scanInstance(c.pool.QueryRow(ctx, "SELECT "+instanceColumns+" FROM "+c.schema+".flow_instances WHERE id = $1", id))
+		if err != nil {
+			return i, fmt.Errorf("wharfflow: wait: %w", err)
+		}
+		if i.Status == "done" || i.Status == "failed" || i.Status == "cancelled" {
+			return i, nil
+		}
+		select {
+		case <-ctx.Done():
+			return i, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Counts returns how many instances each flow has per status, for the
+// statuses that have not ended, and failed.
+func (c *Client) Counts(ctx context.Context) (map[string]map[string]int64, error) {
+	if c.pool == nil {
+		return nil, ErrNoPool
+	}
+	rows, err := c.pool.Query(ctx, "SELECT flow, status, count(*) FROM "+c.schema+
+		".flow_instances WHERE status NOT IN ('done', 'cancelled') GROUP BY 1, 2")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]map[string]int64{}
+	for rows.Next() {
+		var f, s string
+		var n int64
+		if err := rows.Scan(&f, &s, &n); err != nil {
+			return nil, err
+		}
+		if out[f] == nil {
+			out[f] = map[string]int64{}
+		}
+		out[f][s] = n
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,471 @@
+package wharfflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/backoff"
+)
+
+// StepFunc is one step of a flow. It may change *state; the state it leaves
+// is saved with the outcome it returns. Side effects outside the database
+// should be keyed by in.IdempotencyKey: a step runs again when its runner
+// dies before its outcome commits.
+type StepFunc[S any] func(ctx context.Context, state *S, in Input) Outcome
+
+// Input is what a step receives besides its state.
+type Input struct {
+	// Instance is the flow instance's id.
+	Instance int64
+	// Flow and Step name the flow and the step running.
+	Flow, Step string
+	// Attempt is 0 on a step's first run and grows with each Retry.
+	Attempt int
+	// Signals are the awaited signals the step consumes (empty unless the
+	// step was resumed by Await, oldest first). Its outcome marks them
+	// consumed.
+	Signals []ReceivedSignal
+	// Children are the outcomes of the children spawned by the previous
+	// step, for a join step (see Spawn).
+	Children []ChildResult
+	// IdempotencyKey is "<instance>/<step>/<attempt>": the same when a step
+	// is run again after its runner died, different on each Retry.
+	IdempotencyKey string
+}
+
+// ReceivedSignal is a signal as a step receives it.
+type ReceivedSignal struct {
+	ID      int64           `json:"id"`
+	Name    string          `json:"name"`
+	Payload json.RawMessage `json:"payload"`
+	At      time.Time       `json:"at"`
+}
+
+// ChildResult is how a child instance ended.
+type ChildResult struct {
+	ID   int64  `json:"id"`
+	Flow string `json:"flow"`
+	// Status is done, failed or cancelled.
+	Status string          `json:"status"`
+	Result json.RawMessage `json:"result"`
+	Error  string          `json:"error"`
+}
+
+// Options are an instance's flow-control settings.
+type Options struct {
+	// Priority orders due steps: higher first. Defaults to 0.
+	Priority int
+	// ConcurrencyKey, when set, admits at most ConcurrencyLimit running
+	// steps of instances with this key at once (across runners).
+	ConcurrencyKey string
+	// ConcurrencyLimit defaults to 1: one step at a time per key.
+	ConcurrencyLimit int
+	// RateKey, when set, takes one token per step from the key's token
+	// bucket (Config.RateLimits), and is paused by RateLimited.
+	RateKey string
+}
+
+// StartOptions are Options plus what only a top-level start has.
+type StartOptions struct {
+	// Key is the correlation key: at most one instance of the flow with this
+	// key is active (not done or cancelled); starting another returns the
+	// active one's id. Signals may address the instance by it.
+	Key string
+	// RunAt, when set, is when the first step may run.
+	RunAt time.Time
+	Options
+}
+
+// FlowConfig holds a flow's retry policy.
+type FlowConfig struct {
+	// MaxAttempts is how many times a step runs before Retry fails the
+	// instance. Defaults to 5.
+	MaxAttempts int
+	// RetryBackoff is the first Retry's delay, doubled on each attempt with
+	// jitter. Defaults to 1s.
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps the delay. Defaults to 5m.
+	MaxRetryBackoff time.Duration
+}
+
+// Flow is a named set of steps over a state of type S, saved as JSON.
+type Flow[S any] struct {
+	name  string
+	first string
+	steps map[string]StepFunc[S]
+	cfg   FlowConfig
+}
+
+// New returns an empty flow called name. Add steps with Step; the first one
+// added is where instances start.
+func New[S any](name string, cfg *FlowConfig) *Flow[S] {
+	f := &Flow[S]{name: name, steps: map[string]StepFunc[S]{}}
+	if cfg != nil {
+		f.cfg = *cfg
+	}
+	if f.cfg.MaxAttempts <= 0 {
+		f.cfg.MaxAttempts = 5
+	}
+	if f.cfg.RetryBackoff <= 0 {
+		f.cfg.RetryBackoff = time.Second
+	}
+	if f.cfg.MaxRetryBackoff <= 0 {
+		f.cfg.MaxRetryBackoff = 5 * time.Minute
+	}
+	return f
+}
+
+// Step adds a step called name. It panics on an empty or repeated name: a
+// flow's steps are fixed at startup.
+func (f *Flow[S]) Step(name string, fn StepFunc[S]) *Flow[S] {
+	if name == "" || fn == nil {
+		panic("wharfflow: a step needs a name and a function")
+	}
+	if _, dup := f.steps[name]; dup {
+		panic(fmt.Sprintf("wharfflow: flow %s has two steps called %s", f.name, name))
+	}
+	if f.first == "" {
+		f.first = name
+	}
+	f.steps[name] = fn
+	return f
+}
+
+// Name is the flow's name.
+func (f *Flow[S]) Name() string { return f.name }
+
+// Start describes a new instance of f with the given state, for
+// Client.StartTx.
+func (f *Flow[S]) Start(state S, o StartOptions) Start {
+	b, err := json.Marshal(state)
+	return Start{flow: f.name, step: f.first, state: b, opts: o, err: err}
+}
+
+// Child describes a child instance of f, for Spawn.
+func (f *Flow[S]) Child(state S, o Options) Child {
+	b, err := json.Marshal(state)
+	return Child{flow: f.name, step: f.first, state: b, opts: o, err: err}
+}
+
+// Start is an instance to start (Flow.Start).
+type Start struct {
+	flow, step string
+	state      []byte
+	opts       StartOptions
+	err        error
+}
+
+// Child is a child instance to spawn (Flow.Child).
+type Child struct {
+	flow, step string
+	state      []byte
+	opts       Options
+	err        error
+}
+
+// Definition is a flow as the runner holds it: a *Flow[S] of any S.
+type Definition interface {
+	Name() string
+	run(ctx context.Context, state []byte, in Input) ([]byte, Outcome)
+	firstStep() string
+	hasStep(name string) bool
+	config() FlowConfig
+}
+
+func (f *Flow[S]) firstStep() string        { return f.first }
+func (f *Flow[S]) config() FlowConfig       { return f.cfg }
+func (f *Flow[S]) hasStep(name string) bool { _, ok := f.steps[name]; return ok }
+
+// run decodes the state, runs the step (a panic is a Retry) and encodes the
+// state it leaves.
+func (f *Flow[S]) run(ctx context.Context, state []byte, in Input) (out []byte, o Outcome) {
+	fn, ok := f.steps[in.Step]
+	if !ok {
+		return nil, Fail(fmt.Errorf("flow %s has no step %s", f.name, in.Step))
+	}
+	var s S
+	if len(state) > 0 {
+		if err := json.Unmarshal(state, &s); err != nil {
+			return nil, Fail(fmt.Errorf("decoding the state of flow %s: %w", f.name, err))
+		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			out, o = nil, Retry(fmt.Errorf("step %s panicked: %v", in.Step, p))
+		}
+	}()
+	o = fn(ctx, &s, in)
+	b, err := json.Marshal(&s)
+	if err != nil {
+		return nil, Fail(fmt.Errorf("encoding the state of flow %s: %w", f.name, err))
+	}
+	return b, o
+}
+
+type kind uint8
+
+const (
+	kindNone kind = iota
+	kindNext
+	kindRetry
+	kindAwait
+	kindSpawn
+	kindDone
+	kindFail
+	kindPaused
+)
+
+func (k kind) String() string {
+	return [...]string{"none", "next", "retry", "await", "spawn", "done", "fail", "paused"}[k]
+}
+
+// Outcome is what a step returns: exactly one of the constructors below,
+// optionally with outbox messages (Emit) committed with it.
+type Outcome struct {
+	kind        kind
+	step        string
+	at          time.Time
+	delay       time.Duration
+	err         error
+	result      any
+	signals     []string
+	deadline    time.Time
+	timeoutStep string
+	children    []Child
+	pauseKey    string
+	emit        []wharf.Message
+}
+
+// Next runs step next, as soon as a runner is free.
+func Next(step string) Outcome { return Outcome{kind: kindNext, step: step} }
+
+// NextAt runs step next, never before at.
+func NextAt(step string, at time.Time) Outcome { return Outcome{kind: kindNext, step: step, at: at} }
+
+// Retry runs the same step again after the flow's backoff, or fails the
+// instance (keeping err) once the flow's MaxAttempts are spent.
+func Retry(err error) Outcome { return Outcome{kind: kindRetry, err: err} }
+
+// RetryAfter is Retry after delay d instead of the backoff.
+func RetryAfter(err error, d time.Duration) Outcome {
+	return Outcome{kind: kindRetry, err: err, delay: max(d, time.Nanosecond)}
+}
+
+// Await waits for one of the named signals, then runs step then with every
+// pending signal of those names. A signal sent before the await is kept and
+// resumes it at once. Add a deadline with Deadline.
+func Await(then string, signals ...string) Outcome {
+	return Outcome{kind: kindAwait, step: then, signals: signals}
+}
+
+// Deadline makes an Await run timeoutStep at at when no awaited signal has
+// come by then.
+func (o Outcome) Deadline(at time.Time, timeoutStep string) Outcome {
+	o.deadline, o.timeoutStep = at, timeoutStep
+	return o
+}
+
+// Spawn starts children and runs step join, with their results
+// (Input.Children), once every one of them has ended (done, failed or
+// cancelled).
+func Spawn(join string, children ...Child) Outcome {
+	return Outcome{kind: kindSpawn, step: join, children: children}
+}
+
+// Done ends the instance with result (saved as JSON; nil for none).
+func Done(result any) Outcome { return Outcome{kind: kindDone, result: result} }
+
+// Fail ends the instance as failed with err; an operator may retry it from
+// this step (Client.Retry, `wharf flow retry`).
+func Fail(err error) Outcome { return Outcome{kind: kindFail, err: err} }
+
+// RateLimited pauses every step on key (instances whose RateKey or
+// ConcurrencyKey is key) until until, and runs this step again then, without
+// spending an attempt: for an upstream's 429 with Retry-After.
+func RateLimited(key string, until time.Time) Outcome {
+	return Outcome{kind: kindPaused, pauseKey: key, at: until}
+}
+
+// Emit adds outbox messages that commit with the outcome, and only if it
+// commits (the relay then delivers them).
+func (o Outcome) Emit(msgs ...wharf.Message) Outcome {
+	o.emit = append(append([]wharf.Message(nil), o.emit...), msgs...)
+	return o
+}
+
+// errNoOutcome is the error of a step that returned the zero Outcome.
+var errNoOutcome = errors.New("the step returned no outcome (use Next, Retry, Await, Spawn, Done, Fail or RateLimited)")
+
+// wireOutcome is an outcome as complete_flow_steps reads it.
+type wireOutcome struct {
+	ID          int64           `json:"id"`
+	Token       int64           `json:"token"`
+	Kind        string          `json:"kind"`
+	Step        string          `json:"step,omitempty"`
+	State       json.RawMessage `json:"state,omitempty"`
+	Attempt     int             `json:"attempt"`
+	RunAt       *time.Time      `json:"run_at,omitempty"`
+	Delay       float64         `json:"delay,omitempty"`
+	Error       string          `json:"error,omitempty"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	AwaitNames  []string        `json:"await_names,omitempty"`
+	Deadline    *time.Time      `json:"deadline,omitempty"`
+	TimeoutStep string          `json:"timeout_step,omitempty"`
+	Consumed    []int64         `json:"consumed,omitempty"`
+	Children    []wireChild     `json:"children,omitempty"`
+	PauseKey    string          `json:"pause_key,omitempty"`
+	PauseUntil  *time.Time      `json:"pause_until,omitempty"`
+	RanStep     string          `json:"ran_step"`
+	StartedAt   time.Time       `json:"started_at"`
+	// Cont asks to keep the lease for the next step (see continueChain).
+	Cont bool `json:"cont,omitempty"`
+}
+
+type wireChild struct {
+	Flow             string          `json:"flow"`
+	Step             string          `json:"step"`
+	State            json.RawMessage `json:"state"`
+	Priority         int             `json:"priority,omitempty"`
+	ConcurrencyKey   string          `json:"concurrency_key,omitempty"`
+	ConcurrencyLimit int             `json:"concurrency_limit,omitempty"`
+	RateKey          string          `json:"rate_key,omitempty"`
+}
+
+// ptrTime is t for the database, rounded up to its microseconds so that
+// "not before t" holds; nil for the zero time.
+func ptrTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	if r := t.Truncate(time.Microsecond); r.Before(t) {
+		t = r.Add(time.Microsecond)
+	}
+	return &t
+}
+
+// encode turns a step's outcome into the row write, applying the flow's
+// retry policy; a malformed outcome fails the instance with the reason.
+func encode(def Definition, c claimed, state []byte, o Outcome, started time.Time) wireOutcome {
+	w := wireOutcome{ID: c.ID, Token: c.Token, State: state, RanStep: c.Step, StartedAt: started}
+	for _, s := range c.Signals {
+		w.Consumed = append(w.Consumed, s.ID)
+	}
+	fail := func(err error) wireOutcome {
+		w.Kind, w.Attempt, w.Error = "fail", c.Attempt, err.Error()
+		w.Step = ""
+		return w
+	}
+	if o.kind == kindNone {
+		return fail(errNoOutcome)
+	}
+	if len(o.emit) > 0 {
+		if err := validateEmit(o.emit); err != nil {
+			return fail(err)
+		}
+	}
+	w.Kind = o.kind.String()
+	switch o.kind {
+	case kindNext:
+		if !def.hasStep(o.step) {
+			return fail(fmt.Errorf("Next: flow %s has no step %q", def.Name(), o.step))
+		}
+		w.Step, w.RunAt = o.step, ptrTime(o.at)
+	case kindRetry:
+		cfg := def.config()
+		if o.err != nil {
+			w.Error = o.err.Error()
+		} else {
+			w.Error = "retry"
+		}
+		if c.Attempt+1 >= cfg.MaxAttempts {
+			w.Kind, w.Attempt = "fail", c.Attempt
+			w.Error = fmt.Sprintf("attempt %d of %d: %s", c.Attempt+1, cfg.MaxAttempts, w.Error)
+			return w
+		}
+		w.Attempt = c.Attempt + 1
+		d := o.delay
+		if d <= 0 {
+			d = backoff.Delay(c.Attempt+1, cfg.RetryBackoff, cfg.MaxRetryBackoff)
+		}
+		w.Delay = d.Seconds()
+	case kindAwait:
+		if len(o.signals) == 0 {
+			return fail(errors.New("Await needs at least one signal name"))
+		}
+		if !def.hasStep(o.step) {
+			return fail(fmt.Errorf("Await: flow %s has no step %q", def.Name(), o.step))
+		}
+		if !o.deadline.IsZero() && !def.hasStep(o.timeoutStep) {
+			return fail(fmt.Errorf("Await deadline: flow %s has no step %q", def.Name(), o.timeoutStep))
+		}
+		w.Step, w.AwaitNames, w.Deadline, w.TimeoutStep = o.step, o.signals, ptrTime(o.deadline), o.timeoutStep
+	case kindSpawn:
+		if !def.hasStep(o.step) {
+			return fail(fmt.Errorf("Spawn: flow %s has no step %q", def.Name(), o.step))
+		}
+		w.Step = o.step
+		if len(o.children) == 0 {
+			w.Kind = "next"
+			break
+		}
+		for i, ch := range o.children {
+			if ch.err != nil {
+				return fail(fmt.Errorf("Spawn: child %d state: %w", i, ch.err))
+			}
+			if ch.flow == "" {
+				return fail(fmt.Errorf("Spawn: child %d has no flow (use Flow.Child)", i))
+			}
+			w.Children = append(w.Children, wireChild{
+				Flow: ch.flow, Step: ch.step, State: ch.state, Priority: ch.opts.Priority,
+				ConcurrencyKey: ch.opts.ConcurrencyKey, ConcurrencyLimit: ch.opts.ConcurrencyLimit, RateKey: ch.opts.RateKey,
+			})
+		}
+	case kindDone:
+		if o.result != nil {
+			b, err := json.Marshal(o.result)
+			if err != nil {
+				return fail(fmt.Errorf("Done: encoding the result: %w", err))
+			}
+			w.Result = b
+		}
+	case kindFail:
+		w.Attempt = c.Attempt
+		if o.err != nil {
+			w.Error = o.err.Error()
+		} else {
+			w.Error = "failed"
+		}
+	case kindPaused:
+		if o.pauseKey == "" {
+			return fail(errors.New("RateLimited needs a key"))
+		}
+		w.Attempt, w.PauseKey, w.RunAt, w.PauseUntil = c.Attempt, o.pauseKey, ptrTime(o.at), ptrTime(o.at)
+		w.Consumed = nil // the step runs again with them
+		if w.RunAt == nil {
+			now := time.Now()
+			w.RunAt, w.PauseUntil = &now, &now
+		}
+	}
+	if o.kind == kindRetry {
+		w.Consumed = nil
+	}
+	return w
+}
+
+func validateEmit(msgs []wharf.Message) error {
+	for i, m := range msgs {
+		if m.Topic == "" {
+			return fmt.Errorf("Emit: message %d has no Topic", i)
+		}
+	}
+	return nil
+}
+
+func idempotencyKey(id int64, step string, attempt int) string {
+	return strconv.FormatInt(id, 10) + "/" + step + "/" + strconv.Itoa(attempt)
+}

@@ -1,0 +1,720 @@
+package wharfflow
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+// RateLimit is a token bucket: PerSecond tokens a second, at most Burst
+// saved up.
+type RateLimit struct {
+	PerSecond float64
+	// Burst defaults to 1.
+	Burst float64
+}
+
+// Config configures a Runner.
+type Config struct {
+	// Schema is the schema of the outbox and its flows. Defaults to wharf.
+	Schema string
+	// Flows are the flows this runner executes; it claims steps of these
+	// flows only. Required.
+	Flows []Definition
+	// RunnerID names the runner in leases and step history. Defaults to
+	// host-pid-random.
+	RunnerID string
+	// MaxInFlight is how many steps run at once. Defaults to 256.
+	MaxInFlight int
+	// LeaseTTL is how long a claimed step is the runner's without renewal;
+	// a step of a runner that died runs again after it. Renewed every third
+	// of it while the step runs. Defaults to 30s.
+	LeaseTTL time.Duration
+	// RateLimits sets the token buckets of rate keys (Options.RateKey),
+	// written to the database when the runner starts.
+	RateLimits map[string]RateLimit
+	// Retention is how long done and cancelled instances are kept. Defaults
+	// to 7 days.
+	Retention time.Duration
+	// CleanupInterval is how often expired instances are deleted (in
+	// batches of 1000). Defaults to 1m.
+	CleanupInterval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Metrics, when set, counts this runner's steps (NewMetrics; one
+	// Metrics may serve every runner of a process).
+	Metrics *Metrics
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = wharfmigrate.DefaultSchema
+	}
+	if err := wharfmigrate.ValidateSchema(out.Schema); err != nil {
+		return out, fmt.Errorf("wharfflow: Config.Schema: %w", err)
+	}
+	if len(out.Flows) == 0 {
+		return out, errors.New("wharfflow: Config.Flows is empty: give the runner the flows it executes")
+	}
+	seen := map[string]bool{}
+	for i, f := range out.Flows {
+		if f == nil || f.Name() == "" || f.firstStep() == "" {
+			return out, fmt.Errorf("wharfflow: Config.Flows[%d]: a flow needs a name and at least one step", i)
+		}
+		if seen[f.Name()] {
+			return out, fmt.Errorf("wharfflow: Config.Flows: flow %s is given twice", f.Name())
+		}
+		seen[f.Name()] = true
+	}
+	if out.RunnerID == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		out.RunnerID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	if out.MaxInFlight <= 0 {
+		out.MaxInFlight = 256
+	}
+	if out.LeaseTTL <= 0 {
+		out.LeaseTTL = 30 * time.Second
+	}
+	if out.LeaseTTL < 100*time.Millisecond {
+		return out, fmt.Errorf("wharfflow: Config.LeaseTTL %s is too short: use at least 100ms", out.LeaseTTL)
+	}
+	for k, rl := range out.RateLimits {
+		if rl.PerSecond <= 0 {
+			return out, fmt.Errorf("wharfflow: Config.RateLimits[%q]: PerSecond must be positive", k)
+		}
+		if rl.Burst == 0 {
+			rl.Burst = 1
+			out.RateLimits[k] = rl
+		}
+		if rl.Burst < 1 {
+			return out, fmt.Errorf("wharfflow: Config.RateLimits[%q]: Burst must be at least 1", k)
+		}
+	}
+	if out.Retention <= 0 {
+		out.Retention = 7 * 24 * time.Hour
+	}
+	if out.CleanupInterval <= 0 {
+		out.CleanupInterval = time.Minute
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out, nil
+}
+
+// Runner claims due steps of its flows, runs them and writes their outcomes.
+// Any number of runners may share a database.
+type Runner struct {
+	cfg    Config
+	pool   *pgxpool.Pool
+	outbox *wharf.Client
+	flows  map[string]Definition
+	names  []string
+	stats  *Stats
+
+	wake    chan struct{}
+	results chan result
+
+	// steps counts the step goroutines; closing (under mu) is set before
+	// the claim loop waits for them, after which no continued step starts.
+	steps   sync.WaitGroup
+	closing bool
+
+	mu       sync.Mutex
+	inflight map[int64]*running
+	wakeIDs  []int64
+	started  bool
+	cancel   context.CancelFunc
+	stopped  chan struct{}
+}
+
+type running struct {
+	token  int64
+	claim  time.Time
+	chain  int // steps run in a row on this lease (continueChain)
+	cancel context.CancelCauseFunc
+}
+
+// continueChain is how many steps of one instance a runner runs in a row
+// without a claim (Next without a time continues on the same lease), so
+// that a long chain does not keep its slot from other instances for ever.
+const continueChain = 16
+
+// errLeaseLost is the cause of a step's context when its lease was lost.
+var errLeaseLost = errors.New("wharfflow: the step's lease was lost")
+
+// NewRunner returns a runner; Start runs it.
+func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if pool == nil {
+		return nil, errors.New("wharfflow: NewRunner needs a pool")
+	}
+	outbox, err := wharf.NewClient(nil, &wharf.Config{Schema: c.Schema, Logger: c.Logger})
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: c, pool: pool, outbox: outbox, flows: map[string]Definition{}, stats: newStats(),
+		wake: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
+		inflight: map[int64]*running{}, stopped: make(chan struct{})}
+	for _, f := range c.Flows {
+		r.flows[f.Name()] = f
+		r.names = append(r.names, f.Name())
+	}
+	return r, nil
+}
+
+// ID is the runner's id (Config.RunnerID).
+func (r *Runner) ID() string { return r.cfg.RunnerID }
+
+// Start checks the schema, writes the rate limits and starts the runner's
+// goroutines; it returns at once. Stop stops them.
+func (r *Runner) Start(ctx context.Context) error {
+	m, err := wharfmigrate.New(r.cfg.Schema)
+	if err != nil {
+		return err
+	}
+	if err := m.Check(ctx, r.pool); err != nil {
+		return err
+	}
+	for k, rl := range r.cfg.RateLimits {
+		if _, err := r.pool.Exec(ctx, `INSERT INTO `+r.cfg.Schema+`.flow_keys AS k (key, rate, burst, tokens)
+VALUES ($1, $2, $3, $3) ON CONFLICT (key) DO UPDATE SET rate = excluded.rate, burst = excluded.burst,
+tokens = least(k.tokens, excluded.burst)`, k, rl.PerSecond, rl.Burst); err != nil {
+			return fmt.Errorf("wharfflow: writing rate limit %q: %w", k, err)
+		}
+	}
+	r.mu.Lock()
+	if r.started {
+		r.mu.Unlock()
+		return errors.New("wharfflow: the runner was started already")
+	}
+	r.started = true
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	r.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() { defer wg.Done(); r.listen(runCtx) }()
+	go func() { defer wg.Done(); r.renewLoop(runCtx) }()
+	go func() { defer wg.Done(); r.cleanupLoop(runCtx) }()
+	completerDone := make(chan struct{})
+	go func() { defer wg.Done(); r.complete(runCtx, completerDone) }()
+	go func() {
+		r.claimLoop(runCtx)
+		close(completerDone)
+		wg.Wait()
+		close(r.stopped)
+	}()
+	return nil
+}
+
+// Stop stops claiming, waits for the running steps to end and their
+// outcomes to be written, or for ctx: then the steps are cancelled, and
+// steps whose outcome was not written run again after their lease.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	cancel := r.cancel
+	r.mu.Unlock()
+	if cancel == nil {
+		return errors.New("wharfflow: the runner was not started")
+	}
+	cancel()
+	select {
+	case <-r.stopped:
+		return nil
+	case <-ctx.Done():
+		r.mu.Lock()
+		for _, s := range r.inflight {
+			s.cancel(ctx.Err())
+		}
+		r.mu.Unlock()
+		<-r.stopped
+		return ctx.Err()
+	}
+}
+
+// Stopped is closed when the runner has stopped.
+func (r *Runner) Stopped() <-chan struct{} { return r.stopped }
+
+// Stats returns the runner's counters.
+func (r *Runner) Stats() *Stats { return r.stats }
+
+func (r *Runner) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// claimed is a row claim_flow_steps returned.
+type claimed struct {
+	ID       int64
+	Flow     string
+	Step     string
+	State    []byte
+	Attempt  int
+	Token    int64
+	Until    time.Time
+	Signals  []ReceivedSignal
+	Children []ChildResult
+}
+
+type result struct {
+	c       claimed
+	w       wireOutcome
+	emit    []wharf.Message
+	elapsed time.Duration
+	chain   int
+}
+
+// claimLoop claims as many due steps as there are free slots, runs them,
+// and sleeps until a notification, an outcome written, or the next due
+// time.
+func (r *Runner) claimLoop(ctx context.Context) {
+	defer func() {
+		r.mu.Lock()
+		r.closing = true
+		r.mu.Unlock()
+		r.steps.Wait()
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	backoffDelay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		free := r.cfg.MaxInFlight - len(r.inflight)
+		ids := r.wakeIDs
+		r.wakeIDs = nil
+		r.mu.Unlock()
+		if len(ids) > 0 {
+			if _, err := r.pool.Exec(ctx, "SELECT "+r.cfg.Schema+".wake_flows($1)", ids); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("wharfflow: waking awaiting instances", "err", err)
+				r.mu.Lock()
+				r.wakeIDs = append(r.wakeIDs, ids...)
+				r.mu.Unlock()
+			}
+		}
+		var sleep time.Duration = -1 // until woken
+		if free > 0 {
+			rows, next, err := r.claim(ctx, free)
+			switch {
+			case err != nil:
+				if ctx.Err() != nil {
+					return
+				}
+				r.cfg.Logger.Warn("wharfflow: claiming steps", "err", err)
+				sleep = backoffDelay
+				backoffDelay = min(2*backoffDelay, 5*time.Second)
+			case len(rows) == free:
+				backoffDelay = 100 * time.Millisecond
+				sleep = 0 // more may be due; claim again when a slot frees
+			default:
+				backoffDelay = 100 * time.Millisecond
+				if next != nil {
+					sleep = max(time.Until(*next), time.Millisecond)
+				}
+			}
+			for _, c := range rows {
+				r.mu.Lock()
+				r.run(ctx, c, 0)
+				r.mu.Unlock()
+			}
+			if sleep == 0 {
+				continue
+			}
+		}
+		if sleep > 0 {
+			timer.Reset(sleep)
+		}
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// claim leases up to n due steps. When it got fewer, next is when the
+// next row falls due (nil: none is scheduled; a notification or an outcome
+// written wakes the runner).
+func (r *Runner) claim(ctx context.Context, n int) (out []claimed, next *time.Time, err error) {
+	rows, err := r.pool.Query(ctx, "SELECT id, flow, step, state, attempt, lease_token, lease_until, signals, children FROM "+
+		r.cfg.Schema+".claim_flow_steps($1, $2, $3, $4)", r.cfg.RunnerID, r.names, n, r.cfg.LeaseTTL)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c claimed
+		var sigs, children []byte
+		var until *time.Time
+		if err := rows.Scan(&c.ID, &c.Flow, &c.Step, &c.State, &c.Attempt, &c.Token, &until, &sigs, &children); err != nil {
+			return nil, nil, err
+		}
+		if c.ID == 0 { // the next due time
+			next = until
+			continue
+		}
+		if until != nil {
+			c.Until = *until
+		}
+		if len(sigs) > 0 {
+			if err := json.Unmarshal(sigs, &c.Signals); err != nil {
+				return nil, nil, err
+			}
+		}
+		if len(children) > 0 {
+			if err := json.Unmarshal(children, &c.Children); err != nil {
+				return nil, nil, err
+			}
+		}
+		out = append(out, c)
+	}
+	return out, next, rows.Err()
+}
+
+// run executes one claimed step in a goroutine and hands its outcome to the
+// completer. r.mu is held.
+func (r *Runner) run(ctx context.Context, c claimed, chain int) {
+	stepCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	r.inflight[c.ID] = &running{token: c.Token, claim: time.Now(), chain: chain, cancel: cancel}
+	r.steps.Add(1)
+	go func() {
+		defer r.steps.Done()
+		def := r.flows[c.Flow]
+		in := Input{Instance: c.ID, Flow: c.Flow, Step: c.Step, Attempt: c.Attempt, Signals: c.Signals,
+			Children: c.Children, IdempotencyKey: idempotencyKey(c.ID, c.Step, c.Attempt)}
+		start := time.Now()
+		state, o := def.run(stepCtx, c.State, in)
+		res := result{c: c, w: encode(def, c, state, o, start), emit: o.emit, elapsed: time.Since(start), chain: chain}
+		if res.w.Kind == "fail" && state == nil {
+			res.w.State = nil // keep the saved state
+		}
+		res.w.Cont = res.w.Kind == "next" && res.w.RunAt == nil && chain+1 < continueChain && ctx.Err() == nil
+		r.results <- res
+	}()
+}
+
+// complete writes outcomes in batches: whatever came while the previous
+// batch was being written goes in the next one.
+func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
+	batch := make([]result, 0, r.cfg.MaxInFlight)
+	for {
+		select {
+		case res := <-r.results:
+			batch = append(batch[:0], res)
+		case <-claimDone:
+			// The claim loop waited for its steps; write what they left.
+			for {
+				select {
+				case res := <-r.results:
+					batch = append(batch, res)
+					continue
+				default:
+				}
+				break
+			}
+			if len(batch) > 0 {
+				r.write(ctx, batch)
+			}
+			return
+		}
+	more:
+		for len(batch) < cap(batch) {
+			select {
+			case res := <-r.results:
+				batch = append(batch, res)
+			default:
+				break more
+			}
+		}
+		r.write(ctx, batch)
+		batch = batch[:0]
+	}
+}
+
+// write applies one batch of outcomes: one statement, or a transaction of
+// two when outcomes emit outbox messages. Outcomes of steps whose lease was
+// lost are not applied, and their messages are not enqueued.
+func (r *Runner) write(runCtx context.Context, batch []result) {
+	ctx := context.WithoutCancel(runCtx)
+	ws := make([]wireOutcome, len(batch))
+	emits := false
+	for i := range batch {
+		ws[i] = batch[i].w
+		emits = emits || len(batch[i].emit) > 0
+	}
+	doc, err := json.Marshal(ws)
+	if err != nil {
+		r.cfg.Logger.Error("wharfflow: encoding outcomes", "err", err)
+		r.release(runCtx, batch, nil)
+		return
+	}
+	q := "SELECT id, token FROM " + r.cfg.Schema + ".complete_flow_steps($1, $2::jsonb, $3)"
+	var applied map[int64]int64
+	for attempt := 0; ; attempt++ {
+		applied = map[int64]int64{}
+		if !emits {
+			err = r.scanApplied(ctx, r.pool, q, string(doc), applied)
+		} else {
+			err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+				if err := r.scanApplied(ctx, tx, q, string(doc), applied); err != nil {
+					return err
+				}
+				var msgs []wharf.Message
+				for i := range batch {
+					if _, ok := applied[batch[i].c.ID]; ok {
+						msgs = append(msgs, batch[i].emit...)
+					}
+				}
+				_, err := r.outbox.EnqueueTx(ctx, tx, msgs...)
+				return err
+			})
+		}
+		if err == nil || attempt >= 4 {
+			break
+		}
+		r.cfg.Logger.Warn("wharfflow: writing outcomes, will retry", "err", err, "steps", len(batch))
+		time.Sleep(time.Duration(50<<attempt) * time.Millisecond)
+	}
+	if err != nil {
+		r.cfg.Logger.Error("wharfflow: writing outcomes failed; the steps run again after their leases", "err", err, "steps", len(batch))
+		applied = nil
+	}
+	r.release(runCtx, batch, applied)
+}
+
+type queryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// scanApplied reads complete_flow_steps's answer: the applied ids, with
+// the new token of those that continue on their lease (0 for the others).
+func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, applied map[int64]int64) error {
+	rows, err := q.Query(ctx, sql, r.cfg.RunnerID, doc, r.cfg.LeaseTTL)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var token *int64
+		if err := rows.Scan(&id, &token); err != nil {
+			return err
+		}
+		applied[id] = 0
+		if token != nil {
+			applied[id] = *token
+		}
+	}
+	return rows.Err()
+}
+
+// release frees the batch's slots, or runs the next step of those that
+// continue on their lease, counts the batch and wakes the claim loop.
+func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]int64) {
+	var backIDs, backTokens []int64
+	r.mu.Lock()
+	for i := range batch {
+		res := &batch[i]
+		id := res.c.ID
+		if s, ok := r.inflight[id]; ok && s.token == res.c.Token {
+			s.cancel(nil)
+			delete(r.inflight, id)
+		}
+		token := applied[id]
+		if token == 0 {
+			continue
+		}
+		if r.closing || ctx.Err() != nil {
+			backIDs = append(backIDs, id)
+			backTokens = append(backTokens, token)
+			continue
+		}
+		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token}, res.chain+1)
+	}
+	r.mu.Unlock()
+	if len(backIDs) > 0 {
+		if _, err := r.pool.Exec(context.WithoutCancel(ctx), "SELECT "+r.cfg.Schema+".release_flow_leases($1, $2, $3)",
+			r.cfg.RunnerID, backIDs, backTokens); err != nil {
+			r.cfg.Logger.Warn("wharfflow: handing back steps; they run after their lease", "err", err)
+		}
+	}
+	for i := range batch {
+		_, ok := applied[batch[i].c.ID]
+		r.stats.observe(batch[i], ok)
+		r.cfg.Metrics.observe(batch[i], ok)
+		if !ok {
+			r.cfg.Logger.Warn("wharfflow: outcome not applied: the step's lease was lost (or the instance cancelled)",
+				"instance", batch[i].c.ID, "step", batch[i].c.Step)
+		}
+	}
+	r.poke()
+}
+
+// renewLoop extends the leases of steps running longer than a third of
+// LeaseTTL, and cancels the steps whose lease was lost.
+func (r *Runner) renewLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.mu.Lock()
+		var ids, tokens []int64
+		cutoff := time.Now().Add(-r.cfg.LeaseTTL / 3)
+		for id, s := range r.inflight {
+			if s.claim.Before(cutoff) {
+				ids = append(ids, id)
+				tokens = append(tokens, s.token)
+			}
+		}
+		r.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		rows, err := r.pool.Query(ctx, "SELECT * FROM "+r.cfg.Schema+".renew_flow_leases($1, $2, $3, $4)",
+			r.cfg.RunnerID, ids, tokens, r.cfg.LeaseTTL)
+		if err != nil {
+			r.cfg.Logger.Warn("wharfflow: renewing leases", "err", err)
+			continue
+		}
+		kept := map[int64]bool{}
+		for rows.Next() {
+			var id int64
+			if rows.Scan(&id) == nil {
+				kept[id] = true
+			}
+		}
+		rows.Close()
+		if rows.Err() != nil {
+			continue
+		}
+		r.mu.Lock()
+		for i, id := range ids {
+			if s, ok := r.inflight[id]; ok && s.token == tokens[i] && !kept[id] {
+				s.cancel(errLeaseLost)
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// listen wakes the claim loop on notifications: a start, a step made due,
+// or a signal (whose instance it checks, in case the signal committed
+// after its await was written).
+func (r *Runner) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.cfg.Logger.Warn("wharfflow: listening for notifications", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (r *Runner) listenOnce(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+r.cfg.Schema+"_flows"); err != nil {
+		return err
+	}
+	defer func() {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *")
+	}()
+	// Signals may have come while nobody listened: check every awaiting
+	// instance with a pending signal once.
+	if _, err := conn.Exec(ctx, "SELECT "+r.cfg.Schema+".wake_flows(NULL)"); err != nil {
+		return err
+	}
+	r.poke()
+	for {
+		n, err := conn.Conn().WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if n.Payload != "" {
+			if id, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
+				r.mu.Lock()
+				r.wakeIDs = append(r.wakeIDs, id)
+				r.mu.Unlock()
+			}
+		}
+		r.poke()
+	}
+}
+
+// cleanupLoop deletes instances past their retention, in batches.
+func (r *Runner) cleanupLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := Cleanup(ctx, r.pool, r.cfg.Schema, time.Now().Add(-r.cfg.Retention), 1000); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: deleting expired instances", "err", err)
+		}
+	}
+}
+
+// Cleanup deletes done and cancelled top-level instances (with their
+// children, signals and history) that ended before before, batch at a time,
+// and returns how many top-level instances it deleted.
+func Cleanup(ctx context.Context, pool *pgxpool.Pool, schema string, before time.Time, batch int) (int, error) {
+	total := 0
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT "+schema+".cleanup_flows($1, $2)", before, batch).Scan(&n); err != nil {
+			return total, err
+		}
+		total += n
+		if n < batch {
+			return total, nil
+		}
+	}
+}

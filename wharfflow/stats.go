@@ -1,0 +1,59 @@
+package wharfflow
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Stats are a runner's counters since it was created. Read them with the
+// methods; they are safe for concurrent use.
+type Stats struct {
+	steps     atomic.Int64
+	lost      atomic.Int64
+	failed    atomic.Int64
+	stepNanos atomic.Int64
+	byOutcome [kindPaused + 1]atomic.Int64
+}
+
+func newStats() *Stats { return &Stats{} }
+
+var kindByName = map[string]kind{"next": kindNext, "retry": kindRetry, "await": kindAwait, "spawn": kindSpawn,
+	"done": kindDone, "fail": kindFail, "paused": kindPaused}
+
+func (s *Stats) observe(res result, applied bool) {
+	if !applied {
+		s.lost.Add(1)
+		return
+	}
+	s.steps.Add(1)
+	s.stepNanos.Add(int64(res.elapsed))
+	k := kindByName[res.w.Kind]
+	s.byOutcome[k].Add(1)
+	if k == kindFail {
+		s.failed.Add(1)
+	}
+}
+
+// Steps is how many step outcomes the runner committed.
+func (s *Stats) Steps() int64 { return s.steps.Load() }
+
+// Lost is how many outcomes were not committed because the step's lease was
+// lost, its instance was cancelled, or the write failed.
+func (s *Stats) Lost() int64 { return s.lost.Load() }
+
+// Failed is how many committed outcomes failed their instance.
+func (s *Stats) Failed() int64 { return s.failed.Load() }
+
+// StepTime is the total time spent in step functions whose outcome
+// committed.
+func (s *Stats) StepTime() time.Duration { return time.Duration(s.stepNanos.Load()) }
+
+// Outcomes returns the committed outcomes by kind (next, retry, await,
+// spawn, done, fail, paused).
+func (s *Stats) Outcomes() map[string]int64 {
+	out := map[string]int64{}
+	for name, k := range kindByName {
+		out[name] = s.byOutcome[k].Load()
+	}
+	return out
+}
