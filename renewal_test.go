@@ -19,7 +19,10 @@ func TestLeaseRoundsWriteNoLaneRows(t *testing.T) {
 	t.Parallel()
 	b := setupDB(t)
 	ctx := context.Background()
-	cfg := testConfig(b.schema) // LeaseTTL 3s, RebalanceInterval 200ms
+	cfg := testConfig(b.schema) // RebalanceInterval 200ms
+	// A lease long enough that a loaded machine never lets it run out:
+	// a lease that expired is claimed again, with new lane rows.
+	cfg.LeaseTTL = 30 * time.Second
 	cfg.RelayID = "renewer"
 	cfg.Handler = func(context.Context, *wharf.Message) error { return nil }
 	client, err := wharf.NewClient(b.pool, cfg)
@@ -42,9 +45,12 @@ func TestLeaseRoundsWriteNoLaneRows(t *testing.T) {
 		return out
 	}
 	before := versions()
-	const watch = 3 * time.Second // 15 rounds, a whole LeaseTTL
+	// 15 lease rounds, counted, however long they take.
+	rounds := func() int64 { return client.Metrics().LeaseRenewals.Load() / 64 }
+	until := rounds() + 15
 	minLeft := time.Hour
-	for end := time.Now().Add(watch); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	for start := time.Now(); rounds() < until; time.Sleep(20 * time.Millisecond) {
+		require.Less(t, time.Since(start), 5*time.Minute, "no 15 lease rounds in five minutes")
 		var left float64
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT extract(epoch FROM lease_until - now())::float8 FROM "+b.schema+".relays WHERE relay_id = 'renewer'").Scan(&left))
 		minLeft = min(minLeft, time.Duration(left*float64(time.Second)))
