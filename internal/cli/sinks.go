@@ -6,6 +6,7 @@ import (
 	"github.com/wharfhq/wharf/wharfkafka"
 	"github.com/wharfhq/wharf/wharfnats"
 	"github.com/wharfhq/wharf/wharfredis"
+	"github.com/wharfhq/wharf/wharfsqs"
 	"github.com/wharfhq/wharf/wharfwebhook"
 )
 
@@ -18,6 +19,8 @@ func init() {
 	sinkurl.Register("nats", wharfnats.Open)
 	sinkurl.Register("redis", wharfredis.Open)
 	sinkurl.Register("rediss", wharfredis.Open)
+	sinkurl.Register("sqs", wharfsqs.Open)
+	sinkurl.Register("sns", wharfsqs.OpenSNS)
 	sinkurl.Register("http", wharfwebhook.Open)
 	sinkurl.Register("https", wharfwebhook.Open)
 }
