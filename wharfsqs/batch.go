@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -35,8 +36,11 @@ const (
 	defaultMaxBytes = 256 << 10
 	// maxGroupID is the longest message group id SQS and SNS take.
 	maxGroupID = 128
-	// parallelDestinations bounds the requests of one Publish in flight.
-	parallelDestinations = 8
+	// parallelRequests bounds the requests of one Publish in flight.
+	parallelRequests = 8
+	// lanesPerDestination is how many requests to one queue or topic a
+	// Publish has in flight at most (each for other keys).
+	lanesPerDestination = 4
 )
 
 // Body says how a payload becomes the message body.
@@ -262,17 +266,52 @@ func (b *batcher) publish(ctx context.Context, msgs []*wharf.Message, resolve fu
 		}
 		q.idx = append(q.idx, i)
 	}
-	sem := make(chan struct{}, parallelDestinations)
+	// Each destination's messages go in lanes by ordering key: a lane sends
+	// its requests one at a time, in order, and the lanes of a destination
+	// run in parallel, so a key's messages keep their order while a batch
+	// of many keys is not held to one request at a time.
+	sem := make(chan struct{}, parallelRequests)
 	var wg sync.WaitGroup
 	for _, q := range order {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			b.publishTo(ctx, msgs, q.t, q.idx, res, &mu)
-		})
+		for _, lane := range splitLanes(msgs, q.idx, lanesPerDestination) {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				b.publishTo(ctx, msgs, q.t, lane, res, &mu)
+			})
+		}
 	}
 	wg.Wait()
 	return res.Errors()
+}
+
+// splitLanes splits idx (in order) into at most n lanes: the messages of
+// one ordering key always in the same lane, unkeyed ones spread evenly, and
+// each lane at least a full request unless there are too few messages.
+func splitLanes(msgs []*wharf.Message, idx []int, n int) [][]int {
+	if want := (len(idx) + maxEntries - 1) / maxEntries; want < n {
+		n = max(want, 1)
+	}
+	if n == 1 {
+		return [][]int{idx}
+	}
+	lanes := make([][]int, n)
+	for j, i := range idx {
+		l := j % n
+		if k := msgs[i].OrderingKey(); k != "" {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(k))
+			l = int(h.Sum32() % uint32(n))
+		}
+		lanes[l] = append(lanes[l], i)
+	}
+	out := lanes[:0]
+	for _, l := range lanes {
+		if len(l) > 0 {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // publishTo sends the messages idx of msgs, all for destination t, in

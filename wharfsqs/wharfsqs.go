@@ -17,8 +17,9 @@
 // wharf-id ([wharf.Message.ID]), wharf-topic and, for a keyed message,
 // wharf-key; the message's headers become String message attributes too.
 // SQS and SNS take at most 10 attributes, so a message may have 7 headers
-// (8 without a key); a header that cannot be an attribute (see
-// [checkAttribute]) fails the message permanently.
+// (8 without a key); a header that cannot be an attribute (a name of other
+// characters than letters, digits, '-', '_' and '.', or starting with
+// "AWS." or "Amazon."; an empty value) fails the message permanently.
 //
 // # FIFO queues and topics
 //
@@ -33,9 +34,10 @@
 //
 // # Ordering
 //
-// A Publish call sends each destination's messages in their order, one
-// request at a time (different destinations in parallel), and once a
-// message failed it sends no later message of its ordering key. Within one
+// A Publish call splits each destination's messages into up to 4 lanes by
+// ordering key; a lane sends its messages in their order, one request at a
+// time, the lanes in parallel; once a message failed, no later message of
+// its ordering key is sent. Within one
 // request a later message of a key may still be stored although an earlier
 // one failed: its result says so truthfully and the relay sends it again
 // after the earlier one, as with every pipelining sink. On a FIFO queue

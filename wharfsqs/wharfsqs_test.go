@@ -22,6 +22,7 @@ import (
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/awstest"
 	"github.com/wharfhq/wharf/internal/leakcheck"
+	"github.com/wharfhq/wharf/internal/tcpgate"
 	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfsinktest"
 )
@@ -164,7 +165,7 @@ type world struct {
 	srv    *awstest.Server
 	prefix string
 	admin  *sqs.Client
-	gate   *awstest.Gate
+	gate   *tcpgate.Gate
 
 	mu      sync.Mutex
 	got     map[string][]wharfsinktest.Received // per wharf topic, in receive order
@@ -177,7 +178,14 @@ type harness struct {
 	worlds wharfsinktest.PerTest[*world]
 }
 
+// emulatorSlots bounds the conformance cases running at once: each has an
+// emulator of its own, and on two shared cores more of them at once only
+// make every one of them slower than the suite's fixed timeouts allow.
+var emulatorSlots = make(chan struct{}, 1)
+
 func (h *harness) newWorld(t *testing.T) *world {
+	emulatorSlots <- struct{}{}
+	t.Cleanup(func() { <-emulatorSlots })
 	srv := awstest.Start(t)
 	w := &world{srv: srv, prefix: "w" + randomID(), admin: sqsClient(t, srv, srv.Endpoint), got: map[string][]wharfsinktest.Received{}, changed: make(chan struct{})}
 	queues := map[string]string{}

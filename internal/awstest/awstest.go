@@ -13,12 +13,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
+	"github.com/wharfhq/wharf/internal/tcpgate"
 	"github.com/wharfhq/wharf/internal/testtool"
 )
 
@@ -149,92 +148,8 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// Gate is a TCP proxy to the emulator that can be shut (connections are
-// refused, as by a host that is down) and opened again on the same port.
-type Gate struct {
-	target string
-	addr   string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-// NewGate starts an open gate to s; it is closed at t's cleanup. Its
-// Endpoint is what a sink under test should use.
-func (s *Server) NewGate(t testing.TB) *Gate {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("awstest: gate: %v", err)
-	}
-	g := &Gate{target: strings.TrimPrefix(s.Endpoint, "http://"), addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
-	g.serve(ln)
-	t.Cleanup(func() { g.Shut(); g.wg.Wait() })
-	return g
-}
-
-// Endpoint is the gate's base URL.
-func (g *Gate) Endpoint() string { return "http://" + g.addr }
-
-// Shut refuses new connections and closes the open ones.
-func (g *Gate) Shut() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.ln != nil {
-		_ = g.ln.Close()
-		g.ln = nil
-	}
-	for c := range g.conns {
-		_ = c.Close()
-	}
-}
-
-// Open accepts connections again, on the same port.
-func (g *Gate) Open(t testing.TB) {
-	t.Helper()
-	ln, err := net.Listen("tcp", g.addr)
-	if err != nil {
-		t.Fatalf("awstest: reopen the gate on %s: %v", g.addr, err)
-	}
-	g.serve(ln)
-}
-
-func (g *Gate) serve(ln net.Listener) {
-	g.mu.Lock()
-	g.ln = ln
-	g.mu.Unlock()
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", g.target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			g.mu.Lock()
-			g.conns[c], g.conns[up] = struct{}{}, struct{}{}
-			g.mu.Unlock()
-			g.wg.Add(2)
-			go g.pipe(c, up)
-			go g.pipe(up, c)
-		}
-	}()
-}
-
-func (g *Gate) pipe(dst, src net.Conn) {
-	defer g.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-	g.mu.Lock()
-	delete(g.conns, dst)
-	delete(g.conns, src)
-	g.mu.Unlock()
+// NewGate starts an open gate to s (see [tcpgate.Gate]); it is closed at
+// t's cleanup. Its Endpoint is what a sink under test should use.
+func (s *Server) NewGate(t testing.TB) *tcpgate.Gate {
+	return tcpgate.New(t, strings.TrimPrefix(s.Endpoint, "http://"))
 }

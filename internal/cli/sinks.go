@@ -5,6 +5,7 @@ import (
 	"github.com/wharfhq/wharf/wharfamqp"
 	"github.com/wharfhq/wharf/wharfkafka"
 	"github.com/wharfhq/wharf/wharfnats"
+	"github.com/wharfhq/wharf/wharfpubsub"
 	"github.com/wharfhq/wharf/wharfredis"
 	"github.com/wharfhq/wharf/wharfsqs"
 	"github.com/wharfhq/wharf/wharfwebhook"
@@ -17,6 +18,7 @@ func init() {
 	sinkurl.Register("amqps", wharfamqp.Open)
 	sinkurl.Register("kafka", wharfkafka.Open)
 	sinkurl.Register("nats", wharfnats.Open)
+	sinkurl.Register("pubsub", wharfpubsub.Open)
 	sinkurl.Register("redis", wharfredis.Open)
 	sinkurl.Register("rediss", wharfredis.Open)
 	sinkurl.Register("sqs", wharfsqs.Open)
