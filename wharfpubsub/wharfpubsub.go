@@ -305,7 +305,7 @@ func checkTopicID(id string) error {
 		return errors.New("a topic ID has 3 to 255 characters")
 	}
 	c := id[0]
-	if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+	if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') {
 		return errors.New("a topic ID starts with a letter")
 	}
 	if strings.HasPrefix(strings.ToLower(id), "goog") {
@@ -313,7 +313,7 @@ func checkTopicID(id string) error {
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_.~+%", c) >= 0) {
+		if !isAlnum(c) && strings.IndexByte("-_.~+%", c) < 0 {
 			return errors.New("a topic ID has only letters, digits and -_.~+%")
 		}
 	}
@@ -512,9 +512,14 @@ func validProject(p string) bool {
 	}
 	for i := 0; i < len(p); i++ {
 		c := p[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
 			return false
 		}
 	}
 	return true
+}
+
+// isAlnum reports whether c is an ASCII letter or digit.
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }

@@ -191,7 +191,7 @@ func checkAttribute(k, v string) error {
 	}
 	for i := 0; i < len(k); i++ {
 		c := k[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+		if !isAlnum(c) && c != '-' && c != '_' && c != '.' {
 			return fmt.Errorf("header name %q: an attribute name has only letters, digits, '-', '_' and '.'", k)
 		}
 	}
@@ -423,4 +423,9 @@ func entryResult(what, name, code, msg string, senderFault bool) error {
 		return wharf.Permanent(err)
 	}
 	return err
+}
+
+// isAlnum reports whether c is an ASCII letter or digit.
+func isAlnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }

@@ -47,7 +47,7 @@ func parseAWSURL(u *url.URL, scheme, templateOpt string, extra func(k, v string)
 	}
 	c.region = u.Hostname()
 	for i := 0; i < len(c.region); i++ {
-		if ch := c.region[i]; !(ch >= 'a' && ch <= 'z' || ch >= '0' && ch <= '9' || ch == '-') {
+		if ch := c.region[i]; (ch < 'a' || ch > 'z') && (ch < '0' || ch > '9') && ch != '-' {
 			return c, fmt.Errorf("sink URL %q: the host %q is not an AWS region name such as eu-west-1", shown, c.region)
 		}
 	}

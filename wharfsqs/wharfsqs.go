@@ -216,7 +216,7 @@ func checkQueueName(name string) error {
 	}
 	for i := 0; i < len(base); i++ {
 		c := base[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+		if !isAlnum(c) && c != '-' && c != '_' {
 			return errors.New("a queue name has only letters, digits, '-' and '_' (and the .fifo suffix)")
 		}
 	}
