@@ -1,12 +1,12 @@
-// Package awstest starts a local AWS emulator for the tests of the AWS sinks
-// (wharfsqs, wharfkinesis) and of the relay end to end: moto's server
-// (moto_server, from the Python package moto), which speaks the same wire
-// protocols as SQS (JSON), SNS (query) and Kinesis Data Streams (JSON) and
-// accepts any credentials.
+// Package awstest starts local AWS emulators for the tests of the AWS
+// sinks (wharfsqs, wharfkinesis) and of the relay end to end: moto's server
+// (moto_server, from the Python package moto), which speaks SQS's JSON and
+// SNS's query protocols, and kinesalite (npm), which speaks Kinesis Data
+// Streams'. Both accept any credentials.
 //
-// A test calls [Start]; the server runs on a free loopback port until the
-// test's cleanup. Without moto_server the test fails under CI=true and is
-// skipped otherwise (internal/testtool).
+// A test calls [Start] or [StartKinesalite]; the server runs on a free
+// loopback port until the test's cleanup. Without the program the test
+// fails under CI=true and is skipped otherwise (internal/testtool).
 package awstest
 
 import (
@@ -15,7 +15,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,15 +77,22 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatalf("awstest: no free port: %v", err)
 	}
-	cmd := exec.Command(bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port))
+	return start(t, exec.Command(bin, "-H", "127.0.0.1", "-p", fmt.Sprint(port)), fmt.Sprintf("http://127.0.0.1:%d", port), "/moto-api/")
+}
+
+// start runs cmd, a server that will answer HTTP on endpoint, and waits
+// until it answers a GET of probe.
+func start(t testing.TB, cmd *exec.Cmd, endpoint, probe string) *Server {
+	t.Helper()
+	name := filepath.Base(cmd.Path)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatalf("awstest: %v", err)
 	}
-	cmd.Stdout = nil
+	cmd.Stdout = cmd.Stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("awstest: start %s: %v", bin, err)
+		t.Fatalf("awstest: start %s: %v", cmd.Path, err)
 	}
 	// Keep the log's tail for a failure report, and drain the pipe so the
 	// server never blocks on a full one.
@@ -107,23 +116,24 @@ func Start(t testing.TB) *Server {
 		<-exited
 		<-tail
 	})
-	s := &Server{Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	s := &Server{Endpoint: endpoint}
 	// Wait for its HTTP answer; the overall bound only guards a hang.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint+"/moto-api/", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint+probe, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			_ = resp.Body.Close()
+			http.DefaultClient.CloseIdleConnections()
 			return s
 		}
 		select {
 		case err := <-exited:
 			exited <- err
-			t.Fatalf("awstest: moto_server exited at start-up (%v): %s", err, strings.Join(<-tail, " | "))
+			t.Fatalf("awstest: %s exited at start-up (%v): %s", name, err, strings.Join(<-tail, " | "))
 		case <-ctx.Done():
-			t.Fatalf("awstest: moto_server did not answer on %s within a minute", s.Endpoint)
+			t.Fatalf("awstest: %s did not answer on %s within a minute", name, s.Endpoint)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -152,4 +162,29 @@ func freePort() (int, error) {
 // t's cleanup. Its Endpoint is what a sink under test should use.
 func (s *Server) NewGate(t testing.TB) *tcpgate.Gate {
 	return tcpgate.New(t, strings.TrimPrefix(s.Endpoint, "http://"))
+}
+
+// KinesaliteDir is where .ci/run installs kinesalite (npm install --prefix)
+// when it is not on PATH.
+func KinesaliteDir() string {
+	if d := os.Getenv("WHARF_KINESALITE_DIR"); d != "" {
+		return d
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "wharf", "kinesalite")
+}
+
+// StartKinesalite starts kinesalite, an implementation of the Kinesis Data
+// Streams API on Node.js, in memory on a free loopback port, and stops it
+// at t's cleanup. Streams it creates are active at once.
+func StartKinesalite(t testing.TB) *Server {
+	t.Helper()
+	install := "kinesalite from npm: npm install --prefix " + KinesaliteDir() + " kinesalite@3.3.3 (.ci/run does)"
+	bin := testtool.Path(t, "kinesalite", install, filepath.Join(KinesaliteDir(), "node_modules", ".bin", "kinesalite"))
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("awstest: no free port: %v", err)
+	}
+	return start(t, exec.Command(bin, "--port", fmt.Sprint(port), "--createStreamMs", "0", "--deleteStreamMs", "0", "--updateStreamMs", "0", "--shardLimit", "10000"),
+		fmt.Sprintf("http://127.0.0.1:%d", port), "/")
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/wharfhq/wharf/internal/sinkurl"
 	"github.com/wharfhq/wharf/wharfamqp"
 	"github.com/wharfhq/wharf/wharfkafka"
+	"github.com/wharfhq/wharf/wharfkinesis"
 	"github.com/wharfhq/wharf/wharfnats"
 	"github.com/wharfhq/wharf/wharfpubsub"
 	"github.com/wharfhq/wharf/wharfredis"
@@ -17,6 +18,7 @@ func init() {
 	sinkurl.Register("amqp", wharfamqp.Open)
 	sinkurl.Register("amqps", wharfamqp.Open)
 	sinkurl.Register("kafka", wharfkafka.Open)
+	sinkurl.Register("kinesis", wharfkinesis.Open)
 	sinkurl.Register("nats", wharfnats.Open)
 	sinkurl.Register("pubsub", wharfpubsub.Open)
 	sinkurl.Register("redis", wharfredis.Open)
