@@ -321,3 +321,19 @@ func TestURLErrors(t *testing.T) {
 		"kinesis://EU?stream_template=s":                                   "not an AWS region",
 	})
 }
+
+// BenchmarkPublish measures the sink against kinesalite: the emulator's
+// rate on this machine (it enforces no shard limits), not Kinesis's.
+func BenchmarkPublish(b *testing.B) {
+	srv := awstest.StartKinesalite(b)
+	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
+		c := client(b, srv, srv.Endpoint)
+		p := "b" + randomID() + "-"
+		createStream(b, c, p+wharfsinktest.TopicOrders)
+		s, err := New(c, Options{StreamTemplate: p + "{{topic}}"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	})
+}

@@ -306,3 +306,16 @@ func TestURLErrors(t *testing.T) {
 		"pubsub://my-project/path":                           "write pubsub://PROJECT",
 	})
 }
+
+// BenchmarkPublish measures the sink against pstest, in process: the
+// client's bundling and the fake's rate, not Pub/Sub's.
+func BenchmarkPublish(b *testing.B) {
+	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
+		w := newWorld(b, false, "bench-"+wharfsinktest.TopicOrders)
+		s, err := New(w.client, Options{TopicTemplate: "bench-{{topic}}"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	})
+}

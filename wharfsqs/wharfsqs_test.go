@@ -716,3 +716,20 @@ func TestURLErrors(t *testing.T) {
 		"sns://eu-west-1?topic_arn_template=arn:aws:sns:eu-west-1:1:a&profile=": "profile is empty",
 	})
 }
+
+// BenchmarkPublish measures the SQS sink against moto's server, with a
+// standard queue (the emulator's FIFO queues cost time linear in their
+// length per message): the emulator's rate on this machine, not SQS's.
+func BenchmarkPublish(b *testing.B) {
+	srv := awstest.Start(b)
+	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
+		c := sqsClient(b, srv, srv.Endpoint)
+		p := "b" + randomID()
+		createQueue(b, c, p+"-"+wharfsinktest.TopicOrders)
+		s, err := New(c, Options{Template: p + "-{{topic}}"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	})
+}

@@ -90,8 +90,8 @@ func checkSQSDeliveries(t *testing.T, want map[string][]int64, got []sqsReceived
 	requireFirstDeliveriesInOrder(t, want, byKey)
 }
 
-// SQL enqueue -> wharf relay (a process) -> SQS FIFO queue, and -> SNS topic
-// -> subscribed SQS queue, both on the AWS emulator: every message with
+// SQL enqueue -> wharf relay (a process) -> SQS FIFO queue, and -> SNS FIFO
+// topic -> subscribed SQS FIFO queue (raw delivery), both on the AWS emulator: every message with
 // its attributes, each key in order, an empty outbox. The relay finds its
 // credentials and region through the default AWS chain (the environment).
 func TestRelayToSQSAndSNS(t *testing.T) {
@@ -118,22 +118,22 @@ func TestRelayToSQSAndSNS(t *testing.T) {
 	})
 
 	t.Run("sns", func(t *testing.T) {
-		qout, err := q.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(prefix + "-sub")})
+		qout, err := q.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(prefix + "-sub.fifo"), Attributes: map[string]string{"FifoQueue": "true"}})
 		require.NoError(t, err)
 		attrs, err := q.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: qout.QueueUrl, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn}})
 		require.NoError(t, err)
-		tout, err := s.CreateTopic(ctx, &sns.CreateTopicInput{Name: aws.String(prefix + "-orders")})
+		tout, err := s.CreateTopic(ctx, &sns.CreateTopicInput{Name: aws.String(prefix + "-orders.fifo"), Attributes: map[string]string{"FifoTopic": "true"}})
 		require.NoError(t, err)
 		_, err = s.Subscribe(ctx, &sns.SubscribeInput{TopicArn: tout.TopicArn, Protocol: aws.String("sqs"),
 			Endpoint: aws.String(attrs.Attributes["QueueArn"]), Attributes: map[string]string{"RawMessageDelivery": "true"}})
 		require.NoError(t, err)
 		b := setup(t)
 		want := enqueueSQL(t, b, "orders", 60, 6)
-		arnTemplate := "arn:aws:sns:" + awstest.Region + ":123456789012:" + prefix + "-{{topic}}"
+		arnTemplate := "arn:aws:sns:" + awstest.Region + ":123456789012:" + prefix + "-{{topic}}.fifo"
 		res := runCLI(t, env, 2*time.Minute, "relay", "--drain", "--schema", b.schema, "--database-url", databaseURL, "--log-level", "warn",
 			"--sink", "sns://?endpoint="+endpoint+"&topic_arn_template="+url.QueryEscape(arnTemplate))
 		require.Equalf(t, 0, res.code, "relay to sns: %s", res.stderr)
 		require.Equal(t, 0, b.outboxCount(t))
-		checkSQSDeliveries(t, want, drainQueue(t, q, aws.ToString(qout.QueueUrl), 60), false)
+		checkSQSDeliveries(t, want, drainQueue(t, q, aws.ToString(qout.QueueUrl), 60), true)
 	})
 }
