@@ -35,6 +35,7 @@ func Main(m *testing.M, opts ...goleak.Option) {
 // Find waits up to Wait for every goroutine but the caller's and those opts
 // ignore to end; it returns goleak's report of the ones left.
 func Find(opts ...goleak.Option) error {
+	opts = append(opts, Permanent()...)
 	deadline := time.Now().Add(Wait)
 	for {
 		err := goleak.Find(opts...) // retries for about half a second itself
@@ -42,4 +43,13 @@ func Find(opts ...goleak.Option) error {
 			return err
 		}
 	}
+}
+
+// Permanent returns the options that ignore the goroutines a dependency
+// starts once per process and never ends, which no test can stop: the
+// stats worker of opencensus, started by its package's init in every binary
+// that links the Google Cloud Pub/Sub client (wharfpubsub, and through it
+// the CLI).
+func Permanent() []goleak.Option {
+	return []goleak.Option{goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start")}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/wharfhq/wharf/internal/leakcheck"
 	"github.com/wharfhq/wharf/internal/pgembed"
 )
 
@@ -76,7 +77,8 @@ func run(m *testing.M, url *string, own string) int {
 		_ = logical.c.Stop()
 	}
 	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
+		opts := append(leakcheck.Permanent(), goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"))
+		if err := goleak.Find(opts...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			code = 1
 		}
