@@ -109,7 +109,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.DurationVar(&o.P99Floor, "p99-floor", 50*time.Millisecond, "sweep: a run fails when the median of its per-second p99s commit→ack exceeds max(this, 3 × the same median at the highest passing rate below)")
 	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, table outbox only; insert limit otherwise, plus the emit limit with --outbox-mode wal); baseline always does")
 	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
-	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction")
+	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction; drain with --outbox-mode wal: messages per pre-fill transaction, each one logical message (default 1000 there; 1 = one message per transaction)")
 	fl.IntVar(&f.recordsPerKey, "records-per-key", 10, "consecutive messages per key before a new key is used; 0 = no keys (NULL)")
 	fl.IntVar(&o.Keys, "keys", 0, "instead of --records-per-key, cycle over this many keys (message i gets key k<i mod keys>)")
 	fl.IntVar(&o.PayloadBytes, "payload-bytes", 200, "payload size in bytes")
@@ -195,6 +195,9 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 		case *d.v == 0:
 			*d.v = -1
 		}
+	}
+	if !cmd.Flags().Changed("producer-batch") {
+		o.ProducerBatch = 0 // the mode's default
 	}
 	if !cmd.Flags().Changed("in-process") {
 		o.InProcess = o.Relays == 1
