@@ -89,6 +89,13 @@ type Conn struct {
 	deadline time.Time       // the read deadline set on the socket
 	watched  context.Context // the context unwatch belongs to
 	unwatch  func() bool
+	// Receive reads the clock only when the status timer says the next
+	// status update is due (a busy stream's reads come from pgconn's
+	// buffer and never reach the socket's deadline), or after a read
+	// that reached the deadline.
+	due      atomic.Bool
+	timer    *time.Timer
+	timedOut bool
 }
 
 // Connect opens a replication connection (replication=database) to the
@@ -109,6 +116,9 @@ func (c *Conn) Close(ctx context.Context) error {
 	if c.unwatch != nil {
 		c.unwatch()
 		c.unwatch, c.watched = nil, nil
+	}
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 	if c.streaming && !c.pg.IsClosed() && LSN(c.confirmed.Load()) != c.sent {
 		_ = c.sendStatus()
@@ -251,6 +261,7 @@ func (c *Conn) Start(ctx context.Context, slot, publication string, from LSN) er
 			c.confirmed.Store(uint64(from))
 			c.sent = from
 			c.nextStatus = time.Now().Add(c.opts.StatusInterval)
+			c.timer = time.AfterFunc(c.opts.StatusInterval, func() { c.due.Store(true) })
 			return nil
 		case *pgproto3.ErrorResponse:
 			failure = explain(pgconn.ErrorResponseToPgError(msg), slot)
@@ -303,9 +314,12 @@ func (c *Conn) Receive(ctx context.Context) (Event, error) {
 		c.deadline = time.Time{}
 	}
 	for {
-		if !time.Now().Before(c.nextStatus) {
-			if err := c.sendStatus(); err != nil {
-				return nil, err
+		if c.timedOut || c.due.Load() {
+			c.timedOut = false
+			if !time.Now().Before(c.nextStatus) {
+				if err := c.sendStatus(); err != nil {
+					return nil, err
+				}
 			}
 		}
 		if !c.deadline.Equal(c.nextStatus) {
@@ -325,6 +339,7 @@ func (c *Conn) Receive(ctx context.Context) (Event, error) {
 			if pgconn.Timeout(err) {
 				// The deadline passed: the next status update is due.
 				c.deadline = time.Time{}
+				c.timedOut = true
 				continue
 			}
 			return nil, fmt.Errorf("walstream: receive: %w", err)
@@ -400,6 +415,8 @@ func (c *Conn) sendStatus() error {
 	}
 	c.sent = confirmed
 	c.nextStatus = time.Now().Add(c.opts.StatusInterval)
+	c.due.Store(false)
+	c.timer.Reset(c.opts.StatusInterval)
 	return nil
 }
 
