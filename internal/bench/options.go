@@ -172,6 +172,13 @@ func (o Options) Validate() error {
 	return err
 }
 
+// RelayInProcess reports whether the run's relay runs in this process once
+// the defaults apply (false for options that do not validate).
+func (o Options) RelayInProcess() bool {
+	d, err := o.withDefaults()
+	return err == nil && d.InProcess
+}
+
 func (o Options) withDefaults() (Options, error) {
 	def := func(v *int, d int) {
 		if *v == 0 {
