@@ -32,6 +32,13 @@ type Latency struct {
 	// it decides the whole window's p99.
 	P99PerSecond float64 `json:"p99_per_second_median,omitempty"`
 	Seconds      int     `json:"p99_seconds,omitempty"`
+	// WorstSecond is the fewest messages acknowledged in one whole second
+	// of the measurement window (steady runs; a second with none counts),
+	// and WorstSecondAt that second's start in seconds into the window: a
+	// stall the window's average rate hides. WorstSecondAt is -1 when the
+	// run has no measurement window of a whole second (drain runs).
+	WorstSecond   int64 `json:"worst_second_acked"`
+	WorstSecondAt int   `json:"worst_second_at"`
 }
 
 // Sample is one point of the time series. Short runs are sampled every

@@ -522,6 +522,42 @@ func TestTrackerPerSecondP99(t *testing.T) {
 	require.InDelta(t, 400, lat.P99, 5, "the whole run's p99 is the stall's")
 	require.Equal(t, 10, lat.Seconds, "seconds of the window only")
 	require.InDelta(t, 5, lat.P99PerSecond, 0.1)
+	require.EqualValues(t, 1000, lat.WorstSecond, "every second of the window acknowledged 1,000")
+}
+
+// The worst second is the window's whole second with the fewest
+// acknowledgements, a second with none included; the warm-up and what
+// follows the window do not count.
+func TestTrackerWorstSecond(t *testing.T) {
+	start := time.Now()
+	tr := newTracker(start, time.Second)
+	tr.windowEnd = 6 * time.Second // five whole seconds
+	id := int64(0)
+	perSecond := []int{10, 1000, 1000, 300, 1000, 1000, 5} // warm-up, five in the window, one after
+	for sec, n := range perSecond {
+		for i := range n {
+			id++
+			ack := start.Add(time.Duration(sec)*time.Second + time.Duration(i)*time.Millisecond/2)
+			tr.committed([]int64{id}, ack)
+			tr.ackedIDs([]int64{id}, ack)
+		}
+	}
+	lat, _ := tr.summary()
+	require.EqualValues(t, 300, lat.WorstSecond)
+	require.Equal(t, 2, lat.WorstSecondAt)
+
+	// A second in which nothing was acknowledged is the worst.
+	tr = newTracker(start, 0)
+	tr.windowEnd = 3 * time.Second
+	for _, sec := range []int{0, 2} {
+		id++
+		ack := start.Add(time.Duration(sec) * time.Second)
+		tr.committed([]int64{id}, ack)
+		tr.ackedIDs([]int64{id}, ack)
+	}
+	lat, _ = tr.summary()
+	require.Zero(t, lat.WorstSecond)
+	require.Equal(t, 1, lat.WorstSecondAt)
 }
 
 // A drain of an outbox in WAL mode: pre-filled through the enqueue path,

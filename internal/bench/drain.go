@@ -3,9 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/walstream"
@@ -44,7 +47,7 @@ func (e *env) drain(ctx context.Context, schema string) (*Result, error) {
 	res.VerdictReason = "n/a: drain mode has no target rate"
 	res.LatencyNote = "n/a (drain: the messages were pre-filled, so commit → ack measures queueing, not the relay)"
 	if o.OutboxMode == "wal" {
-		res.note("outbox in WAL mode: producer_rate is the pre-fill's rate (one connection, Enqueue of %d messages per call, one logical message each); drain_seconds runs from the relays' start until the slot's confirmed position passes the WAL end after the pre-fill (the relay reports it every 100 ms, so up to that much is added); processed in the samples is estimated from the confirmed position's progress through the pre-fill's WAL", walFillBatch)
+		res.note("outbox in WAL mode: producer_rate is the pre-fill's rate (%d connections with synchronous_commit off, Enqueue of %d messages per call, each call a transaction with one logical message); drain_seconds runs from the relays' start until the slot's confirmed position passes the WAL end after the pre-fill (the relay reports it every 100 ms, so up to that much is added); processed in the samples is estimated from the confirmed position's progress through the pre-fill's WAL", o.Producers, o.ProducerBatch)
 	} else {
 		res.note("producer_rate is the COPY pre-fill's rate (one COPY); the outbox is then VACUUM (ANALYZE)d and CHECKPOINTed, and drain_seconds runs from the relays' start to an empty outbox")
 	}
@@ -142,17 +145,37 @@ func (e *env) drainOutbox(ctx context.Context, schema string, total int64, origi
 	return sm.samples, nil
 }
 
-// walFillBatch is how many messages the WAL pre-fill enqueues per call.
+// walFillBatch is how many messages the WAL pre-fill enqueues per call
+// unless --producer-batch says otherwise.
 const walFillBatch = 1000
 
 // walFill pre-fills an outbox in WAL mode through the enqueue path (there is
-// no table to COPY into) and returns its rate and the WAL end after it.
+// no table to COPY into) and returns its rate and the WAL end after it. Each
+// Enqueue call of ProducerBatch messages is a transaction of its own that
+// writes one logical message (so 1 gives one message per transaction, the
+// shape of an application that sends one event per business transaction).
+// Producers connections enqueue in parallel, without waiting for their
+// commits' flush (synchronous_commit off: the pre-fill is not measured
+// for durability, and the slot reads only flushed WAL, which the drain
+// waits for anyway).
 func (e *env) walFill(ctx context.Context, schema string, n int64) (float64, walstream.LSN, error) {
-	start := time.Now()
-	c, err := wharf.NewClient(e.ctl, &wharf.Config{Schema: schema})
+	o := e.o
+	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
+	if err != nil {
+		return 0, 0, fmt.Errorf("--database-url is malformed: %w", err)
+	}
+	cfg.MaxConns = int32(o.Producers)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return 0, 0, fmt.Errorf("--database-url: %w", err)
+	}
+	defer pool.Close()
+	c, err := wharf.NewClient(pool, &wharf.Config{Schema: schema})
 	if err != nil {
 		return 0, 0, err
 	}
+	start := time.Now()
 	var begin string
 	if err := e.ctl.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&begin); err != nil {
 		return 0, 0, err
@@ -160,17 +183,31 @@ func (e *env) walFill(ctx context.Context, schema string, n int64) (float64, wal
 	if e.walStart, err = walstream.ParseLSN(begin); err != nil {
 		return 0, 0, err
 	}
-	kr := &keyer{o: e.o}
-	payload := makePayload(e.o.PayloadBytes)
-	msgs := make([]wharf.Message, 0, walFillBatch)
-	for i := int64(0); i < n; {
-		msgs = msgs[:0]
-		for ; i < n && len(msgs) < walFillBatch; i++ {
-			msgs = append(msgs, wharf.Message{Topic: topic, Key: kr.key(i), Payload: payload})
-		}
-		if _, err := c.Enqueue(ctx, msgs...); err != nil {
-			return 0, 0, err
-		}
+	batch := int64(o.ProducerBatch)
+	payload := makePayload(o.PayloadBytes)
+	var next atomic.Int64
+	g, gctx := errgroup.WithContext(ctx)
+	for range o.Producers {
+		g.Go(func() error {
+			kr := &keyer{o: o}
+			msgs := make([]wharf.Message, 0, batch)
+			for {
+				first := next.Add(batch) - batch
+				if first >= n {
+					return nil
+				}
+				msgs = msgs[:0]
+				for i := first; i < n && i < first+batch; i++ {
+					msgs = append(msgs, wharf.Message{Topic: topic, Key: kr.key(i), Payload: payload})
+				}
+				if _, err := c.Enqueue(gctx, msgs...); err != nil {
+					return err
+				}
+			}
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, 0, err
 	}
 	rate := float64(n) / time.Since(start).Seconds()
 	var end string

@@ -103,7 +103,10 @@ type Options struct {
 
 	// Producers is the number of producer connections. Defaults to 4.
 	Producers int
-	// ProducerBatch is the messages per producer transaction. Defaults to 100.
+	// ProducerBatch is the messages per producer transaction. Defaults to
+	// 100. A drain of an outbox in WAL mode pre-fills through Enqueue calls
+	// of this many messages, each a transaction of its own holding one
+	// logical message; there it defaults to 1000.
 	ProducerBatch int
 	// RecordsPerKey is how many consecutive messages share a key before a new
 	// key is used; negative means no keys (NULL).
@@ -169,6 +172,13 @@ func (o Options) Validate() error {
 	return err
 }
 
+// RelayInProcess reports whether the run's relay runs in this process once
+// the defaults apply (false for options that do not validate).
+func (o Options) RelayInProcess() bool {
+	d, err := o.withDefaults()
+	return err == nil && d.InProcess
+}
+
 func (o Options) withDefaults() (Options, error) {
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -189,6 +199,9 @@ func (o Options) withDefaults() (Options, error) {
 		o.P99Floor = time.Duration(P99FloorMS * float64(time.Millisecond))
 	}
 	def(&o.Producers, 4)
+	if o.Mode == ModeDrain && o.OutboxMode == "wal" {
+		def(&o.ProducerBatch, walFillBatch)
+	}
 	def(&o.ProducerBatch, 100)
 	def(&o.RecordsPerKey, 10)
 	def(&o.PayloadBytes, 200)
@@ -391,7 +404,7 @@ func (s Settings) Applicable() []Setting {
 	add(steady || sweep, "warmup", s.Warmup)
 	add(steady && s.MaxP99 != "0s", "max-p99", s.MaxP99)
 	add(loaded, "producers", s.Producers)
-	add(loaded, "producer-batch", s.ProducerBatch)
+	add(loaded || (drain && s.OutboxMode == "wal"), "producer-batch", s.ProducerBatch)
 	add(true, "keys", keys)
 	add(true, "payload-bytes", s.PayloadBytes)
 	add(true, "relays", s.Relays)

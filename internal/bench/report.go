@@ -134,6 +134,9 @@ func (r *Result) rows() []row {
 	if r.LatencyMS != nil {
 		lat := r.LatencyMS
 		add("latency commit→ack", fmt.Sprintf("p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d msgs)", lat.P50, lat.P95, lat.P99, lat.Max, lat.Count))
+		if lat.WorstSecondAt >= 0 && lat.Seconds > 0 {
+			add("worst second", fmt.Sprintf("%d msgs acknowledged (second %d of the %d-second window)", lat.WorstSecond, lat.WorstSecondAt+1, lat.Seconds))
+		}
 	} else {
 		add("latency commit→ack", r.LatencyNote)
 	}

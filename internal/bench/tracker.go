@@ -141,6 +141,9 @@ type tracker struct {
 	secIdx    int64
 	sec       *histogram
 	perSecond []float64
+	// perSecondAcks counts the messages acknowledged in each second of
+	// the window, empty seconds included (for the worst second).
+	perSecondAcks []int64
 
 	acked atomic.Int64 // distinct ids acknowledged
 
@@ -424,6 +427,10 @@ func (t *tracker) takeInterval() *histogram {
 // second's histogram, closing the previous second first.
 func (t *tracker) addSecond(sinceWarmup, lat time.Duration) {
 	i := int64(sinceWarmup / time.Second)
+	for int64(len(t.perSecondAcks)) <= i {
+		t.perSecondAcks = append(t.perSecondAcks, 0)
+	}
+	t.perSecondAcks[i]++
 	if t.sec == nil {
 		t.sec, t.secIdx = newHistogram(), i
 	}
@@ -446,12 +453,37 @@ func (t *tracker) summary() (*Latency, int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l := t.total.latency()
+	if l != nil {
+		l.WorstSecondAt = -1
+	}
 	if l != nil && t.windowEnd > 0 {
 		t.closeSecond()
 		l.P99PerSecond = median(t.perSecond)
 		l.Seconds = len(t.perSecond)
+		l.WorstSecond, l.WorstSecondAt = t.worstSecond()
 	}
 	return l, t.dups
+}
+
+// worstSecond is the fewest messages acknowledged in one whole second of
+// the window and that second's start, in seconds into the window (-1 when
+// the window has no whole second).
+func (t *tracker) worstSecond() (int64, int) {
+	whole := int((t.windowEnd - t.warmup) / time.Second)
+	if whole < 1 {
+		return 0, -1
+	}
+	worst, at := int64(-1), -1
+	for i := range whole {
+		var n int64
+		if i < len(t.perSecondAcks) {
+			n = t.perSecondAcks[i]
+		}
+		if worst < 0 || n < worst {
+			worst, at = n, i
+		}
+	}
+	return worst, at
 }
 
 // median of xs (0 when empty); xs is sorted in place.

@@ -343,3 +343,38 @@ func TestWALOutboxOptions(t *testing.T) {
 		require.Equal(t, 1, o.Relays)
 	}
 }
+
+// A drain's WAL pre-fill honours --producer-batch: with 1, every message is
+// a transaction of its own holding one logical message, as the slot's
+// decoded changes show (one BEGIN, one message and one COMMIT each).
+func TestWALFillOneMessagePerTransaction(t *testing.T) {
+	o := walOptions(t, ModeDrain)
+	o.ProducerBatch = 1
+	o.Producers = 2
+	e := walEnv(t, o, "bench_fill_one")
+	require.Equal(t, 1, e.o.ProducerBatch)
+	ctx := context.Background()
+	const n = 40
+	_, end, err := e.walFill(ctx, e.o.Schema, n)
+	require.NoError(t, err)
+	require.Greater(t, end, e.walStart)
+	// The pre-fill commits without waiting for the flush, and a slot
+	// decodes flushed WAL only: a checkpoint flushes it (as the drain's
+	// quiesce does).
+	_, err = e.ctl.Exec(ctx, "CHECKPOINT")
+	require.NoError(t, err)
+	var begins, msgs, commits int
+	require.NoError(t, e.ctl.QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE get_byte(data, 0) = ascii('B')),
+       count(*) FILTER (WHERE get_byte(data, 0) = ascii('M')),
+       count(*) FILTER (WHERE get_byte(data, 0) = ascii('C'))
+  FROM pg_logical_slot_peek_binary_changes($1::name, NULL, NULL,
+       'proto_version', '1', 'publication_names', $1::text, 'messages', 'true')`, e.o.Schema).Scan(&begins, &msgs, &commits))
+	require.Equal(t, n, msgs, "one logical message per message")
+	require.Equal(t, n, begins, "one transaction per message")
+	require.Equal(t, n, commits)
+
+	d, err := Options{Mode: ModeDrain, OutboxMode: "wal", DatabaseURL: "x"}.withDefaults()
+	require.NoError(t, err)
+	require.Equal(t, walFillBatch, d.ProducerBatch, "a WAL drain pre-fills 1000 messages per transaction unless told")
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -22,6 +24,7 @@ type benchFlags struct {
 	recordsPerKey int
 	jsonPath      string
 	reportDir     string
+	cpuProfile    string
 }
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -118,7 +121,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.DurationVar(&o.P99Floor, "p99-floor", 50*time.Millisecond, "sweep: a run fails when the median of its per-second p99s commit→ack exceeds max(this, 3 × the same median at the highest passing rate below)")
 	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, table outbox only; insert limit otherwise, plus the emit limit with --outbox-mode wal); baseline always does")
 	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
-	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction")
+	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction; drain with --outbox-mode wal: messages per pre-fill transaction, each one logical message (default 1000 there; 1 = one message per transaction)")
 	fl.IntVar(&f.recordsPerKey, "records-per-key", 10, "consecutive messages per key before a new key is used; 0 = no keys (NULL)")
 	fl.IntVar(&o.Keys, "keys", 0, "instead of --records-per-key, cycle over this many keys (message i gets key k<i mod keys>)")
 	fl.IntVar(&o.PayloadBytes, "payload-bytes", 200, "payload size in bytes")
@@ -129,6 +132,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.StringArrayVar(&o.RelayArgs, "relay-arg", nil, "extra relay flag, repeatable, e.g. --relay-arg=--fetch-batch=8000 (applies to in-process and process relays)")
 	fl.StringVar(&f.jsonPath, "json", "", "write the result as JSON to this file")
 	fl.StringVar(&f.reportDir, "report", "", "write samples.csv and index.html (charts) into this directory")
+	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of this process over the run: the relay in this process, with the producers and the pre-fill; not with relay processes")
 	fl.BoolVar(&o.Keep, "keep", false, "keep the bench schema at the end")
 	fl.DurationVar(&o.SampleInterval, "sample-interval", 0, "fixed sampling period (0 = adapt: 100 ms, 250 ms with relay processes, doubling past 240 samples)")
 	fl.DurationVar(&o.TailWait, "tail-wait", 10*time.Second, "steady: after the producers stop, wait at most this long for the relays to catch up (0 = do not wait; a sweep always waits for an empty outbox, up to 2m)")
@@ -209,6 +213,9 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 			*d.v = -1
 		}
 	}
+	if !cmd.Flags().Changed("producer-batch") {
+		o.ProducerBatch = 0 // the mode's default
+	}
 	if !cmd.Flags().Changed("in-process") {
 		o.InProcess = o.Relays == 1
 	}
@@ -234,6 +241,9 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 	if err := o.Validate(); err != nil {
 		return usageError{err}
 	}
+	if f.cpuProfile != "" && !o.RelayInProcess() {
+		return usageError{errors.New("--cpuprofile profiles this process, and this run's relays run as processes (--in-process=false, --relays above 1, or a drain or baseline with --outbox-mode wal): profile a run with the relay in this process")}
+	}
 
 	var stopDB func()
 	if o.OutboxMode == "wal" && g.databaseURL == "" {
@@ -247,6 +257,13 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 	defer stopDB()
 	o.DatabaseURL = g.databaseURL
 
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	res, err := bench.Run(ctx, o)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -273,4 +290,21 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 		fmt.Fprintf(g.stderr, "wrote %s/samples.csv and %s/index.html\n", f.reportDir, f.reportDir)
 	}
 	return nil
+}
+
+// startCPUProfile starts a CPU profile into path; stop ends it and closes
+// the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }

@@ -1,10 +1,14 @@
 package cli
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/internal/testdb"
 )
 
 // The bench's flag mistakes are usage errors of one line that name the
@@ -19,6 +23,7 @@ func TestBenchOutboxModeErrors(t *testing.T) {
 		{[]string{"--mode", "soak", "--rate", "100", "--duration", "1m", "--poison-percent", "51"}, "--poison-percent must be between 0 and 50, got 51"},
 		{[]string{"--mode", "steady", "--rate", "100", "--relays", "2"}, "use --relays 1 (got --relays 2)"},
 		{[]string{"--mode", "drain", "--limits"}, "--limits measures the table outbox's removal limit"},
+		{[]string{"--mode", "drain", "--cpuprofile", "x.prof"}, "--cpuprofile profiles this process, and this run's relays run as processes"},
 	} {
 		args := append([]string{"bench", "--outbox-mode", "wal"}, c.args...)
 		code, _, errOut := run(args...)
@@ -34,4 +39,18 @@ func TestBenchHelpDescribesWALMode(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "--outbox-mode wal")
 	require.Contains(t, out, "emit limit")
+}
+
+// --cpuprofile writes a profile go tool pprof reads (gzip-compressed
+// protobuf) of a run with the relay in this process.
+func TestBenchCPUProfile(t *testing.T) {
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	code, _, errOut := run("bench", "--database-url", url, "--mode", "drain", "--messages", "2000", "--cpuprofile", path)
+	require.Equal(t, 0, code, errOut)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Greater(t, len(b), 2)
+	require.Equal(t, []byte{0x1f, 0x8b}, b[:2], "a gzip-compressed profile")
 }

@@ -118,7 +118,10 @@ func parsePgoutput(b []byte, prefix string) (Event, error) {
 		if prefix != "" && string(p) != prefix {
 			return nil, errSkip
 		}
-		return Message{LSN: lsn, Transactional: flags&1 != 0, Prefix: string(p), Content: bytes.Clone(rest)}, nil
+		if prefix == "" {
+			prefix = string(p)
+		} // else it is p: no copy of it per message
+		return Message{LSN: lsn, Transactional: flags&1 != 0, Prefix: prefix, Content: bytes.Clone(rest)}, nil
 	case 'R', 'Y', 'I', 'U', 'D', 'T', 'O':
 		return nil, errSkip
 	default:

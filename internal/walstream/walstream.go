@@ -80,6 +80,22 @@ type Conn struct {
 	confirmed  atomic.Uint64
 	sent       LSN // the confirmed position last reported
 	buf        []byte
+
+	// Receive reads without a context of pgconn's: setting one up per
+	// message (a deadline context and pgconn's watch of it) cost more than
+	// decoding the message when every transaction holds one. The socket's
+	// read deadline is set only when the next status update moves, and
+	// the caller's context ends a read through one callback per context.
+	deadline time.Time       // the read deadline set on the socket
+	watched  context.Context // the context unwatch belongs to
+	unwatch  func() bool
+	// Receive reads the clock only when the status timer says the next
+	// status update is due (a busy stream's reads come from pgconn's
+	// buffer and never reach the socket's deadline), or after a read
+	// that reached the deadline.
+	due      atomic.Bool
+	timer    *time.Timer
+	timedOut bool
 }
 
 // Connect opens a replication connection (replication=database) to the
@@ -97,6 +113,13 @@ func Connect(ctx context.Context, url string, opts Options) (*Conn, error) {
 func (c *Conn) Close(ctx context.Context) error {
 	// A connection that failed is being closed by pgconn in the background:
 	// writing to it then would race with that close.
+	if c.unwatch != nil {
+		c.unwatch()
+		c.unwatch, c.watched = nil, nil
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
 	if c.streaming && !c.pg.IsClosed() && LSN(c.confirmed.Load()) != c.sent {
 		_ = c.sendStatus()
 	}
@@ -238,6 +261,7 @@ func (c *Conn) Start(ctx context.Context, slot, publication string, from LSN) er
 			c.confirmed.Store(uint64(from))
 			c.sent = from
 			c.nextStatus = time.Now().Add(c.opts.StatusInterval)
+			c.timer = time.AfterFunc(c.opts.StatusInterval, func() { c.due.Store(true) })
 			return nil
 		case *pgproto3.ErrorResponse:
 			failure = explain(pgconn.ErrorResponseToPgError(msg), slot)
@@ -276,21 +300,47 @@ func (c *Conn) Receive(ctx context.Context) (Event, error) {
 	if !c.streaming {
 		return nil, errors.New("walstream: Receive before Start")
 	}
+	if ctx != c.watched {
+		if c.unwatch != nil {
+			c.unwatch()
+		}
+		// When ctx ends, a read in progress ends at once: its deadline
+		// passes. ctx is marked done before this runs, so a read that
+		// starts later sees ctx.Err below even if its deadline was set
+		// after this one.
+		nc := c.pg.Conn()
+		c.watched = ctx
+		c.unwatch = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
+		c.deadline = time.Time{}
+	}
 	for {
-		if !time.Now().Before(c.nextStatus) {
-			if err := c.sendStatus(); err != nil {
-				return nil, err
+		if c.timedOut || c.due.Load() {
+			c.timedOut = false
+			if !time.Now().Before(c.nextStatus) {
+				if err := c.sendStatus(); err != nil {
+					return nil, err
+				}
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, c.nextStatus)
-		msg, err := c.pg.ReceiveMessage(rctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil && pgconn.Timeout(err) {
-				continue
+		if !c.deadline.Equal(c.nextStatus) {
+			if err := c.pg.Conn().SetReadDeadline(c.nextStatus); err != nil {
+				return nil, fmt.Errorf("walstream: receive: %w", err)
 			}
+			c.deadline = c.nextStatus
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		msg, err := c.pg.ReceiveMessage(context.Background())
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				// The deadline passed: the next status update is due.
+				c.deadline = time.Time{}
+				c.timedOut = true
+				continue
 			}
 			return nil, fmt.Errorf("walstream: receive: %w", err)
 		}
@@ -365,6 +415,8 @@ func (c *Conn) sendStatus() error {
 	}
 	c.sent = confirmed
 	c.nextStatus = time.Now().Add(c.opts.StatusInterval)
+	c.due.Store(false)
+	c.timer.Reset(c.opts.StatusInterval)
 	return nil
 }
 

@@ -592,3 +592,36 @@ func TestIdentifyNamesTheHistory(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, sys.WALEnd, at)
 }
+
+// Receive blocked on an idle stream returns as soon as its context ends,
+// long before the next status update is due; the connection then receives
+// with another context as before.
+func TestReceiveEndsWithItsContext(t *testing.T) {
+	ctx := context.Background()
+	q := sqlConn(t)
+	newSlot(t, "cancel_slot")
+	c := replConn(t, Options{Prefix: prefix, StatusInterval: 10 * time.Minute})
+	require.NoError(t, c.Start(ctx, "cancel_slot", publication, 0))
+
+	rctx, cancel := context.WithCancel(ctx)
+	got := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := c.Receive(rctx); err != nil {
+				got <- err
+				return
+			}
+		}
+	}()
+	cancel()
+	select {
+	case err := <-got:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(time.Minute): // a hang guard: the status deadline is 10 minutes away
+		t.Fatal("Receive did not return when its context ended")
+	}
+
+	emit(t, q, true, prefix, "after")
+	txs, _ := collect(t, c, 1)
+	require.Equal(t, []string{"after"}, txs[0].messages)
+}
