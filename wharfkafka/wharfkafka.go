@@ -95,6 +95,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +103,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/cloudevents"
@@ -515,7 +519,50 @@ func Open(_ context.Context, u *url.URL) (wharf.Sink, error) {
 		}
 		extra = append(extra, kgo.DialTLSConfig(tc))
 	}
+	mech, err := saslFromURL(u, tlsOn, os.LookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	if mech != nil {
+		extra = append(extra, kgo.SASL(mech))
+	}
 	return New(opts, extra...)
+}
+
+// saslFromURL is the SASL mechanism the URL's sasl, sasl_user and
+// sasl_password_env options name, nil without sasl. The password is read
+// from the environment variable sasl_password_env names, never from the
+// URL: a URL ends up in logs, process lists and config files.
+func saslFromURL(u *url.URL, tlsOn bool, env func(string) (string, bool)) (sasl.Mechanism, error) {
+	q := u.Query()
+	shown := u.Redacted()
+	method := strings.ToLower(q.Get("sasl"))
+	user, passEnv := q.Get("sasl_user"), q.Get("sasl_password_env")
+	if method == "" {
+		if user != "" || passEnv != "" {
+			return nil, fmt.Errorf("sink URL %q: sasl_user and sasl_password_env need sasl=plain, scram-sha-256 or scram-sha-512", shown)
+		}
+		return nil, nil
+	}
+	if user == "" || passEnv == "" {
+		return nil, fmt.Errorf("sink URL %q: sasl=%s needs sasl_user=NAME and sasl_password_env=VARIABLE (the environment variable holding the password)", shown, method)
+	}
+	pass, ok := env(passEnv)
+	if !ok || pass == "" {
+		return nil, fmt.Errorf("sink URL %q: sasl_password_env=%s: the environment variable %s is not set; export it with the SASL password", shown, passEnv, passEnv)
+	}
+	switch method {
+	case "plain":
+		if !tlsOn {
+			return nil, fmt.Errorf("sink URL %q: sasl=plain sends the password in clear: add tls=true (or tls_ca)", shown)
+		}
+		return plain.Auth{User: user, Pass: pass}.AsMechanism(), nil
+	case "scram-sha-256":
+		return scram.Auth{User: user, Pass: pass}.AsSha256Mechanism(), nil
+	case "scram-sha-512":
+		return scram.Auth{User: user, Pass: pass}.AsSha512Mechanism(), nil
+	}
+	return nil, fmt.Errorf("sink URL %q: sasl=%q: want plain, scram-sha-256 or scram-sha-512", shown, method)
 }
 
 // tlsNames are the URL options naming the TLS files.
@@ -527,7 +574,7 @@ func parseURL(u *url.URL) (opts Options, tlsOn bool, err error) {
 		return opts, false, fmt.Errorf("sink URL %q: wharfkafka opens kafka:// URLs", shown)
 	}
 	if u.User != nil {
-		return opts, false, fmt.Errorf("sink URL %q: the kafka sink takes no user or password in the URL: for SASL build the sink with wharfkafka.New and kgo.SASL", shown)
+		return opts, false, fmt.Errorf("sink URL %q: the kafka sink takes no user or password in the URL: for SASL write sasl=plain|scram-sha-256|scram-sha-512&sasl_user=NAME&sasl_password_env=VARIABLE", shown)
 	}
 	if u.Opaque != "" || (u.Path != "" && u.Path != "/") || u.Fragment != "" {
 		return opts, false, fmt.Errorf("sink URL %q: write kafka://host:port[,host:port]?option=value", shown)
@@ -581,9 +628,9 @@ func parseURL(u *url.URL) (opts Options, tlsOn bool, err error) {
 			opts.CloudEvents = v
 		case "ce_source":
 			opts.CloudEventsSource = v
-		case "tls_ca", "tls_cert", "tls_key": // read by Open
+		case "tls_ca", "tls_cert", "tls_key", "sasl", "sasl_user", "sasl_password_env": // read by Open
 		default:
-			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression, ce, ce_source, tls, tls_ca, tls_cert and tls_key", shown, k)
+			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression, ce, ce_source, tls, tls_ca, tls_cert, tls_key, sasl, sasl_user and sasl_password_env", shown, k)
 		}
 	}
 	if _, cerr := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource); cerr != nil {
