@@ -51,6 +51,20 @@
 //   - format: envelope or raw. Defaults to envelope.
 //   - max_record_bytes: the largest record, data plus partition key.
 //     Defaults to 1048576, Kinesis's limit.
+//   - ce: "structured" to write every message as a CloudEvent (see
+//     CloudEvents). Defaults to none. "binary" is refused.
+//   - ce_source: the CloudEvents source attribute. Defaults to "/wharf".
+//
+// # CloudEvents
+//
+// Kinesis has no CloudEvents binding, and a record has no attributes, so
+// only structured mode exists: with ce=structured the record's data is the
+// JSON event (binary payloads in data_base64) in place of the envelope, and
+// the partition key is as always. The message's headers other than
+// content-type, traceparent and tracestate (which become datacontenttype
+// and the distributed-tracing extension) are not written. ce=binary, and
+// format=raw with ce=structured, are refused. A message that cannot be a
+// CloudEvent fails permanently.
 package wharfkinesis
 
 import (
@@ -74,6 +88,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/envelope"
 )
 
@@ -108,7 +123,25 @@ type Options struct {
 	// MaxRecordBytes is the largest record, data plus partition key.
 	// Defaults to 1048576.
 	MaxRecordBytes int
+	// CloudEvents sends every message as a CloudEvent: "structured" only,
+	// as a record has nowhere to put binary mode's attributes (see
+	// CloudEvents). Defaults to none.
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
+
+// bindingKinesis names Kinesis in CloudEvents errors; only structured mode
+// is used, so it needs no attribute naming.
+var bindingKinesis = cloudevents.Binding{Name: "Kinesis"}
+
+// errRawCE refuses format=raw with CloudEvents, which make the record the
+// JSON event.
+const errRawCE = "format=raw with ce=structured: the record is then the JSON event, neither the envelope nor the raw payload; drop format=raw"
+
+// errBinaryCE refuses ce=binary.
+const errBinaryCE = "ce=binary: a Kinesis record has no attributes to carry binary mode's; use ce=structured (the record is the JSON event)"
 
 // Sink is a [wharf.Sink] that writes to Kinesis Data Streams. It is safe
 // for concurrent use.
@@ -116,6 +149,7 @@ type Sink struct {
 	client    *kinesis.Client
 	opts      Options
 	names     wharf.TopicTemplate
+	ce        cloudevents.Config
 	encoders  sync.Pool
 	last      atomic.Value
 	closed    atomic.Bool
@@ -145,7 +179,17 @@ func New(client *kinesis.Client, opts Options) (*Sink, error) {
 	if opts.MaxRecordBytes < 1024 || opts.MaxRecordBytes > defaultMaxRecord {
 		return nil, fmt.Errorf("wharfkinesis: Options.MaxRecordBytes %d is not from 1024 to %d", opts.MaxRecordBytes, defaultMaxRecord)
 	}
-	s := &Sink{client: client, opts: opts, names: names}
+	ce, err := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource)
+	if err != nil {
+		return nil, fmt.Errorf("wharfkinesis: Options.CloudEvents: %w", err)
+	}
+	if ce.Mode == cloudevents.Binary {
+		return nil, fmt.Errorf("wharfkinesis: Options.CloudEvents: %s", errBinaryCE)
+	}
+	if ce.On() && opts.Format == FormatRaw {
+		return nil, fmt.Errorf("wharfkinesis: Options: %s", errRawCE)
+	}
+	s := &Sink{client: client, opts: opts, names: names, ce: ce}
 	s.encoders.New = func() any { return new(envelope.Encoder) }
 	return s, nil
 }
@@ -270,7 +314,13 @@ func (s *Sink) publishTo(ctx context.Context, msgs []*wharf.Message, name string
 // encode builds m's record; a record Kinesis cannot take fails permanently.
 func (s *Sink) encode(m *wharf.Message, idx int) (record, error) {
 	r := record{idx: idx, pk: partitionKey(m)}
-	if s.opts.Format == FormatRaw {
+	if s.ce.On() {
+		enc, err := s.ce.Encode(m, bindingKinesis)
+		if err != nil {
+			return r, wharf.Permanent(fmt.Errorf("wharfkinesis: %w", err))
+		}
+		r.data = enc.Body
+	} else if s.opts.Format == FormatRaw {
 		r.data = m.Payload
 	} else {
 		e := s.encoders.Get().(*envelope.Encoder)
@@ -499,6 +549,17 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			default:
 				return c, fmt.Errorf("sink URL %q: format=%q: want envelope (JSON with id, topic, key, headers and payload) or raw (the payload alone)", shown, v)
 			}
+		case "ce":
+			mode, err := cloudevents.ParseMode(v)
+			if err != nil {
+				return c, fmt.Errorf("sink URL %q: ce=%q: want structured (a Kinesis record has no attributes for binary)", shown, v)
+			}
+			if mode == cloudevents.Binary {
+				return c, fmt.Errorf("sink URL %q: %s", shown, errBinaryCE)
+			}
+			c.opts.CloudEvents = v
+		case "ce_source":
+			c.opts.CloudEventsSource = v
 		case "max_record_bytes":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1024 || n > defaultMaxRecord {
@@ -506,8 +567,15 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			}
 			c.opts.MaxRecordBytes = n
 		default:
-			return c, fmt.Errorf("sink URL %q: unknown option %q: the kinesis sink takes stream_template, endpoint, profile, format and max_record_bytes", shown, k)
+			return c, fmt.Errorf("sink URL %q: unknown option %q: the kinesis sink takes stream_template, endpoint, profile, format, max_record_bytes, ce and ce_source", shown, k)
 		}
+	}
+	ce, err := cloudevents.NewConfig(c.opts.CloudEvents, c.opts.CloudEventsSource)
+	if err != nil {
+		return c, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, c.opts.CloudEvents, c.opts.CloudEventsSource, err)
+	}
+	if ce.On() && c.opts.Format == FormatRaw {
+		return c, fmt.Errorf("sink URL %q: %s", shown, errRawCE)
 	}
 	names, err := wharf.ParseTopicTemplate(c.opts.StreamTemplate)
 	if err != nil {

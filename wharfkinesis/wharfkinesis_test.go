@@ -319,6 +319,10 @@ func TestURLErrors(t *testing.T) {
 		"kinesis://eu-west-1?endpoint=localhost":                           `endpoint="localhost"`,
 		"kinesis://:" + wharfsinktest.Secret + "@eu-west-1":                "ACCESS_KEY_ID:SECRET_ACCESS_KEY@",
 		"kinesis://EU?stream_template=s":                                   "not an AWS region",
+		"kinesis://eu-west-1?ce=binary":                                    "use ce=structured",
+		"kinesis://eu-west-1?ce=json":                                      `ce="json": want structured`,
+		"kinesis://eu-west-1?ce=structured&format=raw":                     "drop format=raw",
+		"kinesis://eu-west-1?ce_source=/s":                                 "no content mode",
 	})
 }
 

@@ -51,6 +51,24 @@
 //     its messages fail, e.g. "30s". Defaults to 60s.
 //   - max_message_bytes: the largest message, data plus attributes and
 //     ordering key. Defaults to 10000000, Pub/Sub's limit.
+//   - ce: "binary" or "structured" to send every message as a CloudEvent
+//     (see CloudEvents). Defaults to none.
+//   - ce_source: the CloudEvents source attribute. Defaults to "/wharf".
+//
+// # CloudEvents
+//
+// With ce=binary each message follows the CloudEvents Pub/Sub binding's
+// binary mode: the data is the payload, datacontenttype is the
+// "Content-Type" attribute, and every other attribute is an attribute
+// "ce-<name>" (ce-specversion "1.0", ce-id the message id, ce-source,
+// ce-type the wharf topic, ce-subject the key when there is one, ce-time
+// the enqueue time, ce-traceparent and ce-tracestate from the message's
+// trace context headers). With ce=structured the data is the JSON event
+// and the Content-Type attribute is "application/cloudevents+json;
+// charset=UTF-8". In both modes the wharf- attributes, the ordering key and
+// the message's other headers are sent as without CloudEvents; its own
+// content-type header is not (the event carries it). A message that cannot
+// be a CloudEvent fails permanently.
 package wharfpubsub
 
 import (
@@ -74,6 +92,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
 // Attributes the sink adds to every message.
@@ -84,7 +103,15 @@ const (
 	AttrTopic = "wharf-topic"
 	// AttrKey carries [wharf.Message.Key] (absent for a message without one).
 	AttrKey = "wharf-key"
+	// AttrContentType is the attribute the CloudEvents Pub/Sub binding
+	// names for the content type: datacontenttype in binary mode,
+	// application/cloudevents+json in structured mode.
+	AttrContentType = "Content-Type"
 )
+
+// bindingPubSub is the CloudEvents Pub/Sub binding: attributes ce-<name>,
+// datacontenttype in the Content-Type attribute.
+var bindingPubSub = cloudevents.Binding{Name: "Pub/Sub", Prefix: "ce-"}
 
 // TopicPlaceholder is replaced by the wharf topic in Options.TopicTemplate.
 const TopicPlaceholder = wharf.TopicPlaceholder
@@ -108,6 +135,12 @@ type Options struct {
 	// MaxMessageBytes is the largest message, data plus attributes and
 	// ordering key. Defaults to 10000000.
 	MaxMessageBytes int
+	// CloudEvents sends every message as a CloudEvent: "binary" or
+	// "structured" (see CloudEvents). Defaults to none.
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
 
 // Sink is a [wharf.Sink] that publishes to Google Cloud Pub/Sub. It is safe
@@ -117,6 +150,7 @@ type Sink struct {
 	ownsClient bool
 	opts       Options
 	names      wharf.TopicTemplate
+	ce         cloudevents.Config
 
 	mu         sync.Mutex
 	publishers map[string]*pubsub.Publisher // by topic ID
@@ -156,7 +190,11 @@ func New(client *pubsub.Client, opts Options) (*Sink, error) {
 	if opts.MaxMessageBytes < 1024 || opts.MaxMessageBytes > defaultMaxBytes {
 		return nil, fmt.Errorf("wharfpubsub: Options.MaxMessageBytes %d is not from 1024 to %d", opts.MaxMessageBytes, defaultMaxBytes)
 	}
-	return &Sink{client: client, opts: opts, names: names, publishers: map[string]*pubsub.Publisher{}}, nil
+	ce, err := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource)
+	if err != nil {
+		return nil, fmt.Errorf("wharfpubsub: Options.CloudEvents: %w", err)
+	}
+	return &Sink{client: client, opts: opts, names: names, ce: ce, publishers: map[string]*pubsub.Publisher{}}, nil
 }
 
 // TopicID returns the Pub/Sub topic ID a message of the wharf topic goes to.
@@ -251,8 +289,20 @@ func (s *Sink) encode(m *wharf.Message) (*pubsub.Message, error) {
 	if err := checkTopicID(id); err != nil {
 		return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: message %s: wharf topic %q gives topic ID %q: %w", m.ID, m.Topic, id, err))
 	}
-	attrs := make(map[string]string, len(m.Headers)+3)
+	data := m.Payload
+	var ce cloudevents.Encoded
+	if s.ce.On() {
+		var err error
+		if ce, err = s.ce.Encode(m, bindingPubSub); err != nil {
+			return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: %w", err))
+		}
+		data = ce.Body
+	}
+	attrs := make(map[string]string, len(m.Headers)+len(ce.Headers)+4)
 	for k, v := range m.Headers {
+		if s.ce.On() && ce.Replaces(k) {
+			continue // the event carries it
+		}
 		if strings.EqualFold(k, AttrID) || strings.EqualFold(k, AttrTopic) || strings.EqualFold(k, AttrKey) {
 			return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: message %s: header %q is refused: the sink sets the attributes %s, %s and %s itself; rename it", m.ID, k, AttrID, AttrTopic, AttrKey))
 		}
@@ -269,16 +319,28 @@ func (s *Sink) encode(m *wharf.Message) (*pubsub.Message, error) {
 		}
 		attrs[AttrKey] = m.Key
 	}
+	for _, a := range ce.Headers {
+		if len(a.Value) > maxAttrValue {
+			return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: message %s: its CloudEvents attribute %s has %d bytes, above the %d of a Pub/Sub attribute value", m.ID, a.Name, len(a.Value), maxAttrValue))
+		}
+		attrs[a.Name] = a.Value
+	}
+	if ce.ContentType != "" {
+		if len(ce.ContentType) > maxAttrValue {
+			return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: message %s: its content type has %d bytes, above the %d of a Pub/Sub attribute value", m.ID, len(ce.ContentType), maxAttrValue))
+		}
+		attrs[AttrContentType] = ce.ContentType
+	}
 	if len(attrs) > maxAttributes {
 		return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: message %s: %d headers plus the sink's attributes exceed Pub/Sub's %d attributes", m.ID, len(m.Headers), maxAttributes))
 	}
-	pm := &pubsub.Message{Data: m.Payload, Attributes: attrs, OrderingKey: m.Key}
+	pm := &pubsub.Message{Data: data, Attributes: attrs, OrderingKey: m.Key}
 	size := len(pm.Data) + len(pm.OrderingKey)
 	for k, v := range attrs {
 		size += len(k) + len(v)
 	}
 	if size > s.opts.MaxMessageBytes {
-		return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: message %s: %d bytes (data %d plus attributes and ordering key) exceed the limit of %d bytes (max_message_bytes)", m.ID, size, len(m.Payload), s.opts.MaxMessageBytes))
+		return nil, wharf.Permanent(fmt.Errorf("wharfpubsub: message %s: %d bytes (data %d plus attributes and ordering key) exceed the limit of %d bytes (max_message_bytes)", m.ID, size, len(data), s.opts.MaxMessageBytes))
 	}
 	return pm, nil
 }
@@ -480,9 +542,19 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: max_message_bytes=%q: want a byte count from 1024 to %d", shown, v, defaultMaxBytes)
 			}
 			cfg.opts.MaxMessageBytes = n
+		case "ce":
+			if _, err := cloudevents.ParseMode(v); err != nil {
+				return cfg, fmt.Errorf("sink URL %q: ce=%q: want binary or structured", shown, v)
+			}
+			cfg.opts.CloudEvents = v
+		case "ce_source":
+			cfg.opts.CloudEventsSource = v
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the pubsub sink takes topic_template, endpoint, publish_timeout and max_message_bytes", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the pubsub sink takes topic_template, endpoint, publish_timeout, max_message_bytes, ce and ce_source", shown, k)
 		}
+	}
+	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {
+		return cfg, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, cfg.opts.CloudEvents, cfg.opts.CloudEventsSource, err)
 	}
 	names, err := wharf.ParseTopicTemplate(cfg.opts.TopicTemplate)
 	if err != nil {

@@ -307,6 +307,9 @@ func TestURLErrors(t *testing.T) {
 		"pubsub://my-project?publish_timeout=soon":           `publish_timeout="soon"`,
 		"pubsub://my-project?max_message_bytes=20000000":     `max_message_bytes="20000000"`,
 		"pubsub://my-project/path":                           "write pubsub://PROJECT",
+		"pubsub://my-project?ce=json":                        `ce="json": want binary or structured`,
+		"pubsub://my-project?ce_source=/s":                   "no content mode",
+		"pubsub://my-project?ce=binary&ce_source=a%20b":      "white space",
 	})
 }
 

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
 // Message attributes the sinks add to every message.
@@ -71,30 +72,68 @@ type entry struct {
 	size  int               // as SQS and SNS count it
 }
 
+// The CloudEvents bindings of SQS and SNS, which have no official one:
+// message attributes ce-<name>, datacontenttype as ce-datacontenttype since
+// a message has no content type of its own.
+var (
+	bindingSQS = cloudevents.Binding{Name: "SQS", Prefix: "ce-", ContentTypeAttr: true}
+	bindingSNS = cloudevents.Binding{Name: "SNS", Prefix: "ce-", ContentTypeAttr: true}
+)
+
+// AttrContentType is the message attribute that marks a structured-mode
+// CloudEvent: its value is application/cloudevents+json; charset=UTF-8.
+const AttrContentType = "content-type"
+
 // encoder turns a wharf message into an entry for SQS or SNS.
 type encoder struct {
 	body     Body
 	maxBytes int
 	what     string // "SQS" or "SNS", for errors
+	ce       cloudevents.Config
+	binding  cloudevents.Binding
+}
+
+// isTraceHeader reports whether a header is one the CloudEvents
+// distributed-tracing extension carries in binary mode.
+func isTraceHeader(k string) bool {
+	return strings.EqualFold(k, "traceparent") || strings.EqualFold(k, "tracestate")
 }
 
 // encode builds m's entry; a message the destination cannot take fails
 // permanently here, before anything is sent.
 func (e encoder) encode(m *wharf.Message, idx int, fifo bool) (*entry, error) {
 	en := &entry{idx: idx, attrs: make(map[string]string, len(m.Headers)+3)}
+	payload := m.Payload
+	var ce cloudevents.Encoded
+	if e.ce.On() {
+		var err error
+		if ce, err = e.ce.Encode(m, e.binding); err != nil {
+			return nil, wharf.Permanent(fmt.Errorf("wharfsqs: %w", err))
+		}
+		payload = ce.Body
+	}
 	switch e.body {
 	case BodyBase64:
-		en.body = base64.StdEncoding.EncodeToString(m.Payload)
+		en.body = base64.StdEncoding.EncodeToString(payload)
 	default:
-		if err := checkText(string(m.Payload)); err != nil {
+		if err := checkText(string(payload)); err != nil {
+			if e.ce.Mode == cloudevents.Structured {
+				return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: its JSON event cannot be an %s message body: %w", m.ID, e.what, err))
+			}
 			return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: the payload cannot be an %s message body: %w; open the sink with body=base64 for binary payloads", m.ID, e.what, err))
 		}
-		en.body = string(m.Payload)
+		en.body = string(payload)
 	}
 	if en.body == "" {
 		return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: empty payload: %s takes no empty message body", m.ID, e.what))
 	}
+	binaryCE := e.ce.Mode == cloudevents.Binary
 	for k, v := range m.Headers {
+		// The event carries the content type (and, in binary mode, the
+		// trace context) itself; attribute headers are the encoding's.
+		if e.ce.On() && (ce.Replaces(k) || (binaryCE && isTraceHeader(k))) {
+			continue
+		}
 		if isReserved(k) {
 			return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: header %q is refused: the sink sets the attributes %s, %s and %s itself; rename it", m.ID, k, AttrID, AttrTopic, AttrKey))
 		}
@@ -103,16 +142,30 @@ func (e encoder) encode(m *wharf.Message, idx int, fifo bool) (*entry, error) {
 		}
 		en.attrs[k] = v
 	}
-	en.attrs[AttrID] = m.ID
-	en.attrs[AttrTopic] = m.Topic
-	if m.Key != "" {
-		if err := checkText(m.Key); err != nil {
-			return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: the key cannot be a message attribute: %w", m.ID, err))
+	if binaryCE {
+		// ce-id, ce-type and ce-subject carry the message id, topic and
+		// key: the wharf- attributes would only repeat them.
+		for _, a := range ce.Headers {
+			if err := checkText(a.Value); err != nil {
+				return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: its CloudEvents %s attribute cannot be a message attribute: %w", m.ID, a.Name, err))
+			}
+			en.attrs[a.Name] = a.Value
 		}
-		en.attrs[AttrKey] = m.Key
-	}
-	if err := checkText(m.Topic); err != nil || m.Topic == "" {
-		return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: the topic %q cannot be a message attribute", m.ID, m.Topic))
+	} else {
+		en.attrs[AttrID] = m.ID
+		en.attrs[AttrTopic] = m.Topic
+		if m.Key != "" {
+			if err := checkText(m.Key); err != nil {
+				return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: the key cannot be a message attribute: %w", m.ID, err))
+			}
+			en.attrs[AttrKey] = m.Key
+		}
+		if err := checkText(m.Topic); err != nil || m.Topic == "" {
+			return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: the topic %q cannot be a message attribute", m.ID, m.Topic))
+		}
+		if e.ce.Mode == cloudevents.Structured {
+			en.attrs[AttrContentType] = ce.ContentType
+		}
 	}
 	if len(en.attrs) > maxAttributes {
 		return nil, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: %d headers plus the sink's %d attributes exceed %s's %d message attributes", m.ID, len(m.Headers), len(en.attrs)-len(m.Headers), e.what, maxAttributes))

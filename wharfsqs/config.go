@@ -13,7 +13,13 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
+
+// errStructuredBase64 refuses body=base64 with ce=structured: the JSON
+// event is text, and carries a binary payload itself (data_base64).
+const errStructuredBase64 = "body=base64 with ce=structured: the JSON event is text and carries binary payloads in data_base64 itself; drop body=base64"
 
 // awsURL is what the parts of an sqs:// or sns:// URL common to both say.
 type awsURL struct {
@@ -26,6 +32,8 @@ type awsURL struct {
 	maxBytes  int
 	strict    bool
 	template  string
+	ce        string
+	ceSource  string
 }
 
 // parseAWSURL reads u, an sqs:// or sns:// URL; templateOpt is the option
@@ -96,6 +104,13 @@ func parseAWSURL(u *url.URL, scheme, templateOpt string, extra func(k, v string)
 				return c, fmt.Errorf("sink URL %q: strict_order=%q: want true or false", shown, v)
 			}
 			c.strict = b
+		case "ce":
+			if _, err := cloudevents.ParseMode(v); err != nil {
+				return c, fmt.Errorf("sink URL %q: ce=%q: want binary or structured", shown, v)
+			}
+			c.ce = v
+		case "ce_source":
+			c.ceSource = v
 		default:
 			ok, err := extra(k, v)
 			if err != nil {
@@ -109,11 +124,18 @@ func parseAWSURL(u *url.URL, scheme, templateOpt string, extra func(k, v string)
 	if c.template == "" {
 		return c, fmt.Errorf("sink URL %q: %s is required (e.g. %s)", shown, templateOpt, templateExample(templateOpt))
 	}
+	ce, err := cloudevents.NewConfig(c.ce, c.ceSource)
+	if err != nil {
+		return c, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, c.ce, c.ceSource, err)
+	}
+	if ce.Mode == cloudevents.Structured && c.body == BodyBase64 {
+		return c, fmt.Errorf("sink URL %q: %s", shown, errStructuredBase64)
+	}
 	return c, nil
 }
 
 func optionList(scheme, templateOpt string) string {
-	opts := []string{templateOpt, "endpoint", "profile", "body", "max_message_bytes", "strict_order"}
+	opts := []string{templateOpt, "endpoint", "profile", "body", "max_message_bytes", "strict_order", "ce", "ce_source"}
 	return strings.Join(opts, ", ")
 }
 

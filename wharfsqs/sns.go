@@ -41,7 +41,7 @@ func NewSNS(client *sns.Client, opts Options) (*TopicSink, error) {
 	if client == nil {
 		return nil, errors.New("wharfsqs: NewSNS: nil client")
 	}
-	names, err := opts.validate("topic ARN")
+	names, ce, err := opts.validate("topic ARN")
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +50,7 @@ func NewSNS(client *sns.Client, opts Options) (*TopicSink, error) {
 	}
 	s := &TopicSink{client: client, opts: opts, names: names}
 	s.b = batcher{
-		enc:    encoder{body: opts.Body, maxBytes: opts.MaxMessageBytes, what: "SNS"},
+		enc:    encoder{body: opts.Body, maxBytes: opts.MaxMessageBytes, what: "SNS", ce: ce, binding: bindingSNS},
 		strict: opts.StrictOrder,
 		send:   s.send,
 		what:   "topic",

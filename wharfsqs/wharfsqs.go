@@ -75,6 +75,23 @@
 //     of SQS queues not configured for larger messages.
 //   - strict_order: "true" to put at most one message of an ordering key in
 //     each request (see Ordering). Defaults to "false".
+//   - ce: "binary" or "structured" to send every message as a CloudEvent
+//     (see CloudEvents). Defaults to none.
+//   - ce_source: the CloudEvents source attribute. Defaults to "/wharf".
+//
+// # CloudEvents
+//
+// SQS and SNS have no CloudEvents binding. With ce=binary the body is the
+// payload (in base64 with body=base64) and the attributes are String
+// message attributes "ce-<name>", datacontenttype included
+// (ce-datacontenttype), values not percent-encoded. Within the limit of 10
+// attributes, wharf-id, wharf-topic and wharf-key are left out (ce-id,
+// ce-type and ce-subject hold them), and so are the message's traceparent,
+// tracestate and content-type headers (the event carries them). With
+// ce=structured the body is the JSON event, a "content-type" attribute
+// says "application/cloudevents+json; charset=UTF-8", and the other
+// attributes are as without CloudEvents; body=base64 is refused then. A
+// message that cannot be a CloudEvent fails permanently.
 package wharfsqs
 
 import (
@@ -92,6 +109,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
 // TopicPlaceholder is replaced by the wharf topic in the templates.
@@ -111,9 +129,30 @@ type Options struct {
 	// StrictOrder puts at most one message of an ordering key in each
 	// request. Defaults to false.
 	StrictOrder bool
+	// CloudEvents sends every message as a CloudEvent: "binary" or
+	// "structured" (see CloudEvents). Defaults to none.
+	CloudEvents string
+	// CloudEventsSource is the CloudEvents source attribute, a
+	// URI-reference. Defaults to "/wharf".
+	CloudEventsSource string
 }
 
-func (o *Options) validate(what string) (wharf.TopicTemplate, error) {
+func (o *Options) validate(what string) (wharf.TopicTemplate, cloudevents.Config, error) {
+	tmpl, err := o.validateTemplate(what)
+	if err != nil {
+		return tmpl, cloudevents.Config{}, err
+	}
+	ce, err := cloudevents.NewConfig(o.CloudEvents, o.CloudEventsSource)
+	if err != nil {
+		return tmpl, ce, fmt.Errorf("wharfsqs: Options.CloudEvents: %w", err)
+	}
+	if ce.Mode == cloudevents.Structured && o.Body == BodyBase64 {
+		return tmpl, ce, fmt.Errorf("wharfsqs: Options: %s", errStructuredBase64)
+	}
+	return tmpl, ce, nil
+}
+
+func (o *Options) validateTemplate(what string) (wharf.TopicTemplate, error) {
 	if o.Template == "" {
 		return wharf.TopicTemplate{}, fmt.Errorf("wharfsqs: Options.Template is required: the %s of a message, e.g. %q", what, "wharf-"+TopicPlaceholder)
 	}
@@ -154,13 +193,13 @@ func New(client *sqs.Client, opts Options) (*Sink, error) {
 	if client == nil {
 		return nil, errors.New("wharfsqs: New: nil client")
 	}
-	names, err := opts.validate("queue name")
+	names, ce, err := opts.validate("queue name")
 	if err != nil {
 		return nil, err
 	}
 	s := &Sink{client: client, opts: opts, names: names}
 	s.b = batcher{
-		enc:    encoder{body: opts.Body, maxBytes: opts.MaxMessageBytes, what: "SQS"},
+		enc:    encoder{body: opts.Body, maxBytes: opts.MaxMessageBytes, what: "SQS", ce: ce, binding: bindingSQS},
 		strict: opts.StrictOrder,
 		send:   s.send,
 		what:   "queue",
@@ -322,7 +361,7 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 }
 
 func (c awsURL) options() Options {
-	return Options{Template: c.template, Body: c.body, MaxMessageBytes: c.maxBytes, StrictOrder: c.strict}
+	return Options{Template: c.template, Body: c.body, MaxMessageBytes: c.maxBytes, StrictOrder: c.strict, CloudEvents: c.ce, CloudEventsSource: c.ceSource}
 }
 
 func parseSQSURL(u *url.URL) (awsURL, error) {

@@ -714,6 +714,10 @@ func TestURLErrors(t *testing.T) {
 		"sns://eu-west-1?topic_arn_template=arn:aws:sns:eu-west-1:1:a&x=1":      `unknown option "x"`,
 		"sns://eu-west-1?topic_arn_template=arn:aws:sns:eu-west-1:1:a%20b":      "a topic name has only",
 		"sns://eu-west-1?topic_arn_template=arn:aws:sns:eu-west-1:1:a&profile=": "profile is empty",
+		"sqs://eu-west-1?queue_template=q&ce=json":                              `ce="json": want binary or structured`,
+		"sqs://eu-west-1?queue_template=q&ce_source=/s":                         "no content mode",
+		"sqs://eu-west-1?queue_template=q&ce=structured&body=base64":            "drop body=base64",
+		"sns://eu-west-1?topic_arn_template=arn:aws:sns:eu-west-1:1:a&ce=x":     `ce="x"`,
 	})
 }
 
