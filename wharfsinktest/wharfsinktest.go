@@ -95,6 +95,21 @@ type Harness struct {
 	BreakBroker, HealBroker func(t *testing.T)
 	// Features describes what the sink can do.
 	Features Features
+	// TimeScale multiplies the suite's waits for a publish and for the
+	// consumer (0 or 1: as they are), for a destination that is slow by
+	// nature, such as a cloud service's emulator answering a request in a
+	// tenth of a second. The waits are hang guards, so a larger one only
+	// makes a broken sink fail later. The bound on a Publish while the
+	// broker is down is not scaled: it checks the context is honoured.
+	TimeScale int
+}
+
+// wait is d scaled by h.TimeScale.
+func (h *Harness) wait(d time.Duration) time.Duration {
+	if h.TimeScale > 1 {
+		return d * time.Duration(h.TimeScale)
+	}
+	return d
 }
 
 // PerTest keeps one value per test, such as the destination a harness's
@@ -227,9 +242,9 @@ func newMessage(topic, key string, payload []byte) *wharf.Message {
 func payloadFor(i int) []byte { return fmt.Appendf(nil, `{"n":%d}`, i) }
 
 // publishOK publishes msgs and fails t unless every message was acknowledged.
-func publishOK(t *testing.T, s wharf.Sink, msgs []*wharf.Message) {
+func publishOK(t *testing.T, h *Harness, s wharf.Sink, msgs []*wharf.Message) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), h.wait(publishTimeout))
 	defer cancel()
 	errs := s.Publish(ctx, msgs)
 	checkShape(t, errs, len(msgs))
@@ -252,6 +267,7 @@ func checkShape(t *testing.T, errs []error, n int) {
 // if any is missing.
 func consumeAll(t *testing.T, h *Harness, topics []string, msgs []*wharf.Message, timeout time.Duration) []Received {
 	t.Helper()
+	timeout = h.wait(timeout)
 	want := len(msgs)
 	deadline := time.Now().Add(timeout)
 	var got []Received
@@ -341,7 +357,7 @@ func testOrderPerKey(t *testing.T, h *Harness) {
 		left[k] -= run
 	}
 	for i := 0; i < len(msgs); i += 50 {
-		publishOK(t, s, msgs[i:i+50])
+		publishOK(t, h, s, msgs[i:i+50])
 	}
 	got := consumeAll(t, h, []string{TopicOrders}, msgs, consumeTimeout)
 	checkOrder(t, msgs, got, true)
@@ -370,7 +386,7 @@ func testConcurrentPublish(t *testing.T, h *Harness) {
 	for w := range workers {
 		wg.Go(func() {
 			for b := range batches {
-				ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+				ctx, cancel := context.WithTimeout(context.Background(), h.wait(publishTimeout))
 				res := s.Publish(ctx, all[w][b*size:(b+1)*size])
 				cancel()
 				if err := firstErr(res); err != nil {
@@ -400,12 +416,12 @@ func testConcurrentPublish(t *testing.T, h *Harness) {
 // acknowledges one, never panics) and that closing twice is harmless.
 func testPublishAfterClose(t *testing.T, h *Harness) {
 	s := h.NewSink(t)
-	publishOK(t, s, []*wharf.Message{newMessage(TopicOrders, "k", payloadFor(0))})
+	publishOK(t, h, s, []*wharf.Message{newMessage(TopicOrders, "k", payloadFor(0))})
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
 	msgs := []*wharf.Message{newMessage(TopicOrders, "k", payloadFor(1)), newMessage(TopicEvents, "", payloadFor(2))}
-	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), h.wait(publishTimeout))
 	defer cancel()
 	errs := s.Publish(ctx, msgs)
 	checkShape(t, errs, len(msgs))
@@ -430,7 +446,7 @@ func testMessageID(t *testing.T, h *Harness) {
 		topic := []string{TopicOrders, TopicEvents}[i%2]
 		msgs = append(msgs, newMessage(topic, key, payloadFor(i)))
 	}
-	publishOK(t, s, msgs)
+	publishOK(t, h, s, msgs)
 	got := consumeAll(t, h, Topics(), msgs, consumeTimeout)
 	checkOrder(t, msgs, got, true)
 	byID := map[string]*wharf.Message{}
@@ -453,7 +469,7 @@ func testAckAfterConfirm(t *testing.T, h *Harness) {
 	for i := range 200 {
 		msgs = append(msgs, newMessage(TopicOrders, fmt.Sprintf("k%d", i%7), payloadFor(i)))
 	}
-	publishOK(t, s, msgs)
+	publishOK(t, h, s, msgs)
 	got := consumeAll(t, h, []string{TopicOrders}, msgs, confirmTimeout)
 	checkOrder(t, msgs, got, true)
 }
@@ -465,7 +481,7 @@ func testLargeBatch(t *testing.T, h *Harness) {
 	for i := range msgs {
 		msgs[i] = newMessage([]string{TopicOrders, TopicEvents}[i%2], fmt.Sprintf("k%d", i%50), payloadFor(i))
 	}
-	publishOK(t, s, msgs)
+	publishOK(t, h, s, msgs)
 	got := consumeAll(t, h, Topics(), msgs, consumeTimeout)
 	checkOrder(t, msgs, got, true)
 }
@@ -494,7 +510,7 @@ func testLargePayload(t *testing.T, h *Harness) {
 		newMessage(TopicOrders, "big", []byte("after")),
 	}
 	msgs[1].Headers = map[string]string{"h": "v"}
-	publishOK(t, s, msgs)
+	publishOK(t, h, s, msgs)
 	got := consumeAll(t, h, []string{TopicOrders}, msgs, consumeTimeout)
 	checkOrder(t, msgs, got, true)
 	for _, r := range got {
@@ -519,7 +535,7 @@ func testOversizePayload(t *testing.T, h *Harness) {
 		newMessage(TopicOrders, "k", []byte("behind the oversize one")),
 		newMessage(TopicOrders, "other", []byte("another key")),
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), h.wait(publishTimeout))
 	defer cancel()
 	errs := s.Publish(ctx, msgs)
 	if len(errs) != len(msgs) {
@@ -562,7 +578,7 @@ func testHeaders(t *testing.T, h *Harness) {
 		m.Headers = hs
 		msgs = append(msgs, m)
 	}
-	publishOK(t, s, msgs)
+	publishOK(t, h, s, msgs)
 	got := consumeAll(t, h, []string{TopicEvents}, msgs, consumeTimeout)
 	checkOrder(t, msgs, got, true)
 	for _, r := range got {
@@ -581,7 +597,7 @@ func testHeaders(t *testing.T, h *Harness) {
 // for an empty batch, one message and many.
 func testResultShape(t *testing.T, h *Harness) {
 	s := h.NewSink(t)
-	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), h.wait(publishTimeout))
 	defer cancel()
 	for _, n := range []int{0, 1, 17} {
 		msgs := make([]*wharf.Message, n)
@@ -611,7 +627,7 @@ func testBrokerUnavailable(t *testing.T, h *Harness) {
 	}
 	s := newSink(t)
 	warm := []*wharf.Message{newMessage(TopicOrders, "k", []byte("warm-up"))}
-	publishOK(t, s, warm) // connected and metadata loaded before the outage
+	publishOK(t, h, s, warm) // connected and metadata loaded before the outage
 
 	var msgs []*wharf.Message
 	for i := range 20 {
@@ -640,11 +656,11 @@ func testBrokerUnavailable(t *testing.T, h *Harness) {
 	t.Logf("with the broker down Publish failed in %s: %v", took.Round(time.Millisecond), errs[0])
 
 	h.HealBroker(t)
-	deadline := time.Now().Add(publishTimeout)
+	deadline := time.Now().Add(h.wait(publishTimeout))
 	for {
 		// The relay retries the same batch; so does the test, for as long as
 		// the client needs to reconnect.
-		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), h.wait(publishTimeout))
 		errs = s.Publish(ctx, msgs)
 		cancel()
 		checkShape(t, errs, len(msgs))

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -338,54 +337,6 @@ func (h *harness) consume(t *testing.T, topics []string, want int, timeout time.
 // the suite's attributes it stays under the 256 KiB default, and twice it
 // does not.
 const maxPayload = 190_000
-
-// ConformanceEnv names the environment variable that, set to 1, runs the
-// conformance suites against the emulator.
-const ConformanceEnv = "WHARF_AWS_CONFORMANCE"
-
-// runConformance runs the suite against FIFO queues (or topics), whose
-// per-key order a consumer can check. The suite's timeouts are fixed (30 s
-// for a Publish of 2,000 messages, 5 s to find 200 acknowledged ones), and
-// on a shared two-core machine moto's server takes about a tenth of a
-// second a request: there nine of the twelve cases pass and LargeBatch,
-// ConcurrentPublish and AckAfterConfirm run out of time in the emulator. So
-// the suites run only on demand, on a machine where the emulator keeps up;
-// the focused tests below and the end-to-end test through wharf relay run
-// always.
-func runConformance(t *testing.T, useSNS bool) {
-	if os.Getenv(ConformanceEnv) != "1" {
-		t.Skipf("the conformance suite's fixed timeouts are beyond the AWS emulator on a shared machine; %s=1 runs it", ConformanceEnv)
-	}
-	h := &harness{sns: useSNS}
-	wharfsinktest.Run(t, wharfsinktest.Harness{
-		NewSink: func(t *testing.T) wharf.Sink {
-			w := h.newWorld(t)
-			return h.open(t, w, w.srv.Endpoint)
-		},
-		NewBreakableSink: func(t *testing.T) wharf.Sink {
-			w := h.newWorld(t)
-			w.gate = w.srv.NewGate(t)
-			return h.open(t, w, w.gate.Endpoint())
-		},
-		Consume:     h.consume,
-		BreakBroker: func(t *testing.T) { h.worlds.Get(t).gate.Shut() },
-		HealBroker:  func(t *testing.T) { h.worlds.Get(t).gate.Open(t) },
-		Features:    wharfsinktest.Features{MaxPayload: maxPayload, SupportsHeaders: true},
-	})
-}
-
-// TestConformanceSQS runs the suite against SQS FIFO queues.
-func TestConformanceSQS(t *testing.T) {
-	t.Parallel()
-	runConformance(t, false)
-}
-
-// TestConformanceSNS runs the suite against SNS FIFO topics, read through
-// FIFO queues subscribed with raw delivery.
-func TestConformanceSNS(t *testing.T) {
-	t.Parallel()
-	runConformance(t, true)
-}
 
 func msg(id int64, topic, key, payload string) *wharf.Message {
 	return &wharf.Message{ID: wharf.FormatID(id, id*7919), Seq: id, Topic: topic, Key: key, Payload: []byte(payload), Attempt: 1}
