@@ -34,7 +34,12 @@ func (r *relay) leaseLoop(ctx context.Context, released <-chan bool) {
 	defer tick.Stop()
 	errs := 0
 
+	// A release is part of stopping, not cancelled by it: the engine hands
+	// lanes back as a graceful stop finishes them, and a release cut short
+	// by the stop left the lane held until its lease ran out.
 	release := func(ctx context.Context, rel store.LaneRelease) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(r.cfg.LeaseTTL/3, r.cfg.RebalanceInterval))
+		defer cancel()
 		if err := r.st.Release(ctx, rel); err != nil {
 			r.log.Warn("wharf: releasing lane failed; its lease will expire instead", "lane", rel.Lane, "err", err)
 		}
