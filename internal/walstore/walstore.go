@@ -832,8 +832,8 @@ func (s *Store) checkHistory(ctx context.Context, sys walstream.System, w walSta
 	case sys.WALEnd < max(s.lastEnd, s.confirmed):
 		changed = fmt.Sprintf("the server's WAL ends at %s, below %s that this relay streamed (a restore, or a failover to a standby that lost commits)",
 			sys.WALEnd, max(s.lastEnd, s.confirmed))
-	case stamped && w.settled < s.recorded:
-		changed = fmt.Sprintf("wal_progress went back from %s, which this relay wrote, to %s (a restore)", s.recorded, w.settled)
+	case stamped && w.settled < w.recorded:
+		changed = fmt.Sprintf("wal_progress went back from %s, which this relay wrote, to %s (a restore)", w.recorded, w.settled)
 	case s.doubt:
 		changed = "the outbox table's transaction ids went back (a restore, or a failover to a standby that lost commits)"
 	}
@@ -905,6 +905,12 @@ type walStart struct {
 	sysID     *int64
 	timeline  *int32
 	tableRows bool // the outbox table holds rows (moved there by a spill)
+	// recorded is the position this relay had written to wal_progress, and
+	// seen committed, before the row was read: the row holds at least that
+	// on the same history. (A lease round's write that commits while a
+	// stream start reads the row is newer than what the start read, not a
+	// sign of a restore.)
+	recorded walstream.LSN
 }
 
 // walEnd reads the WAL end now, the slot's confirmed position, the row of
@@ -917,6 +923,9 @@ type walStart struct {
 // then on.
 func (s *Store) walEnd(ctx context.Context) (walStart, error) {
 	var w walStart
+	s.mu.Lock()
+	w.recorded = s.recorded
+	s.mu.Unlock()
 	var e, c, st string
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {

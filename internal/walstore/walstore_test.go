@@ -339,6 +339,34 @@ func TestWALStoreKeepsItsStateOnTheSameHistory(t *testing.T) {
 	require.Equal(t, w.settled, w2.settled)
 }
 
+// A lease round records the settled position while the stream starts
+// again: the record commits after the start read wal_progress, so the row
+// the start read is below what this relay then knows it wrote. That is the
+// relay's own newer write, not a restore: the store keeps what it holds and
+// reads no lane again (a false restore delivered every held message twice).
+func TestWALStoreRecordingWhileAStreamStartsIsNoRestore(t *testing.T) {
+	ctx := context.Background()
+	ws, sys := historyStore(t)
+	w, err := ws.walEnd(ctx)
+	require.NoError(t, err)
+	_, err = ws.checkHistory(ctx, sys, w)
+	require.NoError(t, err)
+
+	end := identify(t).WALEnd
+	takeAll(t, ws, end, []*walRow{{Row: store.Row{Lane: 3, Seq: 7, Key: "k", Payload: []byte("held")}}})
+	w, err = ws.walEnd(ctx) // the stream start reads the row ...
+	require.NoError(t, err)
+	ws.mu.Lock()
+	ws.confirmLocked(end)
+	ws.mu.Unlock()
+	require.NoError(t, ws.recordProgress(ctx, time.Time{})) // ... then the lease round's write commits
+	require.Greater(t, ws.recorded, w.settled, "the write did not advance the recorded position: the test proves nothing")
+	_, err = ws.checkHistory(ctx, identify(t), w)
+	require.NoError(t, err)
+	require.False(t, ws.rewound, "the relay's own newer write was taken for a restore")
+	require.NotZero(t, ws.held, "the held message was forgotten")
+}
+
 // An outbox switched to WAL mode by an earlier build lacks the columns of
 // wal_progress that name a position's WAL history: the stream does not
 // start, with an error that says how to add them.
