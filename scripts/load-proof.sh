@@ -15,6 +15,7 @@ OUT="${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/wharf-load-proof.XXXXXX")}"
 pids=()
 for _ in $(seq 1 "$HOGS"); do yes > /dev/null & pids+=($!); done
 trap 'kill "${pids[@]}" 2>/dev/null' EXIT
+mkdir -p "$OUT"
 echo "logs in $OUT"
 for i in $(seq 1 "$RUNS"); do
   go clean -testcache
