@@ -91,7 +91,9 @@ func TestHeldKeyWithDeepBacklogDoesNotStallOthers(t *testing.T) {
 				others := enqueueN(t, client, 100, func(i int) wharf.Message {
 					return wharf.Message{Topic: "t", Key: fmt.Sprintf("k%d", i%7), Payload: []byte("2")}
 				})
-				dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				// A hang guard only: the drain ends when the other keys are
+				// delivered, however slow the machine.
+				dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 				defer cancel()
 				require.NoError(t, client.Drain(dctx), "drain must finish: only the scheduled key is left")
 				got := deliveredIDs(rec.snapshot())

@@ -146,14 +146,20 @@ func TestOutboxesNeverShareMessageIDs(t *testing.T) {
 					cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ConsumeTopics("id.orders"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 					require.NoError(t, err)
 					defer cl.Close()
+					// The relays drained before this reads: it reads until
+					// it has seen the 12 messages sent (a hang guard of a
+					// minute ends it otherwise, and the test says what is
+					// missing).
 					var ids []string
-					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+					seen := map[string]bool{}
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 					defer cancel()
-					for ctx.Err() == nil {
+					for ctx.Err() == nil && len(seen) < 12 {
 						cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
 							for _, h := range r.Headers {
 								if h.Key == "wharf-message-id" {
 									ids = append(ids, string(h.Value))
+									seen[string(h.Value)] = true
 								}
 							}
 						})
