@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -260,34 +261,26 @@ func newFlowSignalCmd(g *globals) *cobra.Command {
 }
 
 func newFlowCancelCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "cancel ID",
-		Short: "Cancel an instance that has not ended, and its children; a step running now commits nothing",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseInstanceID(args[0])
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := g.flowClient(cmd)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			n, err := c.Cancel(cmd.Context(), id)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(g.stdout, "cancelled %d instance(s)\n", n)
-			return nil
-		},
-	}
+	return newFlowInstanceCmd(g, "cancel ID", "Cancel an instance that has not ended, and its children; a step running now commits nothing",
+		func(ctx context.Context, c *wharfflow.Client, id int64) (string, error) {
+			n, err := c.Cancel(ctx, id)
+			return fmt.Sprintf("cancelled %d instance(s)", n), err
+		})
 }
 
 func newFlowRetryCmd(g *globals) *cobra.Command {
+	return newFlowInstanceCmd(g, "retry ID", "Run a failed instance's failed step again, from attempt 0",
+		func(ctx context.Context, c *wharfflow.Client, id int64) (string, error) {
+			return fmt.Sprintf("instance %d will run its failed step again", id), c.Retry(ctx, id)
+		})
+}
+
+// newFlowInstanceCmd is a command that acts on one instance given by id and
+// prints one line when the action succeeded.
+func newFlowInstanceCmd(g *globals, use, short string, act func(context.Context, *wharfflow.Client, int64) (string, error)) *cobra.Command {
 	return &cobra.Command{
-		Use:   "retry ID",
-		Short: "Run a failed instance's failed step again, from attempt 0",
+		Use:   use,
+		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseInstanceID(args[0])
@@ -299,10 +292,11 @@ func newFlowRetryCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer closeFn()
-			if err := c.Retry(cmd.Context(), id); err != nil {
+			line, err := act(cmd.Context(), c, id)
+			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "instance %d will run its failed step again\n", id)
+			fmt.Fprintln(g.stdout, line)
 			return nil
 		},
 	}
