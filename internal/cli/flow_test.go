@@ -70,8 +70,9 @@ func TestFlowCommands(t *testing.T) {
 	require.Contains(t, out, "charge")
 
 	healthy.Store(true)
-	code, _, errOut = s.run(b.cmd("flow", "retry", fmt.Sprint(ids[0]))...)
+	code, out, errOut = s.run(b.cmd("flow", "retry", fmt.Sprint(ids[0]))...)
 	require.Equal(t, 0, code, errOut)
+	require.Equal(t, fmt.Sprintf("instance %d will run its failed step again\n", ids[0]), out)
 	waitStatus(ids[0], "done")
 
 	code, out, errOut = s.run(b.cmd("flow", "cancel", fmt.Sprint(ids[1]))...)
