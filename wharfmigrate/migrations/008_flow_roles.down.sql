@@ -1,0 +1,9 @@
+-- wharfmigrate:keeps-messages
+GRANT EXECUTE ON FUNCTION
+    {{schema}}.start_flows(jsonb),
+    {{schema}}.signal_flows(jsonb),
+    {{schema}}.start_flow(text, jsonb, text, text, integer, timestamptz, text, integer, text),
+    {{schema}}.signal(text, text, text, jsonb, text)
+TO PUBLIC;
+ALTER FUNCTION {{schema}}.signal_flows(jsonb) SECURITY INVOKER RESET search_path;
+ALTER FUNCTION {{schema}}.start_flows(jsonb) SECURITY INVOKER RESET search_path;
