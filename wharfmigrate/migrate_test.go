@@ -72,8 +72,17 @@ func TestUpStatusCheckDown(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int{8}, down, "down 1 reverts one step, not all")
 	require.ErrorIs(t, m.Check(ctx, pool), wharfmigrate.ErrNotMigrated)
+	// Reverting 8 gives start_flows and signal_flows back the caller's
+	// rights, and PUBLIC its EXECUTE; 8 again takes them.
+	definer := func() (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE pronamespace = $1::regnamespace
+AND proname IN ('start_flows', 'signal_flows') AND prosecdef AND NOT has_function_privilege('public', oid, 'EXECUTE')`, schema).Scan(&n))
+		return n
+	}
+	require.Zero(t, definer())
 	_, err = m.Up(ctx, pool)
 	require.NoError(t, err)
+	require.Equal(t, 2, definer())
 	_, err = m.DownTo(ctx, pool, 9)
 	require.ErrorContains(t, err, "target version 9 is outside 0..8")
 	down, err = m.DownTo(ctx, pool, 1)
