@@ -200,13 +200,24 @@ func TestRolesWALMode(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	// Another role with the schema's USAGE (here the relay's) may not.
 	requireDenied(t, poolAtAs(t, url, relay, opts.RelayPassword), `SELECT `+schema+`.enqueue('orders', 'k', '{}'::jsonb)`)
+	// The flow runner may: a flow outcome's messages are enqueued with it.
+	// The flow reader may not.
+	_, err = admin.Exec(ctx, "ALTER ROLE "+runner+" LOGIN PASSWORD 'pw-"+runner+"'")
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "ALTER ROLE "+reader+" LOGIN PASSWORD 'pw-"+reader+"'")
+	require.NoError(t, err)
+	fc, err := wharf.NewClient(poolAtAs(t, url, runner, "pw-"+runner), &wharf.Config{Schema: schema})
+	require.NoError(t, err)
+	runnerIDs, err := fc.Enqueue(ctx, wharf.Message{Topic: "orders", Key: "flow", Payload: []byte(`{"from":"a flow"}`)})
+	require.NoError(t, err, "the flow runner emits")
+	requireDenied(t, poolAtAs(t, url, reader, "pw-"+reader), `SELECT `+schema+`.enqueue('orders', 'k', '{}'::jsonb)`)
 
 	var replication bool
 	require.NoError(t, admin.QueryRow(ctx, `SELECT rolreplication FROM pg_roles WHERE rolname = $1`, relay).Scan(&replication))
 	require.True(t, replication, "the relay role streams the slot: it needs REPLICATION")
 	rp := poolAtAs(t, url, relay, opts.RelayPassword)
 	got := drainAs(t, rp, schema)
-	for _, id := range append(ids[:20], sqlID) {
+	for _, id := range append(append(ids[:20], sqlID), runnerIDs...) {
 		require.Equal(t, 1, got[id], "message %s delivered once", id)
 	}
 	var dead int
