@@ -46,8 +46,8 @@ A role without a password is NOLOGIN: grant it to your login roles
 WHARF_RELAY_PASSWORD, WHARF_FLOW_RUNNER_PASSWORD, WHARF_FLOW_READER_PASSWORD) it is
 LOGIN with that password; the printed SQL then reads it from a psql variable instead of
 showing it. Running it again keeps the roles and resets their grants on the schema to
-exactly these. The admin commands (outbox, dead, notify, migrate, flow cancel and
-retry) need the schema's owner.`,
+exactly these. The admin commands (outbox, dead, notify, migrate) need the schema's
+owner; flow cancel and flow retry the owner or the flow runner role.`,
 		Example: `  wharf migrate roles > roles.sql
   psql "$DATABASE_URL" -v wharf_relay_password=... -f roles.sql
   wharf migrate roles --create --relay-password "$RELAY_PW"`,
