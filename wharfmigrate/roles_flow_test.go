@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -207,6 +208,21 @@ func TestRolesFlows(t *testing.T) {
 	var left int
 	require.NoError(t, admin.QueryRow(ctx, S(`SELECT (SELECT count(*) FROM S.flow_instances) + (SELECT count(*) FROM S.flow_signals) + (SELECT count(*) FROM S.flow_steps)`)).Scan(&left))
 	require.Zero(t, left)
+
+	// The flow runner role may also cancel (wharf flow cancel uses its
+	// table rights); the reader and the producer may not.
+	var late int64
+	require.NoError(t, pp.QueryRow(ctx, S(`SELECT S.start_flow('checkout', '{"id":"o-9"}', 'o-9', 'reserve')`)).Scan(&late))
+	requireDenied(t, pp, S(`SELECT S.cancel_flow(`)+strconv.FormatInt(late, 10)+`)`)
+	requireDenied(t, dp, S(`SELECT S.cancel_flow(`)+strconv.FormatInt(late, 10)+`)`)
+	runnerClient, err := wharfflow.NewClient(rp, schema)
+	require.NoError(t, err)
+	cancelled, err := runnerClient.Cancel(ctx, late)
+	require.NoError(t, err)
+	require.Equal(t, 1, cancelled)
+	got2, err := rc.Get(ctx, late)
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", got2.Status)
 }
 
 func stepNames(steps []wharfflow.StepRecord) []string {
