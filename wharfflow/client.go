@@ -27,34 +27,40 @@ var ErrNoPool = errors.New("wharfflow: the client has no pool (NewClient(nil, ..
 type Client struct {
 	schema string
 	pool   *pgxpool.Pool
+	tracer Tracer
 }
 
 // NewClient returns a client for the flows in schema ("" is the default,
 // wharf). pool may be nil for a client used only inside the caller's
 // transactions (StartTx, SignalTx).
-func NewClient(pool *pgxpool.Pool, schema string) (*Client, error) {
+func NewClient(pool *pgxpool.Pool, schema string, opts ...ClientOption) (*Client, error) {
 	if schema == "" {
 		schema = wharfmigrate.DefaultSchema
 	}
 	if err := wharfmigrate.ValidateSchema(schema); err != nil {
 		return nil, fmt.Errorf("wharfflow: schema: %w", err)
 	}
-	return &Client{schema: schema, pool: pool}, nil
+	c := &Client{schema: schema, pool: pool}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
 }
 
 type wireStart struct {
-	Flow             string          `json:"flow"`
-	Step             string          `json:"step"`
-	State            json.RawMessage `json:"state"`
-	Key              string          `json:"key,omitempty"`
-	Priority         int             `json:"priority,omitempty"`
-	RunAt            *time.Time      `json:"run_at,omitempty"`
-	ConcurrencyKey   string          `json:"concurrency_key,omitempty"`
-	ConcurrencyLimit int             `json:"concurrency_limit,omitempty"`
-	RateKey          string          `json:"rate_key,omitempty"`
+	Flow             string            `json:"flow"`
+	Step             string            `json:"step"`
+	State            json.RawMessage   `json:"state"`
+	Key              string            `json:"key,omitempty"`
+	Priority         int               `json:"priority,omitempty"`
+	RunAt            *time.Time        `json:"run_at,omitempty"`
+	ConcurrencyKey   string            `json:"concurrency_key,omitempty"`
+	ConcurrencyLimit int               `json:"concurrency_limit,omitempty"`
+	RateKey          string            `json:"rate_key,omitempty"`
+	Trace            map[string]string `json:"trace,omitempty"`
 }
 
-func encodeStarts(starts []Start) (string, error) {
+func encodeStarts(starts []Start, trace map[string]string) (string, error) {
 	ws := make([]wireStart, len(starts))
 	for i, s := range starts {
 		if s.err != nil {
@@ -65,7 +71,7 @@ func encodeStarts(starts []Start) (string, error) {
 		}
 		ws[i] = wireStart{Flow: s.flow, Step: s.step, State: s.state, Key: s.opts.Key, Priority: s.opts.Priority,
 			RunAt: ptrTime(s.opts.RunAt), ConcurrencyKey: s.opts.ConcurrencyKey,
-			ConcurrencyLimit: s.opts.ConcurrencyLimit, RateKey: s.opts.RateKey}
+			ConcurrencyLimit: s.opts.ConcurrencyLimit, RateKey: s.opts.RateKey, Trace: trace}
 	}
 	b, err := json.Marshal(ws)
 	return string(b), err
@@ -132,7 +138,7 @@ func (c *Client) start(ctx context.Context, query querier, starts []Start) ([]in
 	if len(starts) == 0 {
 		return nil, nil
 	}
-	doc, err := encodeStarts(starts)
+	doc, err := encodeStarts(starts, c.traceCarrier(ctx))
 	if err != nil {
 		return nil, err
 	}

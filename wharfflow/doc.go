@@ -18,7 +18,9 @@
 // holds one pool connection for LISTEN and uses a few more for its claims,
 // outcome writes and lease renewals.
 //
-// The schema is migration 7 of wharfmigrate (`wharf migrate up`). The
+// The schema is migrations 7 and 8 of wharfmigrate (`wharf migrate up`);
+// `wharf migrate roles` creates a producer role that may start and signal
+// flows, a flow runner role and a flow reader role. The
 // design, its guarantees and its measured costs are in docs/flows.md; the
 // operators' commands are `wharf flow list|show|signal|cancel|retry`.
 package wharfflow

@@ -58,6 +58,13 @@ type Config struct {
 	// Metrics, when set, counts this runner's steps (NewMetrics; one
 	// Metrics may serve every runner of a process).
 	Metrics *Metrics
+	// Tracer, when set, makes a span of each executed step, a child of the
+	// trace context its instance (or its nearest ancestor) was started
+	// with (NewClient WithTracer); wharfotel.New() implements it. When it
+	// is also a wharf.Tracer (wharfotel's is), the messages a step emits
+	// carry the step span's context. Costs one query per claim when set,
+	// nothing when nil.
+	Tracer Tracer
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -282,6 +289,7 @@ type claimed struct {
 	Until    time.Time
 	Signals  []ReceivedSignal
 	Children []ChildResult
+	Trace    map[string]string // the start's trace context, with a Tracer
 }
 
 type result struct {
@@ -401,7 +409,15 @@ func (r *Runner) claim(ctx context.Context, n int) (out []claimed, next *time.Ti
 		}
 		out = append(out, c)
 	}
-	return out, next, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	if err := r.loadTraces(ctx, out); err != nil {
+		// The steps are leased: run them, untraced, rather than wait for
+		// their leases to end.
+		r.cfg.Logger.Warn("wharfflow: reading the claimed steps' trace context", "err", err)
+	}
+	return out, next, nil
 }
 
 // run executes one claimed step in a goroutine and hands its outcome to the
@@ -416,11 +432,13 @@ func (r *Runner) run(ctx context.Context, c claimed, chain int) {
 		in := Input{Instance: c.ID, Flow: c.Flow, Step: c.Step, Attempt: c.Attempt, Signals: c.Signals,
 			Children: c.Children, IdempotencyKey: idempotencyKey(c.ID, c.Step, c.Attempt)}
 		start := time.Now()
-		state, o := def.run(stepCtx, c.State, in)
+		runCtx, endSpan := r.traceStep(stepCtx, c)
+		state, o := def.run(runCtx, c.State, in)
 		res := result{c: c, w: encode(def, c, state, o, start), emit: o.emit, elapsed: time.Since(start), chain: chain}
 		if res.w.Kind == "fail" && state == nil {
 			res.w.State = nil // keep the saved state
 		}
+		res.emit = endSpan(res.w, res.emit)
 		res.w.Cont = res.w.Kind == "next" && res.w.RunAt == nil && chain+1 < continueChain && ctx.Err() == nil
 		r.results <- res
 	}()
@@ -562,7 +580,7 @@ func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]
 			backTokens = append(backTokens, token)
 			continue
 		}
-		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token}, res.chain+1)
+		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token, Trace: res.c.Trace}, res.chain+1)
 	}
 	r.mu.Unlock()
 	if len(backIDs) > 0 {

@@ -55,7 +55,7 @@ func TestUpStatusCheckDown(t *testing.T) {
 
 	done, err := m.Up(ctx, pool)
 	require.NoError(t, err)
-	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7}, done)
+	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8}, done)
 	require.NoError(t, m.Check(ctx, pool))
 	again, err := m.Up(ctx, pool)
 	require.NoError(t, err)
@@ -70,15 +70,24 @@ func TestUpStatusCheckDown(t *testing.T) {
 
 	down, err := m.Down(ctx, pool, 1)
 	require.NoError(t, err)
-	require.Equal(t, []int{7}, down, "down 1 reverts one step, not all")
+	require.Equal(t, []int{8}, down, "down 1 reverts one step, not all")
 	require.ErrorIs(t, m.Check(ctx, pool), wharfmigrate.ErrNotMigrated)
+	// Reverting 8 gives start_flows and signal_flows back the caller's
+	// rights, and PUBLIC its EXECUTE; 8 again takes them.
+	definer := func() (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE pronamespace = $1::regnamespace
+AND proname IN ('start_flows', 'signal_flows') AND prosecdef AND NOT has_function_privilege('public', oid, 'EXECUTE')`, schema).Scan(&n))
+		return n
+	}
+	require.Zero(t, definer())
 	_, err = m.Up(ctx, pool)
 	require.NoError(t, err)
-	_, err = m.DownTo(ctx, pool, 8)
-	require.ErrorContains(t, err, "target version 8 is outside 0..7")
+	require.Equal(t, 2, definer())
+	_, err = m.DownTo(ctx, pool, 9)
+	require.ErrorContains(t, err, "target version 9 is outside 0..8")
 	down, err = m.DownTo(ctx, pool, 1)
 	require.NoError(t, err)
-	require.Equal(t, []int{7, 6, 5, 4, 3, 2}, down)
+	require.Equal(t, []int{8, 7, 6, 5, 4, 3, 2}, down)
 	down, err = m.Down(ctx, pool, 0)
 	require.NoError(t, err)
 	require.Equal(t, []int{1}, down)
@@ -182,11 +191,11 @@ func TestDownToIfEmptyRefusesWithRows(t *testing.T) {
 	require.ErrorContains(t, err, "holds more than 1000 pending messages and 0 dead letters")
 	v, err = m.Version(ctx, pool)
 	require.NoError(t, err)
-	require.Equal(t, 7, v, "a refused down changes nothing, not even the reverts that keep messages")
+	require.Equal(t, 8, v, "a refused down changes nothing, not even the reverts that keep messages")
 	// Reverting only migrations that keep messages is not refused.
 	done, err := m.DownToIfEmpty(ctx, pool, 2)
 	require.NoError(t, err)
-	require.Equal(t, []int{7, 6, 5, 4, 3}, done)
+	require.Equal(t, []int{8, 7, 6, 5, 4, 3}, done)
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
 	require.Equal(t, 1002, n)
@@ -195,20 +204,21 @@ func TestDownToIfEmptyRefusesWithRows(t *testing.T) {
 
 	applied, plan, err := m.PlanDownTo(ctx, pool, 0)
 	require.NoError(t, err)
-	require.Equal(t, 7, applied)
-	require.Len(t, plan, 7)
-	for i, v := range []int{7, 6, 5, 4, 3, 2, 1} {
+	require.Equal(t, 8, applied)
+	require.Len(t, plan, 8)
+	for i, v := range []int{8, 7, 6, 5, 4, 3, 2, 1} {
 		require.Equal(t, v, plan[i].Version)
 	}
-	require.True(t, plan[0].KeepsMessages, "reverting 7 keeps messages")
-	require.True(t, plan[1].KeepsMessages, "reverting 6 keeps messages")
-	require.True(t, plan[2].KeepsMessages, "reverting 5 keeps messages")
-	require.True(t, plan[3].KeepsMessages, "reverting 4 keeps messages")
-	require.True(t, plan[4].KeepsMessages, "reverting 3 keeps messages")
-	require.False(t, plan[5].KeepsMessages, "reverting 2 changes ids")
-	require.False(t, plan[6].KeepsMessages, "reverting 1 drops the outbox")
-	_, _, err = m.PlanDownTo(ctx, pool, 8)
-	require.ErrorContains(t, err, "outside 0..7")
+	require.True(t, plan[0].KeepsMessages, "reverting 8 keeps messages")
+	require.True(t, plan[1].KeepsMessages, "reverting 7 keeps messages")
+	require.True(t, plan[2].KeepsMessages, "reverting 6 keeps messages")
+	require.True(t, plan[3].KeepsMessages, "reverting 5 keeps messages")
+	require.True(t, plan[4].KeepsMessages, "reverting 4 keeps messages")
+	require.True(t, plan[5].KeepsMessages, "reverting 3 keeps messages")
+	require.False(t, plan[6].KeepsMessages, "reverting 2 changes ids")
+	require.False(t, plan[7].KeepsMessages, "reverting 1 drops the outbox")
+	_, _, err = m.PlanDownTo(ctx, pool, 9)
+	require.ErrorContains(t, err, "outside 0..8")
 
 	_, err = pool.Exec(ctx, "DELETE FROM "+schema+".outbox")
 	require.NoError(t, err)
@@ -221,6 +231,6 @@ VALUES (1, 1, 't', '\x00', now(), 1, 'x')`)
 	require.NoError(t, err)
 	done, err = m.DownToIfEmpty(ctx, pool, 0)
 	require.NoError(t, err)
-	require.Equal(t, []int{7, 6, 5, 4, 3, 2, 1}, done)
+	require.Equal(t, []int{8, 7, 6, 5, 4, 3, 2, 1}, done)
 	require.False(t, schemaExists(t, pool, schema))
 }

@@ -90,7 +90,9 @@ func TestRolesEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	admin, schema, m := migrated(t)
 	producer, relay := roleNames(t, admin)
-	opts := wharfmigrate.RoleOptions{Producer: producer, Relay: relay, ProducerPassword: "pw-" + producer, RelayPassword: "pw-" + relay}
+	runner, reader := flowRoleNames(t, admin)
+	opts := wharfmigrate.RoleOptions{Producer: producer, Relay: relay, FlowRunner: runner, FlowReader: reader,
+		ProducerPassword: "pw-" + producer, RelayPassword: "pw-" + relay}
 	require.NoError(t, m.CreateRoles(ctx, admin, opts))
 
 	// Producer.
@@ -163,7 +165,9 @@ func TestRolesWALMode(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, m.SetWALMode(ctx, admin))
 	producer, relay := roleNames(t, admin)
-	opts := wharfmigrate.RoleOptions{Producer: producer, Relay: relay, ProducerPassword: "pw-" + producer, RelayPassword: "pw-" + relay}
+	runner, reader := flowRoleNames(t, admin)
+	opts := wharfmigrate.RoleOptions{Producer: producer, Relay: relay, FlowRunner: runner, FlowReader: reader,
+		ProducerPassword: "pw-" + producer, RelayPassword: "pw-" + relay}
 	require.NoError(t, m.CreateRoles(ctx, admin, opts))
 
 	pp := poolAtAs(t, url, producer, opts.ProducerPassword)
@@ -196,13 +200,24 @@ func TestRolesWALMode(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	// Another role with the schema's USAGE (here the relay's) may not.
 	requireDenied(t, poolAtAs(t, url, relay, opts.RelayPassword), `SELECT `+schema+`.enqueue('orders', 'k', '{}'::jsonb)`)
+	// The flow runner may: a flow outcome's messages are enqueued with it.
+	// The flow reader may not.
+	_, err = admin.Exec(ctx, "ALTER ROLE "+runner+" LOGIN PASSWORD 'pw-"+runner+"'")
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, "ALTER ROLE "+reader+" LOGIN PASSWORD 'pw-"+reader+"'")
+	require.NoError(t, err)
+	fc, err := wharf.NewClient(poolAtAs(t, url, runner, "pw-"+runner), &wharf.Config{Schema: schema})
+	require.NoError(t, err)
+	runnerIDs, err := fc.Enqueue(ctx, wharf.Message{Topic: "orders", Key: "flow", Payload: []byte(`{"from":"a flow"}`)})
+	require.NoError(t, err, "the flow runner emits")
+	requireDenied(t, poolAtAs(t, url, reader, "pw-"+reader), `SELECT `+schema+`.enqueue('orders', 'k', '{}'::jsonb)`)
 
 	var replication bool
 	require.NoError(t, admin.QueryRow(ctx, `SELECT rolreplication FROM pg_roles WHERE rolname = $1`, relay).Scan(&replication))
 	require.True(t, replication, "the relay role streams the slot: it needs REPLICATION")
 	rp := poolAtAs(t, url, relay, opts.RelayPassword)
 	got := drainAs(t, rp, schema)
-	for _, id := range append(ids[:20], sqlID) {
+	for _, id := range append(append(ids[:20], sqlID), runnerIDs...) {
 		require.Equal(t, 1, got[id], "message %s delivered once", id)
 	}
 	var dead int
@@ -246,12 +261,13 @@ func TestRolesWALModeNeedsASuperuserForReplication(t *testing.T) {
 	}
 	require.NoError(t, m.SetWALMode(ctx, op))
 
-	err = m.CreateRoles(ctx, op, wharfmigrate.RoleOptions{Producer: producer, Relay: relay})
+	runner, reader := flowRoleNames(t, admin)
+	err = m.CreateRoles(ctx, op, wharfmigrate.RoleOptions{Producer: producer, Relay: relay, FlowRunner: runner, FlowReader: reader})
 	require.ErrorContains(t, err, "the relay role "+relay+" needs the REPLICATION attribute to stream its slot, and only a superuser can give it")
 	require.NotContains(t, err.Error(), "\n", "one line")
 	t.Log(err)
 	var n int
-	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2)", producer, relay).Scan(&n))
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2, $3, $4)", producer, relay, runner, reader).Scan(&n))
 	require.Zero(t, n, "a failed CreateRoles leaves no role behind")
 }
 
@@ -298,6 +314,9 @@ FROM pg_attribute a CROSS JOIN unnest(ARRAY['SELECT','INSERT','UPDATE']) AS p(pr
 WHERE a.attrelid = ($1 || '.outbox')::regclass AND a.attnum > 0 AND NOT a.attisdropped
 UNION ALL
 SELECT 'schema:' || p.priv || '=' || has_schema_privilege($2, $1, p.priv)::text FROM unnest(ARRAY['USAGE','CREATE']) AS p(priv)
+UNION ALL
+SELECT 'function:' || f.proname || ':EXECUTE=' || has_function_privilege($2, f.oid, 'EXECUTE')::text
+FROM pg_proc f WHERE f.pronamespace = $1::regnamespace
 ORDER BY 1`, schema, role)
 	require.NoError(t, err)
 	var out []string
@@ -318,9 +337,12 @@ func TestRolesSQLMatchesCreateRoles(t *testing.T) {
 	admin, schema, m := migrated(t)
 	p1, r1 := roleNames(t, admin)
 	p2, r2 := roleNames(t, admin)
-	require.NoError(t, m.CreateRoles(ctx, admin, wharfmigrate.RoleOptions{Producer: p1, Relay: r1}))
+	fr1, fd1 := flowRoleNames(t, admin)
+	fr2, fd2 := flowRoleNames(t, admin)
+	o1 := wharfmigrate.RoleOptions{Producer: p1, Relay: r1, FlowRunner: fr1, FlowReader: fd1}
+	require.NoError(t, m.CreateRoles(ctx, admin, o1))
 
-	script, err := m.RolesSQL(wharfmigrate.RoleOptions{Producer: p2, Relay: r2, RelayPassword: "S3cretRelayPw"})
+	script, err := m.RolesSQL(wharfmigrate.RoleOptions{Producer: p2, Relay: r2, FlowRunner: fr2, FlowReader: fd2, RelayPassword: "S3cretRelayPw"})
 	require.NoError(t, err)
 	require.NotContains(t, script, "S3cretRelayPw")
 	require.Contains(t, script, "PASSWORD :'"+r2+"_password'")
@@ -330,6 +352,8 @@ func TestRolesSQLMatchesCreateRoles(t *testing.T) {
 
 	require.Equal(t, privileges(t, admin, schema, p1), privileges(t, admin, schema, p2))
 	require.Equal(t, privileges(t, admin, schema, r1), privileges(t, admin, schema, r2))
+	require.Equal(t, privileges(t, admin, schema, fr1), privileges(t, admin, schema, fr2))
+	require.Equal(t, privileges(t, admin, schema, fd1), privileges(t, admin, schema, fd2))
 	var login1, login2 bool
 	require.NoError(t, admin.QueryRow(ctx, `SELECT (SELECT rolcanlogin FROM pg_roles WHERE rolname = $1), (SELECT rolcanlogin FROM pg_roles WHERE rolname = $2)`, r1, r2).Scan(&login1, &login2))
 	require.False(t, login1, "no password: NOLOGIN")
@@ -341,11 +365,22 @@ func TestRolesSQLMatchesCreateRoles(t *testing.T) {
 		"outbox.topic:SELECT=false", "outbox.payload:INSERT=true", "outbox.id:INSERT=false", "outbox:DELETE=false", "schema:CREATE=false"} {
 		require.Contains(t, priv, want)
 	}
+	// It starts and signals flows through their functions only.
+	for _, want := range []string{"function:start_flows:EXECUTE=true", "function:signal:EXECUTE=true", "flow_instances:SELECT=false",
+		"flow_instances:UPDATE=false", "flow_signals:INSERT=false"} {
+		require.Contains(t, priv, want)
+	}
+	// The reader reads the flow tables and starts nothing.
+	priv = privileges(t, admin, schema, fd1)
+	for _, want := range []string{"flow_instances:SELECT=true", "flow_steps:SELECT=true", "flow_instances:UPDATE=false",
+		"function:start_flows:EXECUTE=false", "function:signal_flows:EXECUTE=false", "outbox:SELECT=false"} {
+		require.Contains(t, priv, want)
+	}
 
 	// Broader grants added by hand are taken back by a second run.
 	_, err = admin.Exec(ctx, fmt.Sprintf("GRANT ALL ON %[1]s.outbox, %[1]s.dead_letters TO %[2]s", schema, p1))
 	require.NoError(t, err)
-	require.NoError(t, m.CreateRoles(ctx, admin, wharfmigrate.RoleOptions{Producer: p1, Relay: r1}))
+	require.NoError(t, m.CreateRoles(ctx, admin, o1))
 	require.Equal(t, privileges(t, admin, schema, p2), privileges(t, admin, schema, p1))
 }
 
@@ -356,17 +391,20 @@ func TestRolesRefusals(t *testing.T) {
 	require.NoError(t, err)
 	for _, o := range []wharfmigrate.RoleOptions{
 		{Producer: "same", Relay: "same"}, {Producer: "Bad-Name"}, {Relay: "pg_monitor"}, {Producer: "public"},
-		{Relay: strings.Repeat("x", 64)}, {Producer: "a;DROP TABLE x"},
+		{Relay: strings.Repeat("x", 64)}, {Producer: "a;DROP TABLE x"}, {FlowRunner: "wharf_relay"}, {FlowReader: "x-y"},
+		{FlowRunner: "r", FlowReader: "r"},
 	} {
 		_, err := m.RolesSQL(o)
 		require.Error(t, err, "%+v", o)
 		require.NotContains(t, err.Error(), "\n")
-		require.Regexp(t, regexp.MustCompile(`give them different names|invalid (producer|relay) role name`), err.Error())
+		require.Regexp(t, regexp.MustCompile(`give them different names|invalid (producer|relay|flow runner|flow reader) role name`), err.Error())
 	}
 	def, err := m.RolesSQL(wharfmigrate.RoleOptions{})
 	require.NoError(t, err)
 	require.Contains(t, def, "CREATE ROLE wharf_producer NOLOGIN")
 	require.Contains(t, def, "CREATE ROLE wharf_relay NOLOGIN")
+	require.Contains(t, def, "CREATE ROLE wharf_flow_runner NOLOGIN")
+	require.Contains(t, def, "CREATE ROLE wharf_flow_reader NOLOGIN")
 	require.NotContains(t, def, "PASSWORD")
 
 	// A superuser or the owner is refused, and keeps its rights.

@@ -32,6 +32,12 @@
 // held the message (a success). The message key is not recorded: it may be
 // personal data.
 //
+// The same Tracer traces flows (package wharfflow): as
+// wharfflow.Config.Tracer it makes a span of each executed step, and a
+// wharfflow client built wharfflow.WithTracer stores the starting request's
+// trace context with each start, so the steps' spans are its children (see
+// [Tracer.Step]).
+//
 // [FromEnv] builds the tracer and an OTLP exporter from the standard OTEL_*
 // environment variables, for the wharf CLI; it returns a nil Tracer (no
 // tracing, no cost) unless those variables ask for tracing.
@@ -48,6 +54,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/wharfflow"
 )
 
 // ScopeName is the instrumentation scope of the spans this package starts.
@@ -201,5 +208,44 @@ func (t *Tracer) restore(m *wharf.Message, s stored) {
 		} else {
 			delete(m.Headers, f)
 		}
+	}
+}
+
+var _ wharfflow.Tracer = (*Tracer)(nil)
+
+// Inject writes the trace context of ctx into carrier: a wharfflow client
+// built with wharfflow.WithTracer stores it with each start.
+func (t *Tracer) Inject(ctx context.Context, carrier map[string]string) {
+	t.prop.Inject(ctx, propagation.MapCarrier(carrier))
+}
+
+// Step starts the span of one executed flow step, named "wharf.flow.step
+// <flow>/<step>", a child of the trace context in carrier (its instance's
+// start, or its nearest ancestor's; a root span when there is none), with
+// the attributes wharf.flow, wharf.flow.instance, wharf.flow.step and
+// wharf.flow.attempt (0 on the first run), and wharf.flow.outcome when it
+// ends. A step that fails or retries ends it with an error status and the
+// error recorded. The state and signal payloads are not recorded: they may
+// be personal data.
+func (t *Tracer) Step(ctx context.Context, s wharfflow.StepInfo, carrier map[string]string) (context.Context, func(outcome string, err error)) {
+	parent := ctx
+	if len(carrier) > 0 {
+		parent = t.prop.Extract(ctx, propagation.MapCarrier(carrier))
+	}
+	sctx, span := t.tracer.Start(parent, "wharf.flow.step "+s.Flow+"/"+s.Step,
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(
+			attribute.String("wharf.flow", s.Flow),
+			attribute.Int64("wharf.flow.instance", s.Instance),
+			attribute.String("wharf.flow.step", s.Step),
+			attribute.Int("wharf.flow.attempt", s.Attempt),
+		))
+	return sctx, func(outcome string, err error) {
+		span.SetAttributes(attribute.String("wharf.flow.outcome", outcome))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
 	}
 }

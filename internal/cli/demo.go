@@ -43,8 +43,8 @@ func newDemoCmd(g *globals) *cobra.Command {
 	f := &demoFlags{}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Show the pipeline end to end: delivery, a relay crash and recovery, then throughput",
-		Long: `Runs the whole pipeline in three steps and prints what happens:
+		Short: "Show the pipeline end to end: delivery, a relay crash and recovery, flows, then throughput",
+		Long: `Runs the whole pipeline in four steps and prints what happens:
 
  1. Deliver: enqueues a few keyed messages in one transaction; a relay delivers them
     to a JSON-lines file sink and the demo prints each one as it arrives, in order
@@ -54,7 +54,13 @@ func newDemoCmd(g *globals) *cobra.Command {
     relay takes over. The demo then reads the file back and checks that every
     message arrived at least once and that each key's messages arrived in order
     (it exits 1 if not).
- 3. Throughput: --messages messages from --producers producers into --sink (null:
+ 3. Flows: starts three checkout flows (package wharfflow) in one transaction; each
+    runs its first step and awaits a payment signal; the demo signals them, each then
+    ships its items in child flows, joins them and emits "shipped" to the outbox with
+    its last step's outcome. It prints each checkout's steps with their times (from a
+    step's start to its outcome's commit) and its children, and a relay delivers the
+    emitted messages.
+ 4. Throughput: --messages messages from --producers producers into --sink (null:
     by default, which discards them: it measures Wharf and PostgreSQL, not a
     broker), as fast as they go: the throughput, with a per-key order check. The
     producers outrun the relay there, so its latency is mostly queueing. Then a
@@ -186,6 +192,14 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 		if busy {
 			return usageError{fmt.Errorf("--schema %s: its outbox holds messages, which the demo would deliver to its own sinks: give an unused schema, or no --schema", schema)}
 		}
+		// Its flow runner would run an application's checkout or shipping
+		// flows.
+		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+schema+".flow_instances WHERE flow IN ('checkout', 'shipping') AND status NOT IN ('done', 'failed', 'cancelled'))").Scan(&busy); err != nil {
+			return err
+		}
+		if busy {
+			return usageError{fmt.Errorf("--schema %s: it has active checkout or shipping flows, which the demo's flow runner would run: give an unused schema, or no --schema", schema)}
+		}
 	}
 	var version string
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
@@ -208,8 +222,11 @@ func runDemo(ctx context.Context, g *globals, f *demoFlags, schemaGiven bool) er
 	if err := runShowcase(ctx, g, f, pool, schema); err != nil {
 		return err
 	}
+	if err := runFlowShowcase(ctx, g, f, pool, schema); err != nil {
+		return err
+	}
 
-	fmt.Fprintf(out, "\n3. Throughput: %d messages, %d producers x %d per transaction, %d keys, %d-byte payloads\n",
+	fmt.Fprintf(out, "\n4. Throughput: %d messages, %d producers x %d per transaction, %d keys, %d-byte payloads\n",
 		f.messages, f.producers, f.batch, f.keys, f.payloadBytes)
 	if _, null := sink.(*sinkurl.NullSink); null {
 		fmt.Fprintf(out, "   sink       %s, the null sink: it acknowledges and discards every message, so this\n", f.relay.sink)

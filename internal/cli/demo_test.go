@@ -81,8 +81,13 @@ func TestDemoShowsDeliveryCrashCheckAndRate(t *testing.T) {
 	require.Regexp(t, `e\.g\. id [0-9a-f-]{36} \(key order-\d+\) is on lines \d+ and \d+`, out)
 	require.Contains(t, out, "every key's messages arrived in enqueue order across 20 keys: OK")
 
-	// Step 3: the rate, into null:, saying so.
-	require.Contains(t, out, "3. Throughput: 500 messages")
+	// Step 3: the checkouts started, awaiting, signalled and done, each
+	// with its three steps and their times, its children, and the message
+	// its last step emitted, delivered.
+	requireDemoFlows(t, out)
+
+	// Step 4: the rate, into null:, saying so.
+	require.Contains(t, out, "4. Throughput: 500 messages")
 	require.Contains(t, out, "sink       null:, the null sink: it acknowledges and discards every message")
 	require.Regexp(t, `delivered  500 messages in \S+ \(\d+ msg/s\), 0 redelivered`, out)
 	require.Contains(t, out, "key order  intact across 10 keys")
@@ -117,6 +122,20 @@ func TestDemoKeepKeepsTheFile(t *testing.T) {
 	require.Contains(t, out, "(kept after the demo)")
 	require.Contains(t, out, "schema "+schema+" (kept)")
 	require.True(t, schemaExists(t, schema))
+	// The flows the demo printed are the ones in the database: three
+	// checkouts and six shipping children, done, with one history row per
+	// step printed.
+	requireDemoFlows(t, out)
+	pool, err := pgxpool.New(context.Background(), databaseURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	var checkouts, children, steps, consumed int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT
+  (SELECT count(*) FROM `+schema+`.flow_instances WHERE flow = 'checkout' AND status = 'done'),
+  (SELECT count(*) FROM `+schema+`.flow_instances WHERE flow = 'shipping' AND status = 'done' AND parent_id IS NOT NULL),
+  (SELECT count(*) FROM `+schema+`.flow_steps),
+  (SELECT count(*) FROM `+schema+`.flow_signals WHERE consumed_step = 'paid')`).Scan(&checkouts, &children, &steps, &consumed))
+	require.Equal(t, []int{3, 6, 15, 3}, []int{checkouts, children, steps, consumed})
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 	lines := strings.Count(string(data), "\n")
@@ -137,7 +156,7 @@ func TestDemoPrintsNoDatabasePassword(t *testing.T) {
 		code, out, errOut := run("demo", "--database-url", db, "--messages", "200", "--keys", "10", "--log-level", "debug")
 		require.Equal(t, 0, code, errOut)
 		require.Regexp(t, `(?m)^database +PostgreSQL .* at (postgres://\S+:xxxxx@|host=)`, out)
-		require.Contains(t, out, "3. Throughput: 200 messages")
+		require.Contains(t, out, "4. Throughput: 200 messages")
 		require.NotContains(t, out+errOut, "SECRET")
 	}
 }
@@ -158,7 +177,8 @@ func TestDemoFailsWhenTheCheckFails(t *testing.T) {
 	require.Equal(t, 1, code, out)
 	require.Regexp(t, `(?m)^wharf: guarantee check FAILED on \S+delivered\.jsonl: 1 never delivered \(first: id [0-9a-f-]{36} \(key order-\d, seq \d+\) is not in the file\)$`, errOut)
 	require.NotContains(t, out, ": OK")
-	require.NotContains(t, out, "3. Throughput")
+	require.NotContains(t, out, "3. Flows")
+	require.NotContains(t, out, "4. Throughput")
 }
 
 // checkDelivered counts redeliveries as such and catches every way the file
@@ -250,4 +270,47 @@ func TestDemoRefusesASchemaWithMessages(t *testing.T) {
 	require.Equal(t, 2, code, out)
 	require.Equal(t, "wharf: --schema "+b.schema+": its outbox holds messages, which the demo would deliver to its own sinks: give an unused schema, or no --schema\n", errOut)
 	require.Equal(t, 1, b.count(t, "outbox"))
+
+	// Nor does it run an application's active checkout flows.
+	_, err = b.pool.Exec(context.Background(), "DELETE FROM "+b.schema+".outbox")
+	require.NoError(t, err)
+	var id int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT "+b.schema+".start_flow('checkout', '{}', 'app-1', 'reserve')").Scan(&id))
+	code, out, errOut = run(b.cmd("demo", "--messages", "10")...)
+	require.Equal(t, 2, code, out)
+	require.Equal(t, "wharf: --schema "+b.schema+": it has active checkout or shipping flows, which the demo's flow runner would run: give an unused schema, or no --schema\n", errOut)
+	require.Equal(t, "ready", b.flowStatus(t, id))
+}
+
+// requireDemoFlows checks the demo's flow step: three checkouts started in
+// one transaction, awaiting, signalled and done; each printed with its
+// three steps (reserve awaits, paid spawns, shipped is done), a time per
+// step and its shipping children; 15 steps in all; and each checkout's
+// "shipped" message delivered by the relay.
+func requireDemoFlows(t *testing.T, out string) {
+	t.Helper()
+	require.Contains(t, out, "\n3. Flows: 3 checkouts await their payment, ship each item in a child flow, then emit \"shipped\"\n")
+	require.Contains(t, out, "   start      checkout-1 (book, lamp), checkout-2 (pen), checkout-3 (cup, mug, plate): started in one transaction\n")
+	require.Contains(t, out, "   awaiting   all 3 ran their first step and wait for the signal payment-captured\n")
+	require.Contains(t, out, "   signal     payment-captured sent to each, in one transaction")
+	require.Regexp(t, `(?m)^   done       all 3 done \S+ after the signal$`, out)
+	dur := `\d[\d.]*(?:ns|µs|ms|s)`
+	for _, c := range []struct {
+		key, items, shipped string
+		n                   int
+	}{
+		{"checkout-1", `"book","lamp"`, `2 shipping flows \(book done, lamp done\)`, 2},
+		{"checkout-2", `"pen"`, `1 shipping flow \(pen done\)`, 1},
+		{"checkout-3", `"cup","mug","plate"`, `3 shipping flows \(cup done, mug done, plate done\)`, 3},
+	} {
+		require.Regexp(t, `(?m)^   flow       `+c.key+`, instance \d+: 3 steps\n`+
+			` {16}reserve  -> await  `+dur+`\n`+
+			` {16}paid     -> spawn  `+dur+`\n`+
+			` {16}shipped  -> done   `+dur+`\n`+
+			` {16}children: `+c.shipped+`, one step each, longest `+dur+`$`, out)
+		require.Regexp(t, `(?m)^   delivered  id [0-9a-f-]{36}  topic orders  key `+c.key+`  payload \{"items":\[`+c.items+`\],"order":"`+c.key+`","status":"shipped"\}$`, out)
+	}
+	require.Contains(t, out, "   steps      15 steps run, each outcome")
+	flows := out[strings.Index(out, "3. Flows"):strings.Index(out, "4. Throughput")]
+	require.Equal(t, 3, strings.Count(flows, "   delivered  "), "the relay delivers the three messages the flows emitted, once each")
 }

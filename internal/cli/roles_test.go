@@ -30,12 +30,20 @@ func rolePair(t *testing.T, admin *pgxpool.Pool) (producer, relay string) {
 	s := hex.EncodeToString(b[:])
 	producer, relay = "cp_"+s, "cr_"+s
 	t.Cleanup(func() {
-		for _, r := range []string{producer, relay} {
+		for _, r := range []string{producer, relay, "f" + producer, "f" + relay} {
 			_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+r)
 			_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+r)
 		}
 	})
 	return producer, relay
+}
+
+// flowPair returns fresh flow runner and reader role names, dropped when the
+// test ends.
+func flowPair(t *testing.T, admin *pgxpool.Pool) (runner, reader string) {
+	t.Helper()
+	p, r := rolePair(t, admin)
+	return "f" + p, "f" + r
 }
 
 // urlAs is the test database's URL with another user and password.
@@ -59,11 +67,15 @@ func TestMigrateRolesCreate(t *testing.T) {
 	b := newSchema(t)
 	ctx := context.Background()
 	producer, relay := rolePair(t, b.pool)
+	runner, reader := flowPair(t, b.pool)
 	const pw = "Rel4yPassw0rdXyz"
-	code, out, errOut := run(b.cmd("migrate", "roles", "--create", "--producer", producer, "--relay", relay, "--relay-password", pw, "--producer-password", pw+"p")...)
+	code, out, errOut := run(b.cmd("migrate", "roles", "--create", "--producer", producer, "--relay", relay, "--flow-runner", runner,
+		"--flow-reader", reader, "--relay-password", pw, "--producer-password", pw+"p", "--flow-reader-password", pw+"r")...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "producer role "+producer+": grants on schema "+b.schema+" set (LOGIN")
 	require.Contains(t, out, "relay role "+relay+": grants on schema "+b.schema+" set (LOGIN")
+	require.Contains(t, out, "flow runner role "+runner+": grants on schema "+b.schema+" set (NOLOGIN")
+	require.Contains(t, out, "flow reader role "+reader+": grants on schema "+b.schema+" set (LOGIN")
 	require.NotContains(t, out+errOut, pw)
 
 	// The producer enqueues through its own connection.
@@ -117,10 +129,37 @@ func TestMigrateRolesCreate(t *testing.T) {
 	require.NotContains(t, errOut, pw)
 
 	// A second run keeps the roles and their rights.
-	code, _, errOut = run(b.cmd("migrate", "roles", "--create", "--producer", producer, "--relay", relay)...)
+	code, _, errOut = run(b.cmd("migrate", "roles", "--create", "--producer", producer, "--relay", relay, "--flow-runner", runner, "--flow-reader", reader)...)
 	require.Equal(t, 0, code, errOut)
 	_, err = pc.Enqueue(ctx, wharf.Message{Topic: "orders", Payload: []byte(`1`)})
 	require.NoError(t, err)
+
+	// The producer starts a flow from SQL and `wharf flow signal`s it; the
+	// flow reader lists and shows it, and cannot cancel it.
+	var id int64
+	require.NoError(t, pp.QueryRow(ctx, "SELECT "+b.schema+".start_flow('checkout', '{}', 'o-1', 'reserve')").Scan(&id))
+	producerURL := urlAs(t, producer, pw+"p")
+	code, _, errOut = run("flow", "signal", "--flow", "checkout", "--key", "o-1", "--name", "paid", "--schema", b.schema, "--database-url", producerURL)
+	require.Equal(t, 0, code, errOut)
+	readerURL := urlAs(t, reader, pw+"r")
+	code, out, errOut = run("flow", "list", "--schema", b.schema, "--database-url", readerURL)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^`+strconv.FormatInt(id, 10)+`\s+checkout\s+o-1\s+ready\s+reserve\s`, out)
+	code, out, errOut = run("flow", "show", strconv.FormatInt(id, 10), "--json", "--schema", b.schema, "--database-url", readerURL)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, `"name":"paid"`)
+	code, _, errOut = run("flow", "cancel", strconv.FormatInt(id, 10), "--schema", b.schema, "--database-url", readerURL)
+	require.NotEqual(t, 0, code)
+	requireOneLineError(t, errOut, "permission denied")
+	require.Equal(t, "ready", b.flowStatus(t, id))
+}
+
+// flowStatus is a flow instance's status, read as the schema owner.
+func (b *schemaBundle) flowStatus(t *testing.T, id int64) string {
+	t.Helper()
+	var s string
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT status FROM "+b.schema+".flow_instances WHERE id = $1", id).Scan(&s))
+	return s
 }
 
 // The printed script hides the password behind a psql variable and, run
@@ -129,8 +168,10 @@ func TestMigrateRolesPrint(t *testing.T) {
 	t.Parallel()
 	b := newSchema(t)
 	producer, relay := rolePair(t, b.pool)
+	runner, reader := flowPair(t, b.pool)
 	const pw = "Pr0ducerSecretQq"
-	code, script, errOut := run("migrate", "roles", "--schema", b.schema, "--producer", producer, "--relay", relay, "--producer-password", pw)
+	code, script, errOut := run("migrate", "roles", "--schema", b.schema, "--producer", producer, "--relay", relay,
+		"--flow-runner", runner, "--flow-reader", reader, "--producer-password", pw)
 	require.Equal(t, 0, code, errOut)
 	require.NotContains(t, script, pw)
 	require.Contains(t, script, "GRANT INSERT (topic, key, payload, headers, deliver_at, dedup_key) ON "+b.schema+".outbox TO "+producer)
@@ -157,6 +198,8 @@ func TestMigrateRolesRefusals(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"--producer", "same", "--relay", "same"},
+		{"--flow-runner", "wharf_producer"},
+		{"--flow-reader", "Bad-Name"},
 		{"--relay", "Bad-Name"},
 		{"--producer", "pg_read_all_data"},
 		{"--create", "--producer", "x;y"},

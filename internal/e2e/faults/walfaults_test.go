@@ -194,15 +194,17 @@ func TestWALForgedRecords(t *testing.T) {
 	o := newWALOutbox(t, url)
 	ctx := context.Background()
 	nogrant, producer, relayRole := o.schema+"_nogrant", o.schema+"_producer", o.schema+"_relay"
+	flowRunner, flowReader := o.schema+"_flow_runner", o.schema+"_flow_reader"
 	t.Cleanup(func() {
-		for _, role := range []string{nogrant, producer, relayRole} {
+		for _, role := range []string{nogrant, producer, relayRole, flowRunner, flowReader} {
 			_, _ = o.pool.Exec(context.Background(), "DROP OWNED BY "+role)
 			_, _ = o.pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
 		}
 	})
 	_, err = o.pool.Exec(ctx, "CREATE ROLE "+nogrant+" NOLOGIN")
 	must(t, err, "create a role with no grant")
-	if out, err := wharfCmd("migrate", "roles", "--create", "--schema", o.schema, "--database-url", o.url, "--producer", producer, "--relay", relayRole); err != nil {
+	if out, err := wharfCmd("migrate", "roles", "--create", "--schema", o.schema, "--database-url", o.url, "--producer", producer, "--relay", relayRole,
+		"--flow-runner", flowRunner, "--flow-reader", flowReader); err != nil {
 		t.Fatalf("wharf migrate roles --create: %v\n%s", err, out)
 	}
 	as := func(role, sql string, args ...any) error {
