@@ -205,8 +205,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	fx := newFlowFixture(t, pool, schema)
 	failedFlow := fx.start(fx.payout.Start(payoutState{Cents: 1250, Note: badNote}, wharfflow.StartOptions{Key: "payout-7"}))
 	awaitingFlow := fx.start(fx.order.Start(orderState{ID: "o-7", Items: []string{"book"}}, wharfflow.StartOptions{Key: "o-7"}))
+	toSignal := fx.start(fx.order.Start(orderState{ID: "o-8", Items: []string{"lamp"}}, wharfflow.StartOptions{Key: "o-8"}))
+	toCancelFlow := fx.start(fx.order.Start(orderState{ID: "o-9"}, wharfflow.StartOptions{Key: "o-9"}))
 	fx.waitStatus(failedFlow, "failed")
-	fx.waitStatus(awaitingFlow, "awaiting")
+	for _, id := range []int64{awaitingFlow, toSignal, toCancelFlow} {
+		fx.waitStatus(id, "awaiting")
+	}
 
 	const token = "console-test-token"
 	mux := http.NewServeMux()
@@ -426,8 +430,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Flows: the counts, the failed payout found from its count, its page
 	// (error and state as text), and a retry by clicking that the runner
 	// then finishes.
-	gotoPage("flows", `!!document.querySelector('#flow-counts tr[data-flow="payout"] a[data-status="failed"]') && document.querySelectorAll("#flow-instances tr[data-id]").length === 2`)
-	require.Contains(t, eval(`document.querySelector('#flow-counts tr[data-flow="checkout"]').textContent`), "1")
+	gotoPage("flows", `!!document.querySelector('#flow-counts tr[data-flow="payout"] a[data-status="failed"]') && document.querySelectorAll("#flow-instances tr[data-id]").length === 4`)
+	require.Contains(t, eval(`document.querySelector('#flow-counts tr[data-flow="checkout"] a[data-status="awaiting"]').textContent`), "3")
 	run("filter by the failed count", chromedp.Click(chromedp.CSS(`#flow-counts tr[data-flow="payout"] a[data-status="failed"]`)))
 	waitJS("the failed payout alone", `document.querySelectorAll("#flow-instances tr[data-id]").length === 1 && !!document.querySelector('#flow-instances tr[data-id="`+strconv.FormatInt(failedFlow, 10)+`"]')`)
 	require.Equal(t, "failed", eval(`document.querySelector("#flow-filter-status").value`))
@@ -454,6 +458,33 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, []string{"fail", "done"}, []string{d.Steps[0].Outcome, d.Steps[1].Outcome})
 	require.Equal(t, 0, d.Steps[1].Attempt)
 	noErrors("flow retry")
+
+	// Send the awaited signal from the form: the checkout resumes, ships
+	// its item in a child and ends.
+	run("open the second checkout", chromedp.Evaluate[chromedp.Void](`location.hash = "#/flow?id=`+strconv.FormatInt(toSignal, 10)+`"`))
+	waitJS("its page", `document.body.dataset.page === "flow" && document.body.dataset.loaded === "1" && !!document.querySelector("#signal-send")`)
+	require.Equal(t, "payment-captured", eval(`document.querySelector("#signal-name").value`), "the form offers the awaited signal")
+	run("send the signal", setValue("#signal-payload", `{"cents": 1999}`), setValue("#signal-dedup", "psp-evt-7"), chromedp.Click(chromedp.CSS("#signal-send")))
+	waitJS("the checkout done with its child", `document.querySelector("#flow-status").textContent === "done" && document.querySelectorAll("#flow-children tr[data-id]").length === 1 && document.querySelectorAll("#flow-signals tr[data-signal]").length === 1`)
+	d, err = fx.client.Get(ctx, toSignal)
+	require.NoError(t, err)
+	require.Equal(t, "done", d.Status)
+	require.Len(t, d.Signals, 1)
+	require.JSONEq(t, `{"cents": 1999}`, string(d.Signals[0].Payload))
+	require.Equal(t, "psp-evt-7", d.Signals[0].DedupKey)
+	require.Equal(t, "paid", d.Signals[0].ConsumedStep)
+	noErrors("flow signal")
+
+	// Cancel another, with the confirmation.
+	run("open the third checkout", chromedp.Evaluate[chromedp.Void](`location.hash = "#/flow?id=`+strconv.FormatInt(toCancelFlow, 10)+`"`))
+	waitJS("its page", `document.body.dataset.page === "flow" && document.body.dataset.loaded === "1" && !!document.querySelector("#flow-cancel")`)
+	run("ask to cancel", chromedp.Click(chromedp.CSS("#flow-cancel")))
+	waitJS("the confirmation", `!!document.querySelector("#flow-cancel-confirm")`)
+	require.Equal(t, "awaiting", fx.status(toCancelFlow), "asking is not cancelling")
+	run("confirm", chromedp.Click(chromedp.CSS("#flow-cancel-confirm")))
+	waitJS("the checkout cancelled", `document.querySelector("#flow-status").textContent === "cancelled" && !document.querySelector("#flow-cancel") && !document.querySelector("#signal-send")`)
+	require.Equal(t, "cancelled", fx.status(toCancelFlow))
+	noErrors("flow cancel")
 
 	// Read-only: its own login (the cookie is per mount), no buttons, and
 	// changes refused even when asked directly.

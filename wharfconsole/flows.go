@@ -188,9 +188,19 @@ type flowDetailJSON struct {
 	Children []flowRowJSON     `json:"children"`
 	// ChildrenMore is set when the instance has more than the children
 	// listed (the newest maxChildren).
-	ChildrenMore bool      `json:"children_more"`
+	ChildrenMore bool `json:"children_more"`
+	// StepsTotal and SignalsTotal count the whole history; the instance
+	// carries the last maxHistory of each.
+	StepsTotal   int       `json:"steps_total"`
+	SignalsTotal int       `json:"signals_total"`
 	Time         time.Time `json:"time"`
 }
+
+// maxHistory is how many steps and signals of an instance the page gets
+// (the latest): a long-lived instance may have run thousands of steps.
+const maxHistory = 500
+
+func lastN[T any](s []T, n int) []T { return s[max(0, len(s)-n):] }
 
 func parseInstanceID(v string) (int64, error) {
 	id, err := strconv.ParseInt(v, 10, 64)
@@ -224,8 +234,9 @@ func (h *console) flowInstance(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, "flow instance", err)
 		return
 	}
-	d.Steps, d.Signals = nonNil(d.Steps), nonNil(d.Signals)
-	out := flowDetailJSON{Instance: d, Time: time.Now().UTC()}
+	out := flowDetailJSON{StepsTotal: len(d.Steps), SignalsTotal: len(d.Signals), Time: time.Now().UTC()}
+	d.Steps, d.Signals = nonNil(lastN(d.Steps, maxHistory)), nonNil(lastN(d.Signals, maxHistory))
+	out.Instance = d
 	if d.ParentID != 0 {
 		p, err := h.o.flows.Get(ctx, d.ParentID)
 		switch {

@@ -256,6 +256,8 @@ func TestFlowsAPIReads(t *testing.T) {
 		Parent       *flowRow  `json:"parent"`
 		Children     []flowRow `json:"children"`
 		ChildrenMore bool      `json:"children_more"`
+		StepsTotal   int       `json:"steps_total"`
+		SignalsTotal int       `json:"signals_total"`
 	}
 	getInstance := func(id int64) {
 		t.Helper()
@@ -276,6 +278,8 @@ func TestFlowsAPIReads(t *testing.T) {
 		steps = append(steps, s.Step+"/"+s.Outcome)
 	}
 	require.Equal(t, []string{"reserve/await", "paid/spawn", "shipped/done"}, steps)
+	require.Equal(t, 3, det.StepsTotal)
+	require.Equal(t, 1, det.SignalsTotal)
 	require.Len(t, d.Signals, 1)
 	require.Equal(t, "payment-captured", d.Signals[0].Name)
 	require.Equal(t, "psp-1", d.Signals[0].DedupKey)
@@ -531,4 +535,46 @@ func TestFlowsAPIWithoutFlowTables(t *testing.T) {
 	// The outbox pages of the console without flows work.
 	code, _, body := a.do("GET", "/none/api/status", "")
 	require.Equal(t, http.StatusOK, code, body)
+}
+
+// An instance that ran more steps than the page lists comes with the last
+// 500 and the total.
+func TestFlowsAPIListsTheLatestSteps(t *testing.T) {
+	t.Parallel()
+	pool, schema := newSchema(t)
+	c, err := wharf.NewClient(pool, &wharf.Config{Schema: schema, Logger: testLogger()})
+	require.NoError(t, err)
+	type counter struct{ N int }
+	loop := wharfflow.New[counter]("loop", nil).
+		Step("tick", func(_ context.Context, s *counter, _ wharfflow.Input) wharfflow.Outcome {
+			if s.N++; s.N < 520 {
+				return wharfflow.Next("tick")
+			}
+			return wharfflow.Done(s.N)
+		})
+	fx := &flowFixture{t: t, pool: pool, schema: schema}
+	fx.client, err = wharfflow.NewClient(pool, schema)
+	require.NoError(t, err)
+	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Logger: testLogger(), Flows: []wharfflow.Definition{loop}})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	}()
+	id := fx.start(loop.Start(counter{}, wharfflow.StartOptions{}))
+	fx.waitStatus(id, "done")
+	srv := httptest.NewServer(wharfconsole.Handler(c, wharfconsole.WithLogger(testLogger()), wharfconsole.WithFlows(fx.client)))
+	defer srv.Close()
+	code, _, body := newAPIClient(t, srv.URL, "").do("GET", fmt.Sprintf("/api/flows/instances/%d", id), "")
+	require.Equal(t, http.StatusOK, code, body)
+	var det struct {
+		Instance   wharfflow.Details `json:"instance"`
+		StepsTotal int               `json:"steps_total"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &det))
+	require.Equal(t, 520, det.StepsTotal)
+	require.Len(t, det.Instance.Steps, 500)
+	require.Equal(t, "done", det.Instance.Steps[499].Outcome, "the latest step is listed")
 }
