@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/wharfhq/wharf/wharfflow"
 )
 
@@ -31,18 +33,20 @@ func (h *console) flowsAPI(mux *http.ServeMux) {
 }
 
 // flowsMissing says why the console has no flows to show ("" when it has):
-// started without WithFlows, or a schema without the flow tables (an outbox
-// migrated before migration 7, or that never used flows).
+// started without WithFlows, a schema without the flow tables (an outbox
+// migrated before migration 7), or a database role that may not read them.
 func (h *console) flowsMissing(ctx context.Context) (string, error) {
 	if h.o.flows == nil {
 		return "this console was started without flows (wharfconsole.WithFlows)", nil
 	}
-	ok, err := h.o.flows.Installed(ctx)
-	if err != nil {
+	s, err := h.o.flows.Setup(ctx)
+	switch {
+	case err != nil:
 		return "", err
-	}
-	if !ok {
+	case !s.Installed:
 		return fmt.Sprintf("flows are not set up in schema %s: their tables come with migration 7 (wharf migrate up); until then nothing runs flows on this outbox", h.c.Schema()), nil
+	case !s.Readable:
+		return fmt.Sprintf("the console's database role %s may not read the flow tables of schema %s: grant it SELECT on %[2]s.flow_instances, flow_steps and flow_signals, or start the console as a role that may", s.Role, h.c.Schema()), nil
 	}
 	return "", nil
 }
@@ -52,7 +56,7 @@ func (h *console) flowsMissing(ctx context.Context) (string, error) {
 func (h *console) flowsReady(ctx context.Context, w http.ResponseWriter) bool {
 	missing, err := h.flowsMissing(ctx)
 	if err != nil {
-		h.fail(w, "flows", err)
+		h.flowFail(w, "flows", err)
 		return false
 	}
 	if missing != "" {
@@ -76,7 +80,7 @@ func (h *console) flowSummary(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	missing, err := h.flowsMissing(ctx)
 	if err != nil {
-		h.fail(w, "flows", err)
+		h.flowFail(w, "flows", err)
 		return
 	}
 	out := map[string]any{"available": missing == "", "message": missing, "statuses": wharfflow.Statuses, "flows": []flowCountsJSON{}}
@@ -86,7 +90,7 @@ func (h *console) flowSummary(w http.ResponseWriter, r *http.Request) {
 	}
 	counts, err := h.o.flows.StatusCounts(ctx)
 	if err != nil {
-		h.fail(w, "flow counts", err)
+		h.flowFail(w, "flow counts", err)
 		return
 	}
 	flows := []flowCountsJSON{}
@@ -169,7 +173,7 @@ func (h *console) flowInstances(w http.ResponseWriter, r *http.Request) {
 	}
 	is, err := h.o.flows.List(ctx, o)
 	if err != nil {
-		h.fail(w, "list flow instances", err)
+		h.flowFail(w, "list flow instances", err)
 		return
 	}
 	var next int64
@@ -231,7 +235,7 @@ func (h *console) flowInstance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		h.fail(w, "flow instance", err)
+		h.flowFail(w, "flow instance", err)
 		return
 	}
 	out := flowDetailJSON{StepsTotal: len(d.Steps), SignalsTotal: len(d.Signals), Time: time.Now().UTC()}
@@ -244,13 +248,13 @@ func (h *console) flowInstance(w http.ResponseWriter, r *http.Request) {
 			row := flowRow(&p.Instance)
 			out.Parent = &row
 		case !errors.Is(err, wharfflow.ErrNoInstance):
-			h.fail(w, "flow instance's parent", err)
+			h.flowFail(w, "flow instance's parent", err)
 			return
 		}
 	}
 	children, err := h.o.flows.List(ctx, wharfflow.ListOptions{Parent: id, Limit: maxChildren + 1})
 	if err != nil {
-		h.fail(w, "flow instance's children", err)
+		h.flowFail(w, "flow instance's children", err)
 		return
 	}
 	if len(children) > maxChildren {
@@ -304,14 +308,14 @@ func (h *console) flowChange(what string, f func(ctx context.Context, req flowCh
 			case errors.Is(gerr, wharfflow.ErrNoInstance):
 				writeError(w, http.StatusNotFound, h.noInstance(req.ID))
 			case gerr != nil:
-				h.fail(w, r.URL.Path, gerr)
+				h.flowFail(w, r.URL.Path, gerr)
 			default:
 				writeError(w, http.StatusConflict, refusal(what, &i.Instance))
 			}
 			return
 		}
 		if err != nil {
-			h.fail(w, r.URL.Path, err)
+			h.flowFail(w, r.URL.Path, err)
 			return
 		}
 		h.o.logger.Info("wharfconsole: flows/"+what, "instance", req.ID, "result", out, "remote", r.RemoteAddr)
@@ -355,4 +359,17 @@ func (h *console) flowSignal(ctx context.Context, req flowChangeRequest) (map[st
 		return nil, err
 	}
 	return map[string]any{"signal": ids[0]}, nil
+}
+
+// flowFail answers a failed flow call: 403 naming the privilege when the
+// console's database role lacks it (a role made for the outbox alone),
+// otherwise as fail does.
+func (h *console) flowFail(w http.ResponseWriter, what string, err error) {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42501" {
+		h.o.logger.Warn("wharfconsole: "+what, "err", err)
+		writeError(w, http.StatusForbidden, "the console's database role may not do this: "+pe.Message+": grant it the privilege, or start the console as a role that may")
+		return
+	}
+	h.fail(w, what, err)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -577,4 +578,61 @@ func TestFlowsAPIListsTheLatestSteps(t *testing.T) {
 	require.Equal(t, 520, det.StepsTotal)
 	require.Len(t, det.Instance.Steps, 500)
 	require.Equal(t, "done", det.Instance.Steps[499].Outcome, "the latest step is listed")
+}
+
+// A console whose database role may not read the flow tables says so on
+// the Flows page; one that may read but not change them answers a change
+// 403 naming the privilege. Nothing changes.
+func TestFlowsAPIWithARoleWithoutFlowPrivileges(t *testing.T) {
+	t.Parallel()
+	pool, schema := newSchema(t)
+	ctx := context.Background()
+	fx := newFlowFixture(t, pool, schema)
+	failed := fx.start(fx.payout.Start(payoutState{Cents: 1}, wharfflow.StartOptions{}))
+	fx.waitStatus(failed, "failed")
+
+	role := "wcon_reader_" + schema[len("wcon_"):]
+	_, err := pool.Exec(ctx, "CREATE ROLE "+role+" NOLOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = pool.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	_, err = pool.Exec(ctx, "GRANT USAGE ON SCHEMA "+schema+" TO "+role)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "SET ROLE "+role)
+		return err
+	}
+	rolePool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer rolePool.Close()
+	c, err := wharf.NewClient(pool, &wharf.Config{Schema: schema, Logger: testLogger()})
+	require.NoError(t, err)
+	fc, err := wharfflow.NewClient(rolePool, schema)
+	require.NoError(t, err)
+	srv := httptest.NewServer(wharfconsole.Handler(c, wharfconsole.WithToken("tok"), wharfconsole.WithLogger(testLogger()), wharfconsole.WithFlows(fc)))
+	defer srv.Close()
+	a := newAPIClient(t, srv.URL, "tok")
+
+	code, _, body := a.do("GET", "/api/flows", "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"available":false`)
+	var s struct{ Message string }
+	require.NoError(t, json.Unmarshal([]byte(body), &s))
+	require.Contains(t, s.Message, "the console's database role "+role+" may not read the flow tables of schema "+schema)
+	code, _, body = a.do("POST", "/api/flows/retry", fmt.Sprintf(`{"id":%d}`, failed))
+	require.Equal(t, http.StatusNotFound, code, body)
+
+	// Reading but not changing.
+	_, err = pool.Exec(ctx, "GRANT SELECT ON "+schema+".flow_instances, "+schema+".flow_steps, "+schema+".flow_signals TO "+role)
+	require.NoError(t, err)
+	code, _, body = a.do("GET", fmt.Sprintf("/api/flows/instances/%d", failed), "")
+	require.Equal(t, http.StatusOK, code, body)
+	code, _, body = a.do("POST", "/api/flows/retry", fmt.Sprintf(`{"id":%d}`, failed))
+	require.Equal(t, http.StatusForbidden, code, body)
+	require.Contains(t, msg(body), "the console's database role may not do this: permission denied")
+	require.Equal(t, "failed", fx.status(failed))
 }

@@ -262,15 +262,29 @@ func (c *Client) StatusCounts(ctx context.Context) ([]StatusCount, error) {
 	return out, rows.Err()
 }
 
-// Installed reports whether the schema has the flow tables (migration 7):
-// an outbox migrated before it, or by a tool that stops earlier, has none.
-func (c *Client) Installed(ctx context.Context) (bool, error) {
+// Setup is whether a schema has the flow tables and whether the client's
+// role may read them.
+type Setup struct {
+	// Installed is false on a schema without the flow tables (migrated
+	// before migration 7, or by a tool that stops earlier).
+	Installed bool
+	// Readable is false when the role may not read flow_instances.
+	Readable bool
+	// Role is the database role the client's pool connects as.
+	Role string
+}
+
+// Setup says whether the schema has the flow tables and the client's role
+// may read them; the operators' calls fail without.
+func (c *Client) Setup(ctx context.Context) (Setup, error) {
 	if c.pool == nil {
-		return false, ErrNoPool
+		return Setup{}, ErrNoPool
 	}
-	var ok bool
-	if err := c.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", c.schema+".flow_instances").Scan(&ok); err != nil {
-		return false, fmt.Errorf("wharfflow: looking for the flow tables: %w", err)
+	var s Setup
+	err := c.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false), current_user",
+		c.schema+".flow_instances").Scan(&s.Installed, &s.Readable, &s.Role)
+	if err != nil {
+		return s, fmt.Errorf("wharfflow: looking for the flow tables: %w", err)
 	}
-	return ok, nil
+	return s, nil
 }
