@@ -216,6 +216,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle("/console/", http.StripPrefix("/console", wharfconsole.Handler(c, wharfconsole.WithToken(token), wharfconsole.WithLogger(testLogger()), wharfconsole.WithFlows(fx.client))))
 	mux.Handle("/ro/", http.StripPrefix("/ro", wharfconsole.Handler(c, wharfconsole.WithToken(token), wharfconsole.WithReadOnly(true), wharfconsole.WithLogger(testLogger()), wharfconsole.WithFlows(fx.client))))
+	// A console without flows, and without a token (loopback only).
+	mux.Handle("/noflows/", http.StripPrefix("/noflows", wharfconsole.Handler(c, wharfconsole.WithLogger(testLogger()))))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -525,6 +527,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	ds, err = c.DeadLetters(ctx, wharf.DeadLetterFilter{IDs: []string{ro}})
 	require.NoError(t, err)
 	require.Len(t, ds, 1, "read-only changed nothing")
+
+	// A console without flows says so on the Flows page.
+	run("open a console without flows", chromedp.Navigate(srv.URL+"/noflows/#/flows"))
+	waitJS("its Flows page", `document.body.dataset.page === "flows" && document.body.dataset.loaded === "1" && !!document.querySelector("#flows-missing")`)
+	require.Contains(t, eval(`document.querySelector("#flows-missing").textContent`), "started without flows")
+	noErrors("console without flows")
 
 	// Screenshots for the README, on request only.
 	if os.Getenv(updateScreenshotsEnv) == "1" {
