@@ -33,11 +33,15 @@ func (h *console) flowsAPI(mux *http.ServeMux) {
 }
 
 // flowsMissing says why the console has no flows to show ("" when it has):
-// started without WithFlows, a schema without the flow tables (an outbox
-// migrated before migration 7), or a database role that may not read them.
+// started without WithFlows or with a client of another schema, a schema
+// without the flow tables (an outbox migrated before migration 7), or a
+// database role that may not read them.
 func (h *console) flowsMissing(ctx context.Context) (string, error) {
 	if h.o.flows == nil {
 		return "this console was started without flows (wharfconsole.WithFlows)", nil
+	}
+	if fs := h.o.flows.Schema(); fs != h.c.Schema() {
+		return fmt.Sprintf("the console's flows client is for schema %s, the console for %s: create it with the console's schema", fs, h.c.Schema()), nil
 	}
 	s, err := h.o.flows.Setup(ctx)
 	switch {

@@ -485,8 +485,9 @@ func TestFlowsAPIAuthorisation(t *testing.T) {
 	fx.waitStatus(failed, "done")
 }
 
-// On a schema without the flow tables (migrated before migration 7), or a
-// console without WithFlows, the Flows page says so; nothing answers 500.
+// On a schema without the flow tables (migrated before migration 7), a
+// console without WithFlows or with a flows client of another schema, the
+// Flows page says so; nothing answers 500.
 // (The outbox pages of a schema that old ask for wharf migrate up: the
 // outbox needs version 7 too.)
 func TestFlowsAPIWithoutFlowTables(t *testing.T) {
@@ -506,13 +507,15 @@ func TestFlowsAPIWithoutFlowTables(t *testing.T) {
 	c2, err := wharf.NewClient(pool2, &wharf.Config{Schema: schema2, Logger: testLogger()})
 	require.NoError(t, err)
 	mux.Handle("/none/", http.StripPrefix("/none", wharfconsole.Handler(c2, wharfconsole.WithToken("tok"), wharfconsole.WithLogger(testLogger()))))
+	mux.Handle("/other/", http.StripPrefix("/other", wharfconsole.Handler(c2, wharfconsole.WithToken("tok"), wharfconsole.WithLogger(testLogger()), wharfconsole.WithFlows(fc))))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	a := newAPIClient(t, srv.URL, "tok")
 
 	for prefix, want := range map[string]string{
-		"/old":  "flows are not set up in schema " + schema + ": their tables come with migration 7 (wharf migrate up)",
-		"/none": "this console was started without flows",
+		"/old":   "flows are not set up in schema " + schema + ": their tables come with migration 7 (wharf migrate up)",
+		"/none":  "this console was started without flows",
+		"/other": "the console's flows client is for schema " + schema + ", the console for " + schema2,
 	} {
 		code, _, body := a.do("GET", prefix+"/api/flows", "")
 		require.Equal(t, http.StatusOK, code, body)

@@ -262,6 +262,9 @@ func (c *Client) StatusCounts(ctx context.Context) ([]StatusCount, error) {
 	return out, rows.Err()
 }
 
+// Schema is the schema of the client's flows.
+func (c *Client) Schema() string { return c.schema }
+
 // Setup is whether a schema has the flow tables and whether the client's
 // role may read them.
 type Setup struct {

@@ -580,7 +580,6 @@ function flows(main, current) {
       cursors.length > 1 ? el("button", { type: "button", id: "flow-newer", onclick: () => { cursors.pop(); loadList().catch(showError); } }, "← Newer") : null,
       el("span", { class: "muted" }, "Page " + cursors.length + ", newest first, " + r.limit + " a page"),
       r.next_before ? el("button", { type: "button", id: "flow-older", onclick: () => { cursors.push(r.next_before); loadList().catch(showError); } }, "Older →") : null);
-    document.body.dataset.listed = "1";
   };
   const loadSummary = async () => {
     const s = await get("api/flows");
