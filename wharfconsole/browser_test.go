@@ -488,6 +488,29 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Equal(t, "cancelled", fx.status(toCancelFlow))
 	noErrors("flow cancel")
 
+	// Retry every failed instance listed, with the confirmation.
+	fx.pay.Store(false)
+	more := []int64{
+		fx.start(fx.payout.Start(payoutState{Cents: 1}, wharfflow.StartOptions{Key: "payout-8"})),
+		fx.start(fx.payout.Start(payoutState{Cents: 2}, wharfflow.StartOptions{Key: "payout-9"})),
+	}
+	for _, id := range more {
+		fx.waitStatus(id, "failed")
+	}
+	fx.pay.Store(true)
+	gotoPage("flows", `!!document.querySelector('#flow-counts tr[data-flow="payout"] a[data-status="failed"]')`)
+	run("filter by the failed count", chromedp.Click(chromedp.CSS(`#flow-counts tr[data-flow="payout"] a[data-status="failed"]`)))
+	waitJS("the two failed payouts", `document.querySelectorAll("#flow-instances tr[data-id]").length === 2 && !!document.querySelector("#flow-retry-all")`)
+	run("ask to retry them", chromedp.Click(chromedp.CSS("#flow-retry-all")))
+	waitJS("the confirmation", `!!document.querySelector("#flow-retry-all-confirm")`)
+	require.Equal(t, "failed", fx.status(more[0]), "asking is not retrying")
+	run("confirm", chromedp.Click(chromedp.CSS("#flow-retry-all-confirm")))
+	waitJS("no failed payout listed", `document.querySelectorAll("#flow-instances tr[data-id]").length === 0`)
+	for _, id := range more {
+		fx.waitStatus(id, "done")
+	}
+	noErrors("flow retry all")
+
 	// Read-only: its own login (the cookie is per mount), no buttons, and
 	// changes refused even when asked directly.
 	rec.mu.Lock()

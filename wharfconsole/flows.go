@@ -271,7 +271,9 @@ func (h *console) flowInstance(w http.ResponseWriter, r *http.Request) {
 // flowChangeRequest is the body of a flow change: the instance, and for a
 // signal its name, payload and dedup key.
 type flowChangeRequest struct {
-	ID       int64           `json:"id"`
+	ID int64 `json:"id"`
+	// IDs are the instances of a retry of several (the failed ones listed).
+	IDs      []int64         `json:"ids"`
 	Name     string          `json:"name"`
 	Payload  json.RawMessage `json:"payload"`
 	DedupKey string          `json:"dedup_key"`
@@ -285,10 +287,17 @@ func (h *console) flowChange(what string, f func(ctx context.Context, req flowCh
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req flowChangeRequest
 		usage := `{"id": <instance id>}`
-		if what == "signal" {
+		switch what {
+		case "signal":
 			usage = `{"id": <instance id>, "name": "<signal name>", "payload": <JSON, optional>, "dedup_key": "<optional>"}`
+		case "retry":
+			usage = `{"id": <instance id>} or {"ids": [<instance id>, ...]}`
 		}
 		if !h.readChange(w, r, &req, usage) {
+			return
+		}
+		if len(req.IDs) > 0 {
+			h.flowRetryMany(w, r, req, usage, what)
 			return
 		}
 		if req.ID < 1 {
@@ -342,7 +351,57 @@ func (h *console) flowRetry(ctx context.Context, req flowChangeRequest) (map[str
 	if err := h.o.flows.Retry(ctx, req.ID); err != nil {
 		return nil, err
 	}
-	return map[string]any{"retried": req.ID}, nil
+	return map[string]any{"retried": 1}, nil
+}
+
+// maxRetryMany bounds a retry of several instances (the list's largest page).
+const maxRetryMany = 1000
+
+// flowRetryMany retries the failed instances among req.IDs (after an
+// outage, every failed instance of a flow): those that have not failed, or
+// no longer exist, are skipped and named.
+func (h *console) flowRetryMany(w http.ResponseWriter, r *http.Request, req flowChangeRequest, usage, what string) {
+	switch {
+	case what != "retry":
+		writeError(w, http.StatusBadRequest, "ids: only a retry takes several instances: send "+usage)
+		return
+	case req.ID != 0:
+		writeError(w, http.StatusBadRequest, "give id or ids, not both: send "+usage)
+		return
+	case len(req.IDs) > maxRetryMany:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d ids: retry at most %d at once", len(req.IDs), maxRetryMany))
+		return
+	}
+	for _, id := range req.IDs {
+		if id < 1 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("id %d: instance ids are positive numbers, as the Flows list shows", id))
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	if !h.flowsReady(ctx, w) {
+		return
+	}
+	retried, skipped := 0, []int64{}
+	for _, id := range req.IDs {
+		err := h.o.flows.Retry(ctx, id)
+		switch {
+		case err == nil:
+			retried++
+		case errors.Is(err, wharfflow.ErrNoInstance):
+			skipped = append(skipped, id)
+		default:
+			if retried > 0 {
+				h.o.logger.Info("wharfconsole: flows/retry", "instances", req.IDs, "retried", retried, "remote", r.RemoteAddr)
+			}
+			h.flowFail(w, r.URL.Path, fmt.Errorf("after %d retried: %w", retried, err))
+			return
+		}
+	}
+	out := map[string]any{"retried": retried, "skipped": skipped}
+	h.o.logger.Info("wharfconsole: flows/retry", "instances", req.IDs, "result", out, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (h *console) flowCancel(ctx context.Context, req flowChangeRequest) (map[string]any, error) {

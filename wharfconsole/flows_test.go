@@ -368,7 +368,7 @@ func TestFlowsAPIChanges(t *testing.T) {
 	fx.pay.Store(true)
 	code, _, body = a.do("POST", "/api/flows/retry", fmt.Sprintf(`{"id":%d}`, failed))
 	require.Equal(t, http.StatusOK, code, body)
-	require.JSONEq(t, fmt.Sprintf(`{"retried":%d}`, failed), body)
+	require.JSONEq(t, `{"retried":1}`, body)
 	fx.waitStatus(failed, "done")
 	d, err := fx.client.Get(ctx, failed)
 	require.NoError(t, err)
@@ -412,10 +412,33 @@ func TestFlowsAPIChanges(t *testing.T) {
 	require.Contains(t, msg(body), "has already ended (cancelled)")
 
 	// Malformed bodies.
-	for _, b := range []string{`{}`, `{"id":0}`, `{"id":"7"}`, `{"ids":[7]}`, `[`} {
+	for _, b := range []string{`{}`, `{"id":0}`, `{"id":"7"}`, `{"instance":7}`, `[`, `{"id":7,"ids":[7]}`} {
 		code, _, body = a.do("POST", "/api/flows/retry", b)
 		require.Equal(t, http.StatusBadRequest, code, b)
-		require.Contains(t, msg(body), `send {"id": <instance id>}`, b)
+		require.Contains(t, msg(body), `send {"id": <instance id>} or {"ids": [<instance id>, ...]}`, b)
+	}
+	code, _, body = a.do("POST", "/api/flows/cancel", `{"ids":[7]}`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, msg(body), "only a retry takes several instances")
+	code, _, body = a.do("POST", "/api/flows/retry", `{"ids":[7,-1]}`)
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, msg(body), "id -1: instance ids are positive numbers")
+
+	// Retry several: the failed ones run again, the others are named.
+	fx.pay.Store(false)
+	more := []int64{
+		fx.start(fx.payout.Start(payoutState{Cents: 2}, wharfflow.StartOptions{})),
+		fx.start(fx.payout.Start(payoutState{Cents: 3}, wharfflow.StartOptions{})),
+	}
+	for _, id := range more {
+		fx.waitStatus(id, "failed")
+	}
+	fx.pay.Store(true)
+	code, _, body = a.do("POST", "/api/flows/retry", fmt.Sprintf(`{"ids":[%d,%d,%d,987654]}`, more[0], toCancel, more[1]))
+	require.Equal(t, http.StatusOK, code, body)
+	require.JSONEq(t, fmt.Sprintf(`{"retried":2,"skipped":[%d,987654]}`, toCancel), body)
+	for _, id := range more {
+		fx.waitStatus(id, "done")
 	}
 	code, _, _ = a.do("GET", "/api/flows/retry", "")
 	require.Equal(t, http.StatusMethodNotAllowed, code)

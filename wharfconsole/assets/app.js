@@ -562,6 +562,7 @@ function flows(main, current) {
     loadList().catch(showError);
   };
   const formHost = el("div");
+  const bulk = el("div", { class: "actions" });
   const loadList = async () => {
     const q = new URLSearchParams(query(flowFilter));
     const before = cursors[cursors.length - 1];
@@ -576,6 +577,17 @@ function flows(main, current) {
     replace(list, el("table", { id: "flow-instances" },
       el("thead", {}, el("tr", {}, ["Id", "Flow", "Key", "Status", "Step", "Attempt", "Next", "Started", "Error"].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No instance matches.")))));
+    replace(bulk);
+    const failedIDs = r.instances.filter((i) => i.status === "failed").map((i) => i.id);
+    if (!cfg.read_only && failedIDs.length) {
+      append(bulk, [el("button", { type: "button", id: "flow-retry-all", onclick: () => confirmBox(bulk, "Retry the " + failedIDs.length + " failed instance(s) listed? Each runs its failed step again, from attempt 0.", "Yes, retry " + failedIDs.length, "flow-retry-all-confirm", async () => {
+        try {
+          const res = await post("api/flows/retry", { ids: failedIDs });
+          toast("Retried " + res.retried + " instance(s)" + (res.skipped.length ? "; skipped " + res.skipped.join(", ") + " (no longer failed)" : ""));
+          await loadList();
+        } catch (e) { showError(e); }
+      }) }, "Retry the " + failedIDs.length + " failed listed…")]);
+    }
     replace(pager,
       cursors.length > 1 ? el("button", { type: "button", id: "flow-newer", onclick: () => { cursors.pop(); loadList().catch(showError); } }, "← Newer") : null,
       el("span", { class: "muted" }, "Page " + cursors.length + ", newest first, " + r.limit + " a page"),
@@ -592,7 +604,7 @@ function flows(main, current) {
     if (!formBuilt) {
       formBuilt = true;
       replace(formHost, form());
-      replace(body, summary, el("h2", {}, "Instances"), formHost, list, pager);
+      replace(body, summary, el("h2", {}, "Instances"), formHost, bulk, list, pager);
       await loadList();
     }
     const cell = (f, st) => {
