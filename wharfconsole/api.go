@@ -31,6 +31,7 @@ func (h *console) api(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/pending/reschedule", h.mutate(h.reschedule))
 	mux.HandleFunc("POST /api/dead/retry", h.mutate(h.retry))
 	mux.HandleFunc("POST /api/dead/purge", h.mutate(h.purge))
+	h.flowsAPI(mux)
 }
 
 type configJSON struct {
@@ -434,7 +435,30 @@ func (h *console) dead(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"messages": out, "limit": limit})
 }
 
-// changeRequest is the body of every POST: the messages to act on, by id.
+// readChange is the gate of every change (POST): it refuses them all on a
+// read-only console, and reads the JSON body into req (unknown fields
+// refused; usage is the body to send). ok is false once it answered. The
+// token and the same-origin check came before, for every request.
+func (h *console) readChange(w http.ResponseWriter, r *http.Request, req any, usage string) bool {
+	if h.o.readOnly {
+		writeError(w, http.StatusForbidden, "the console is read-only: start it without --console-read-only to make changes")
+		return false
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		writeError(w, http.StatusUnsupportedMediaType, "send the request as Content-Type: application/json")
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(req); err != nil {
+		writeError(w, http.StatusBadRequest, "request body: "+err.Error()+": send "+usage)
+		return false
+	}
+	return true
+}
+
+// changeRequest is the body of a message change: the messages to act on,
+// by id.
 type changeRequest struct {
 	IDs []string `json:"ids"`
 	// At is the new delivery time of a reschedule (RFC 3339; "" means now).
@@ -445,19 +469,8 @@ type changeRequest struct {
 // least one message) before running it.
 func (h *console) mutate(f func(ctx context.Context, req changeRequest) (map[string]any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if h.o.readOnly {
-			writeError(w, http.StatusForbidden, "the console is read-only: start it without --console-read-only to make changes")
-			return
-		}
-		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
-			writeError(w, http.StatusUnsupportedMediaType, "send the request as Content-Type: application/json")
-			return
-		}
 		var req changeRequest
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			writeError(w, http.StatusBadRequest, "request body: "+err.Error()+`: send {"ids": ["<message id>", ...]}`)
+		if !h.readChange(w, r, &req, `{"ids": ["<message id>", ...]}`) {
 			return
 		}
 		if len(req.IDs) == 0 {

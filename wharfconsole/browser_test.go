@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfconsole"
+	"github.com/wharfhq/wharf/wharfflow"
 )
 
 // xssKey is a key that would run script if the console put it in the page as
@@ -138,10 +140,12 @@ func artifactsDir(t *testing.T) string {
 // Without it the test writes nothing into the repository.
 const updateScreenshotsEnv = "WHARF_UPDATE_SCREENSHOTS"
 
-// The console in a real browser against a real relay: auth, every page
-// without a script error, a dead letter retried by clicking and delivered, a
-// scheduled message cancelled by clicking and never delivered, untrusted
-// values shown as text, read-only mode, and screenshots.
+// The console in a real browser against a real relay and flow runner: auth,
+// every page without a script error, a dead letter retried by clicking and
+// delivered, a scheduled message cancelled by clicking and never delivered,
+// a failed flow instance found from its count and retried by clicking until
+// the runner finishes it, untrusted values shown as text, read-only mode,
+// and screenshots.
 func TestConsoleInBrowser(t *testing.T) {
 	chromium := chromiumPath(t)
 	ctx := context.Background()
@@ -196,10 +200,24 @@ func TestConsoleInBrowser(t *testing.T) {
 	delete(rec.failing, "*")
 	rec.mu.Unlock()
 
+	// Flows on the same schema: a payout that failed (its note is markup)
+	// and a checkout awaiting its payment.
+	fx := newFlowFixture(t, pool, schema)
+	failedFlow := fx.start(fx.payout.Start(payoutState{Cents: 1250, Note: badNote}, wharfflow.StartOptions{Key: "payout-7"}))
+	awaitingFlow := fx.start(fx.order.Start(orderState{ID: "o-7", Items: []string{"book"}}, wharfflow.StartOptions{Key: "o-7"}))
+	toSignal := fx.start(fx.order.Start(orderState{ID: "o-8", Items: []string{"lamp"}}, wharfflow.StartOptions{Key: "o-8"}))
+	toCancelFlow := fx.start(fx.order.Start(orderState{ID: "o-9"}, wharfflow.StartOptions{Key: "o-9"}))
+	fx.waitStatus(failedFlow, "failed")
+	for _, id := range []int64{awaitingFlow, toSignal, toCancelFlow} {
+		fx.waitStatus(id, "awaiting")
+	}
+
 	const token = "console-test-token"
 	mux := http.NewServeMux()
-	mux.Handle("/console/", http.StripPrefix("/console", wharfconsole.Handler(c, wharfconsole.WithToken(token), wharfconsole.WithLogger(testLogger()))))
-	mux.Handle("/ro/", http.StripPrefix("/ro", wharfconsole.Handler(c, wharfconsole.WithToken(token), wharfconsole.WithReadOnly(true), wharfconsole.WithLogger(testLogger()))))
+	mux.Handle("/console/", http.StripPrefix("/console", wharfconsole.Handler(c, wharfconsole.WithToken(token), wharfconsole.WithLogger(testLogger()), wharfconsole.WithFlows(fx.client))))
+	mux.Handle("/ro/", http.StripPrefix("/ro", wharfconsole.Handler(c, wharfconsole.WithToken(token), wharfconsole.WithReadOnly(true), wharfconsole.WithLogger(testLogger()), wharfconsole.WithFlows(fx.client))))
+	// A console without flows, and without a token (loopback only).
+	mux.Handle("/noflows/", http.StripPrefix("/noflows", wharfconsole.Handler(c, wharfconsole.WithLogger(testLogger()))))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -411,6 +429,88 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Eventually(t, func() bool { return rec.has(control) }, 120*time.Second, 100*time.Millisecond, "the control reminder is delivered")
 	require.False(t, rec.has(toCancel), "the cancelled reminder was delivered")
 
+	// Flows: the counts, the failed payout found from its count, its page
+	// (error and state as text), and a retry by clicking that the runner
+	// then finishes.
+	gotoPage("flows", `!!document.querySelector('#flow-counts tr[data-flow="payout"] a[data-status="failed"]') && document.querySelectorAll("#flow-instances tr[data-id]").length === 4`)
+	require.Contains(t, eval(`document.querySelector('#flow-counts tr[data-flow="checkout"] a[data-status="awaiting"]').textContent`), "3")
+	run("filter by the failed count", chromedp.Click(chromedp.CSS(`#flow-counts tr[data-flow="payout"] a[data-status="failed"]`)))
+	waitJS("the failed payout alone", `document.querySelectorAll("#flow-instances tr[data-id]").length === 1 && !!document.querySelector('#flow-instances tr[data-id="`+strconv.FormatInt(failedFlow, 10)+`"]')`)
+	require.Equal(t, "failed", eval(`document.querySelector("#flow-filter-status").value`))
+	require.Contains(t, eval(`document.querySelector("#flow-instances").textContent`), "bank refused: <b>insufficient funds</b>")
+	noErrors("flows")
+	shot("flows")
+	run("open the instance", chromedp.Click(chromedp.CSS(`#flow-instances tr[data-id="`+strconv.FormatInt(failedFlow, 10)+`"]`)))
+	waitJS("its page", `document.body.dataset.page === "flow" && document.body.dataset.loaded === "1" && !!document.querySelector("#flow-retry")`)
+	require.Equal(t, "failed", eval(`document.querySelector("#flow-status").textContent`))
+	require.Equal(t, "bank refused: <b>insufficient funds</b>", eval(`document.querySelector("#flow-error").textContent`))
+	require.Contains(t, eval(`document.querySelector("#flow-state").textContent`), `"note": `+strconv.Quote(badNote))
+	require.Contains(t, eval(`document.querySelector("#flow-steps").textContent`), "fail")
+	require.Equal(t, "0", eval(`String(document.querySelectorAll("#main img, #main b").length)`))
+	noErrors("flow instance")
+	shot("flow")
+	fx.pay.Store(true)
+	run("retry it", chromedp.Click(chromedp.CSS("#flow-retry")))
+	waitJS("the instance done", `document.querySelector("#flow-status").textContent === "done" && !document.querySelector("#flow-retry")`)
+	d, err := fx.client.Get(ctx, failedFlow)
+	require.NoError(t, err)
+	require.Equal(t, "done", d.Status)
+	require.Len(t, d.Steps, 2)
+	require.Equal(t, []string{"send", "send"}, []string{d.Steps[0].Step, d.Steps[1].Step}, "the retry ran the failed step again")
+	require.Equal(t, []string{"fail", "done"}, []string{d.Steps[0].Outcome, d.Steps[1].Outcome})
+	require.Equal(t, 0, d.Steps[1].Attempt)
+	noErrors("flow retry")
+
+	// Send the awaited signal from the form: the checkout resumes, ships
+	// its item in a child and ends.
+	run("open the second checkout", chromedp.Evaluate[chromedp.Void](`location.hash = "#/flow?id=`+strconv.FormatInt(toSignal, 10)+`"`))
+	waitJS("its page", `document.body.dataset.page === "flow" && document.body.dataset.loaded === "1" && !!document.querySelector("#signal-send")`)
+	require.Equal(t, "payment-captured", eval(`document.querySelector("#signal-name").value`), "the form offers the awaited signal")
+	run("send the signal", setValue("#signal-payload", `{"cents": 1999}`), setValue("#signal-dedup", "psp-evt-7"), chromedp.Click(chromedp.CSS("#signal-send")))
+	waitJS("the checkout done with its child", `document.querySelector("#flow-status").textContent === "done" && document.querySelectorAll("#flow-children tr[data-id]").length === 1 && document.querySelectorAll("#flow-signals tr[data-signal]").length === 1`)
+	d, err = fx.client.Get(ctx, toSignal)
+	require.NoError(t, err)
+	require.Equal(t, "done", d.Status)
+	require.Len(t, d.Signals, 1)
+	require.JSONEq(t, `{"cents": 1999}`, string(d.Signals[0].Payload))
+	require.Equal(t, "psp-evt-7", d.Signals[0].DedupKey)
+	require.Equal(t, "paid", d.Signals[0].ConsumedStep)
+	noErrors("flow signal")
+
+	// Cancel another, with the confirmation.
+	run("open the third checkout", chromedp.Evaluate[chromedp.Void](`location.hash = "#/flow?id=`+strconv.FormatInt(toCancelFlow, 10)+`"`))
+	waitJS("its page", `document.body.dataset.page === "flow" && document.body.dataset.loaded === "1" && !!document.querySelector("#flow-cancel")`)
+	run("ask to cancel", chromedp.Click(chromedp.CSS("#flow-cancel")))
+	waitJS("the confirmation", `!!document.querySelector("#flow-cancel-confirm")`)
+	require.Equal(t, "awaiting", fx.status(toCancelFlow), "asking is not cancelling")
+	run("confirm", chromedp.Click(chromedp.CSS("#flow-cancel-confirm")))
+	waitJS("the checkout cancelled", `document.querySelector("#flow-status").textContent === "cancelled" && !document.querySelector("#flow-cancel") && !document.querySelector("#signal-send")`)
+	require.Equal(t, "cancelled", fx.status(toCancelFlow))
+	noErrors("flow cancel")
+
+	// Retry every failed instance listed, with the confirmation.
+	fx.pay.Store(false)
+	more := []int64{
+		fx.start(fx.payout.Start(payoutState{Cents: 1}, wharfflow.StartOptions{Key: "payout-8"})),
+		fx.start(fx.payout.Start(payoutState{Cents: 2}, wharfflow.StartOptions{Key: "payout-9"})),
+	}
+	for _, id := range more {
+		fx.waitStatus(id, "failed")
+	}
+	fx.pay.Store(true)
+	gotoPage("flows", `!!document.querySelector('#flow-counts tr[data-flow="payout"] a[data-status="failed"]')`)
+	run("filter by the failed count", chromedp.Click(chromedp.CSS(`#flow-counts tr[data-flow="payout"] a[data-status="failed"]`)))
+	waitJS("the two failed payouts", `document.querySelectorAll("#flow-instances tr[data-id]").length === 2 && !!document.querySelector("#flow-retry-all")`)
+	run("ask to retry them", chromedp.Click(chromedp.CSS("#flow-retry-all")))
+	waitJS("the confirmation", `!!document.querySelector("#flow-retry-all-confirm")`)
+	require.Equal(t, "failed", fx.status(more[0]), "asking is not retrying")
+	run("confirm", chromedp.Click(chromedp.CSS("#flow-retry-all-confirm")))
+	waitJS("no failed payout listed", `document.querySelectorAll("#flow-instances tr[data-id]").length === 0`)
+	for _, id := range more {
+		fx.waitStatus(id, "done")
+	}
+	noErrors("flow retry all")
+
 	// Read-only: its own login (the cookie is per mount), no buttons, and
 	// changes refused even when asked directly.
 	rec.mu.Lock()
@@ -436,6 +536,11 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("select a message", chromedp.Click(chromedp.CSS(`#pending tr[data-id]`)))
 	waitJS("its detail", `!!document.querySelector("#read-only-note")`)
 	require.Equal(t, "0", eval(`String(document.querySelectorAll("#cancel, #reschedule, #deliver-now").length)`))
+	run("open a flow instance", chromedp.Evaluate[chromedp.Void](`location.hash = "#/flow?id=`+strconv.FormatInt(awaitingFlow, 10)+`"`))
+	waitJS("its page", `document.body.dataset.page === "flow" && document.body.dataset.loaded === "1" && !!document.querySelector("#read-only-note")`)
+	require.Equal(t, "awaiting", eval(`document.querySelector("#flow-status").textContent`))
+	require.Equal(t, "0", eval(`String(document.querySelectorAll("#flow-retry, #flow-cancel, #signal-send, #flow-signal-form").length)`))
+	noErrors("read-only flow instance")
 	sctx, cancel := context.WithTimeout(bctx, 60*time.Second)
 	status, err := chromedp.Run(sctx, chromedp.Evaluate[int](`fetch("api/dead/retry", {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({ids: [`+jsString(ro)+`]})}).then(r => r.status)`, chromedp.EvalAwaitPromise))
 	cancel()
@@ -446,14 +551,20 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, ds, 1, "read-only changed nothing")
 
+	// A console without flows says so on the Flows page.
+	run("open a console without flows", chromedp.Navigate(srv.URL+"/noflows/#/flows"))
+	waitJS("its Flows page", `document.body.dataset.page === "flows" && document.body.dataset.loaded === "1" && !!document.querySelector("#flows-missing")`)
+	require.Contains(t, eval(`document.querySelector("#flows-missing").textContent`), "started without flows")
+	noErrors("console without flows")
+
 	// Screenshots for the README, on request only.
 	if os.Getenv(updateScreenshotsEnv) == "1" {
-		for _, name := range []string{"overview", "blocked", "dead"} {
+		for _, name := range []string{"overview", "blocked", "dead", "flows", "flow"} {
 			b, err := os.ReadFile(filepath.Join(dir, name+".png"))
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join("..", "docs", "img", "console-"+name+".png"), b, 0o644))
 		}
-		t.Logf("docs/img/console-{overview,blocked,dead}.png updated")
+		t.Logf("docs/img/console-{overview,blocked,dead,flows,flow}.png updated")
 	}
 	t.Logf("screenshots in %s", dir)
 }

@@ -1,11 +1,14 @@
 // Package wharfconsole serves a web console for operators of a wharf outbox:
 // the backlog and throughput live, the relays and their lane leases, the
-// keys held behind a scheduled or retrying message and why, and the pending
-// messages and dead letters, which it can cancel, reschedule, retry or purge.
+// keys held behind a scheduled or retrying message and why, the pending
+// messages and dead letters, which it can cancel, reschedule, retry or purge,
+// and with [WithFlows] the durable flows (package wharfflow), which it can
+// retry, cancel or signal.
 //
 //	client, _ := wharf.NewClient(pool, cfg)
+//	flows, _ := wharfflow.NewClient(pool, cfg.Schema)
 //	mux.Handle("/console/", http.StripPrefix("/console", wharfconsole.Handler(client,
-//		wharfconsole.WithToken(os.Getenv("CONSOLE_TOKEN")))))
+//		wharfconsole.WithToken(os.Getenv("CONSOLE_TOKEN")), wharfconsole.WithFlows(flows))))
 //
 // The pages, script and style sheet are embedded in the binary (no CDN, no
 // build step). Every value read from the database is put in the page as
@@ -37,10 +40,10 @@
 // 127.0.0.1 (DNS rebinding) would otherwise be the console's own origin to
 // the browser, and could read and change the outbox.
 //
-// Changes (cancel, reschedule, retry, purge) are POST requests with a JSON
-// body, refused from other origins ([http.CrossOriginProtection]: the
-// Sec-Fetch-Site and Origin headers). [WithReadOnly] refuses them all (403)
-// and the pages hide their buttons.
+// Changes (cancel, reschedule, retry, purge; a flow's retry, cancel and
+// signal) are POST requests with a JSON body, refused from other origins
+// ([http.CrossOriginProtection]: the Sec-Fetch-Site and Origin headers).
+// [WithReadOnly] refuses them all (403) and the pages hide their buttons.
 package wharfconsole
 
 import (
@@ -59,6 +62,7 @@ import (
 	"time"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/wharfflow"
 )
 
 //go:embed assets
@@ -71,7 +75,8 @@ type options struct {
 	token    string
 	readOnly bool
 	logger   *slog.Logger
-	now      func() time.Time // the sessions' and the login back-off's clock
+	flows    *wharfflow.Client // WithFlows
+	now      func() time.Time  // the sessions' and the login back-off's clock
 }
 
 // WithToken requires token on every request (see the package
@@ -109,7 +114,7 @@ type console struct {
 // under any prefix with [http.StripPrefix]:
 //
 //   - / : the pages (one document; #/overview, #/relays, #/lanes, #/blocked,
-//     #/pending, #/dead);
+//     #/pending, #/dead, #/flows and #/flow?id=N);
 //   - /assets/ : its script and style sheet;
 //   - /login, /logout : the token form, when a token is set;
 //   - /api/ : the JSON API the pages use (GET reads, POST changes).

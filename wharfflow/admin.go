@@ -14,17 +14,23 @@ import (
 
 // Instance is a flow instance as operators see it.
 type Instance struct {
-	ID             int64           `json:"id"`
-	Flow           string          `json:"flow"`
-	Key            string          `json:"key,omitempty"`
-	Status         string          `json:"status"`
-	Step           string          `json:"step"`
-	Attempt        int             `json:"attempt"`
-	Priority       int             `json:"priority"`
-	RunAt          *time.Time      `json:"run_at,omitempty"`
-	LeaseOwner     string          `json:"lease_owner,omitempty"`
-	ParentID       int64           `json:"parent_id,omitempty"`
-	AwaitSignals   []string        `json:"await_signals,omitempty"`
+	ID       int64      `json:"id"`
+	Flow     string     `json:"flow"`
+	Key      string     `json:"key,omitempty"`
+	Status   string     `json:"status"`
+	Step     string     `json:"step"`
+	Attempt  int        `json:"attempt"`
+	Priority int        `json:"priority"`
+	RunAt    *time.Time `json:"run_at,omitempty"`
+	// NotBefore is the current step's own time: a scheduled step (Next
+	// with a time, a retry's backoff, a start's RunAt) does not run before.
+	NotBefore    time.Time `json:"not_before"`
+	LeaseOwner   string    `json:"lease_owner,omitempty"`
+	ParentID     int64     `json:"parent_id,omitempty"`
+	AwaitSignals []string  `json:"await_signals,omitempty"`
+	// TimeoutStep is the step an awaiting instance resumes at when its
+	// deadline (RunAt) passes without the signals.
+	TimeoutStep    string          `json:"timeout_step,omitempty"`
 	ConcurrencyKey string          `json:"concurrency_key,omitempty"`
 	RateKey        string          `json:"rate_key,omitempty"`
 	State          json.RawMessage `json:"state"`
@@ -65,14 +71,14 @@ type Details struct {
 }
 
 const instanceColumns = `id, flow, coalesce(correlation_key, ''), status, step, attempt, priority,
-CASE WHEN run_at < 'infinity' THEN run_at END, coalesce(lease_owner, ''), coalesce(parent_id, 0),
-await_signals, coalesce(concurrency_key, ''), coalesce(rate_key, ''), state, result, coalesce(error, ''),
+CASE WHEN run_at < 'infinity' THEN run_at END, not_before, coalesce(lease_owner, ''), coalesce(parent_id, 0),
+await_signals, coalesce(timeout_step, ''), coalesce(concurrency_key, ''), coalesce(rate_key, ''), state, result, coalesce(error, ''),
 created_at, updated_at, finished_at`
 
 func scanInstance(row pgx.Row) (Instance, error) {
 	var i Instance
-	err := row.Scan(&i.ID, &i.Flow, &i.Key, &i.Status, &i.Step, &i.Attempt, &i.Priority, &i.RunAt, &i.LeaseOwner,
-		&i.ParentID, &i.AwaitSignals, &i.ConcurrencyKey, &i.RateKey, &i.State, &i.Result, &i.Error,
+	err := row.Scan(&i.ID, &i.Flow, &i.Key, &i.Status, &i.Step, &i.Attempt, &i.Priority, &i.RunAt, &i.NotBefore, &i.LeaseOwner,
+		&i.ParentID, &i.AwaitSignals, &i.TimeoutStep, &i.ConcurrencyKey, &i.RateKey, &i.State, &i.Result, &i.Error,
 		&i.CreatedAt, &i.UpdatedAt, &i.FinishedAt)
 	return i, err
 }
@@ -81,6 +87,10 @@ func scanInstance(row pgx.Row) (Instance, error) {
 type ListOptions struct {
 	// Flow and Status, when set, keep only instances of that flow and status.
 	Flow, Status string
+	// Key, when set, keeps only instances with this correlation key.
+	Key string
+	// Parent, when set, keeps only the children of this instance.
+	Parent int64
 	// Limit defaults to 100.
 	Limit int
 	// Before, when set, lists instances with a lower id (the next page).
@@ -101,8 +111,9 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Instance, error) {
 	if o.Status != "" && !slices.Contains(Statuses, o.Status) {
 		return nil, fmt.Errorf("wharfflow: unknown status %q: use one of %s", o.Status, strings.Join(Statuses, ", "))
 	}
-	q := "SELECT " + instanceColumns + " FROM " + c.schema + ".flow_instances WHERE ($1 = '' OR flow = $1) AND ($2 = '' OR status = $2) AND ($3 = 0 OR id < $3) ORDER BY id DESC LIMIT $4"
-	rows, err := c.pool.Query(ctx, q, o.Flow, o.Status, o.Before, o.Limit)
+	q := "SELECT " + instanceColumns + " FROM " + c.schema + ".flow_instances WHERE ($1 = '' OR flow = $1) AND ($2 = '' OR status = $2) AND ($3 = 0 OR id < $3)" +
+		" AND ($5 = '' OR correlation_key = $5) AND ($6 = 0 OR parent_id = $6) ORDER BY id DESC LIMIT $4"
+	rows, err := c.pool.Query(ctx, q, o.Flow, o.Status, o.Before, o.Limit, o.Key, o.Parent)
 	if err != nil {
 		return nil, fmt.Errorf("wharfflow: list: %w", err)
 	}
@@ -215,4 +226,68 @@ func (c *Client) Counts(ctx context.Context) (map[string]map[string]int64, error
 		out[f][s] = n
 	}
 	return out, rows.Err()
+}
+
+// StatusCount is how many instances of a flow have a status.
+type StatusCount struct {
+	Flow   string `json:"flow"`
+	Status string `json:"status"`
+	N      int64  `json:"n"`
+	// Later counts, of ready instances, those whose step is not due yet
+	// (scheduled, or waiting out a retry's backoff).
+	Later int64 `json:"later,omitempty"`
+}
+
+// StatusCounts counts the instances of every flow per status, ended ones
+// (done, cancelled: kept for Config.Retention) included, ordered by flow and
+// status. It reads the whole table once.
+func (c *Client) StatusCounts(ctx context.Context) ([]StatusCount, error) {
+	if c.pool == nil {
+		return nil, ErrNoPool
+	}
+	rows, err := c.pool.Query(ctx, "SELECT flow, status, count(*), count(*) FILTER (WHERE status = 'ready' AND run_at > now()) FROM "+
+		c.schema+".flow_instances GROUP BY 1, 2 ORDER BY 1, 2")
+	if err != nil {
+		return nil, fmt.Errorf("wharfflow: counts: %w", err)
+	}
+	defer rows.Close()
+	var out []StatusCount
+	for rows.Next() {
+		var sc StatusCount
+		if err := rows.Scan(&sc.Flow, &sc.Status, &sc.N, &sc.Later); err != nil {
+			return nil, err
+		}
+		out = append(out, sc)
+	}
+	return out, rows.Err()
+}
+
+// Schema is the schema of the client's flows.
+func (c *Client) Schema() string { return c.schema }
+
+// Setup is whether a schema has the flow tables and whether the client's
+// role may read them.
+type Setup struct {
+	// Installed is false on a schema without the flow tables (migrated
+	// before migration 7, or by a tool that stops earlier).
+	Installed bool
+	// Readable is false when the role may not read flow_instances.
+	Readable bool
+	// Role is the database role the client's pool connects as.
+	Role string
+}
+
+// Setup says whether the schema has the flow tables and the client's role
+// may read them; the operators' calls fail without.
+func (c *Client) Setup(ctx context.Context) (Setup, error) {
+	if c.pool == nil {
+		return Setup{}, ErrNoPool
+	}
+	var s Setup
+	err := c.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false), current_user",
+		c.schema+".flow_instances").Scan(&s.Installed, &s.Readable, &s.Role)
+	if err != nil {
+		return s, fmt.Errorf("wharfflow: looking for the flow tables: %w", err)
+	}
+	return s, nil
 }

@@ -10,11 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/wharfconsole"
+	"github.com/wharfhq/wharf/wharfflow"
 )
 
 // consoleFlags are the web console's settings, shared by `console` and
@@ -32,7 +34,7 @@ var consoleSettings = []string{"console-token", "console-token-file", "console-r
 func (c *consoleFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.token, "console-token", "", "token the console asks for (Authorization: Bearer, or its login form); required to listen beyond loopback")
 	fs.StringVar(&c.tokenFile, "console-token-file", "", "file holding the console token (surrounding white space ignored), instead of --console-token")
-	fs.BoolVar(&c.readOnly, "console-read-only", false, "serve the console read-only: no cancel, reschedule, retry or purge")
+	fs.BoolVar(&c.readOnly, "console-read-only", false, "serve the console read-only: no cancel, reschedule, retry, purge or signal")
 }
 
 // registerRelay adds the console flags to `relay`.
@@ -83,20 +85,31 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func (c *consoleFlags) handler(g *globals, client *wharf.Client) http.Handler {
-	return wharfconsole.Handler(client, wharfconsole.WithToken(c.token), wharfconsole.WithReadOnly(c.readOnly), wharfconsole.WithLogger(g.log))
+// handler is the console for client, with the Flows pages over the same
+// pool and schema (they say so when the schema has no flow tables).
+func (c *consoleFlags) handler(g *globals, client *wharf.Client, pool *pgxpool.Pool) (http.Handler, error) {
+	flows, err := wharfflow.NewClient(pool, client.Schema())
+	if err != nil {
+		return nil, err
+	}
+	return wharfconsole.Handler(client, wharfconsole.WithToken(c.token), wharfconsole.WithReadOnly(c.readOnly), wharfconsole.WithLogger(g.log),
+		wharfconsole.WithFlows(flows)), nil
 }
 
 // adminHandler is the relay's admin listener: the metrics and probes, and
 // with --console the console at /console/.
-func (c *consoleFlags) adminHandler(g *globals, client *wharf.Client, metrics http.Handler) http.Handler {
+func (c *consoleFlags) adminHandler(g *globals, client *wharf.Client, pool *pgxpool.Pool, metrics http.Handler) (http.Handler, error) {
 	if c == nil || !c.enabled {
-		return metrics
+		return metrics, nil
+	}
+	console, err := c.handler(g, client, pool)
+	if err != nil {
+		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/console/", http.StripPrefix("/console", c.handler(g, client)))
+	mux.Handle("/console/", http.StripPrefix("/console", console))
 	mux.Handle("/", metrics)
-	return mux
+	return mux, nil
 }
 
 func newConsoleCmd(g *globals) *cobra.Command {
@@ -105,12 +118,13 @@ func newConsoleCmd(g *globals) *cobra.Command {
 	var acrossTopics bool
 	cmd := &cobra.Command{
 		Use:   "console",
-		Short: "Serve the web console: backlog, relays, lanes, blocked keys, pending messages, dead letters",
+		Short: "Serve the web console: backlog, relays, lanes, blocked keys, pending messages, dead letters, flows",
 		Long: `Serves the web console against the database until stopped (SIGINT/SIGTERM).
 It shows the backlog and throughput live, the relays and their lane leases, the
 keys held behind a scheduled or retrying message, and the pending messages and
-dead letters, which it can cancel, reschedule, retry or purge (unless
---console-read-only). Listening beyond loopback needs --console-token.
+dead letters, which it can cancel, reschedule, retry or purge, and the durable
+flows (counts per flow and status, instances with their state, steps and
+signals), which it can retry, cancel or signal (unless --console-read-only). Listening beyond loopback needs --console-token.
 A relay can serve the same console on its admin address: wharf relay --console.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -128,11 +142,15 @@ A relay can serve the same console on its admin address: wharf relay --console.`
 			if err != nil {
 				return err
 			}
+			handler, err := c.handler(g, client, pool)
+			if err != nil {
+				return err
+			}
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
 				return fmt.Errorf("--addr %s: %w", addr, err)
 			}
-			srv := &http.Server{Handler: c.handler(g, client), ReadHeaderTimeout: 5 * time.Second}
+			srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 			done := make(chan error, 1)
 			go func() { done <- srv.Serve(ln) }()
 			g.log.Info("wharf: console serving", "url", "http://"+ln.Addr().String()+"/", "schema", g.schema, "read_only", c.readOnly, "token", c.token != "")

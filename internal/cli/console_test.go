@@ -161,6 +161,13 @@ func TestConsoleCommandServesWithAuth(t *testing.T) {
 	code, body, _ = get(t, "GET", base, "s3cret", "")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "wharf console")
+	// The Flows pages are on, over the same schema.
+	code, body, _ = get(t, "GET", base+"api/flows", "s3cret", "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"available":true`)
+	code, body, _ = get(t, "GET", base+"api/flows/instances/42", "s3cret", "")
+	require.Equal(t, http.StatusNotFound, code, body)
+	require.Contains(t, body, "no flow instance 42 in schema "+b.schema)
 }
 
 // `wharf relay --console` mounts the console at /console/ next to the
@@ -177,6 +184,12 @@ func TestRelayConsole(t *testing.T) {
 	code, _, _ = get(t, "GET", base+"api/config", "", "")
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, body, _ = get(t, "POST", base+"api/dead/purge", "tok", `{"ids":["00000000-0000-8001-8000-000000000001"]}`)
+	require.Equal(t, http.StatusForbidden, code)
+	require.Contains(t, body, "read-only")
+	code, body, _ = get(t, "GET", base+"api/flows", "tok", "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, `"available":true`)
+	code, body, _ = get(t, "POST", base+"api/flows/retry", "tok", `{"id":1}`)
 	require.Equal(t, http.StatusForbidden, code)
 	require.Contains(t, body, "read-only")
 	code, body, _ = get(t, "GET", strings.TrimSuffix(base, "console/")+"metrics", "", "")

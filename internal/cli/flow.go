@@ -93,7 +93,7 @@ func newFlowListCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if len(is) == o.Limit {
-				fmt.Fprintf(g.stderr, "(first %d shown; raise --limit, narrow with --flow / --status, or page with --before %d)\n",
+				fmt.Fprintf(g.stderr, "(first %d shown; raise --limit, narrow with --flow / --status / --key, or page with --before %d)\n",
 					o.Limit, is[len(is)-1].ID)
 			}
 			return nil
@@ -102,6 +102,8 @@ func newFlowListCmd(g *globals) *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&o.Flow, "flow", "", "only instances of this flow")
 	fl.StringVar(&o.Status, "status", "", "only instances with this status: "+strings.Join(wharfflow.Statuses, ", "))
+	fl.StringVar(&o.Key, "key", "", "only instances with this correlation key")
+	fl.Int64Var(&o.Parent, "parent", 0, "only the children of this instance")
 	fl.IntVar(&o.Limit, "limit", 100, "most instances to list")
 	fl.Int64Var(&o.Before, "before", 0, "only instances with a lower id (the next page)")
 	fl.BoolVar(&asJSON, "json", false, "one JSON object per line")

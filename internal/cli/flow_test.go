@@ -58,6 +58,11 @@ func TestFlowCommands(t *testing.T) {
 	require.Contains(t, out, "o-7")
 	require.Contains(t, out, "awaiting")
 
+	code, out, errOut = s.run(b.cmd("flow", "list", "--key", "o-8")...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "o-8")
+	require.NotContains(t, out, "o-7")
+
 	code, out, errOut = s.run(b.cmd("flow", "signal", "--flow", "order", "--key", "o-7", "--name", "paid", "--payload", `{"cents": 10}`, "--dedup-key", "e1")...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "recorded")

@@ -156,7 +156,7 @@ func runRelay(ctx context.Context, g *globals, f *relayFlags, cfg wharf.Config) 
 	if err != nil {
 		return err
 	}
-	stopAdmin, err := g.serveAdmin(f.adminAddr, client, &f.console)
+	stopAdmin, err := g.serveAdmin(f.adminAddr, client, pool, &f.console)
 	if err != nil {
 		return err
 	}
@@ -303,16 +303,20 @@ func plural(n int64, what string) string {
 // /readyz) on addr until the returned function is called; "" serves nothing.
 // The address is bound before the relay starts, so a port in use fails the
 // start instead of leaving a relay without its probes.
-func (g *globals) serveAdmin(addr string, client *wharf.Client, console *consoleFlags) (stop func(), err error) {
+func (g *globals) serveAdmin(addr string, client *wharf.Client, pool *pgxpool.Pool, console *consoleFlags) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
+	}
+	handler, err := console.adminHandler(g, client, pool, wharfprom.Handler(client, wharfprom.WithVersion(moduleVersion()), wharfprom.WithLogger(g.log)))
+	if err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--admin-addr %s: %w", addr, err)
 	}
 	srv := &http.Server{
-		Handler:           console.adminHandler(g, client, wharfprom.Handler(client, wharfprom.WithVersion(moduleVersion()), wharfprom.WithLogger(g.log))),
+		Handler:           handler,
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	go func() {

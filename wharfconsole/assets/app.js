@@ -111,12 +111,13 @@ function statePill(m) {
 
 // ---- pages -------------------------------------------------------------
 
-const pages = { overview, relays, lanes, blocked, pending, dead };
+const pages = { overview, relays, lanes, blocked, pending, dead, flows, flow };
 
 function route() {
   const name = (location.hash.replace(/^#\/?/, "").split("?")[0]) || "overview";
   const page = pages[name] ? name : "overview";
-  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === page);
+  const section = page === "flow" ? "flows" : page;
+  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === section);
   clearInterval(timer);
   timer = null;
   const main = document.getElementById("main");
@@ -505,6 +506,231 @@ function dead(main, current) {
     bulk,
     el("div", { class: "split" }, list, detail)]);
   load().catch(showError);
+}
+
+// ---- flows ---------------------------------------------------------------
+
+let flowFilter = { flow: "", status: "", key: "" };
+function flowStatusKind(s) {
+  return { running: "ok", done: "ok", failed: "bad", cancelled: "warn" }[s] || "info";
+}
+function flowPill(s) { return pill(s, flowStatusKind(s)); }
+// hashQuery reads the parameters after "?" in the page's hash.
+function hashQuery() { return new URLSearchParams(location.hash.split("?")[1] || ""); }
+// flowNext says when an instance next moves, per its status.
+function flowNext(i, nowMs) {
+  const at = i.run_at ? Date.parse(i.run_at) : null;
+  switch (i.status) {
+    case "ready": return at === null || at <= nowMs ? "due now" : "at " + fmtTime(i.run_at) + " (in " + fmtDur((at - nowMs) / 1000) + ")";
+    case "running": return "lease until " + fmtTime(i.run_at);
+    case "awaiting": return at === null ? "no deadline" : "deadline " + fmtTime(i.run_at);
+    case "joining": return "its children";
+    case "failed": return "an operator's retry or cancel";
+    default: return "–";
+  }
+}
+
+function flows(main, current) {
+  const summary = el("div", { id: "flow-summary" });
+  const list = el("div");
+  const pager = el("div", { class: "actions", id: "flow-pager" });
+  const body = el("div", {}, summary);
+  append(main, [el("h1", {}, "Flows"), body]);
+  // cursors are the ?before of the pages seen: [0] is the first (newest).
+  let cursors = [0];
+  let formBuilt = false;
+  const form = () => {
+    const inputs = {
+      flow: el("input", { name: "flow", id: "flow-filter-flow", placeholder: "exact flow name", value: flowFilter.flow, size: 20 }),
+      status: el("select", { name: "status", id: "flow-filter-status" }, el("option", { value: "" }, "any"),
+        cfgFlows.statuses.map((s) => el("option", { value: s, selected: flowFilter.status === s }, s))),
+      key: el("input", { name: "key", id: "flow-filter-key", placeholder: "exact correlation key", value: flowFilter.key, size: 24 }),
+    };
+    return el("form", { class: "filters", id: "flow-filters", onsubmit: (e) => {
+      e.preventDefault();
+      for (const k of Object.keys(inputs)) flowFilter[k] = inputs[k].value.trim();
+      cursors = [0];
+      loadList().catch(showError);
+    } },
+    el("label", {}, "Flow", inputs.flow), el("label", {}, "Status", inputs.status), el("label", {}, "Correlation key", inputs.key),
+    el("button", { type: "submit", class: "primary", id: "flow-search" }, "Search"));
+  };
+  const filterTo = (flowName, status) => {
+    flowFilter = { flow: flowName, status: status, key: "" };
+    cursors = [0];
+    replace(formHost, form());
+    loadList().catch(showError);
+  };
+  const formHost = el("div");
+  const bulk = el("div", { class: "actions" });
+  const loadList = async () => {
+    const q = new URLSearchParams(query(flowFilter));
+    const before = cursors[cursors.length - 1];
+    if (before) q.set("before", before);
+    const r = await get("api/flows/instances?" + q.toString());
+    if (!current()) return;
+    const now = Date.now();
+    const rows = r.instances.map((i) => el("tr", { class: "clickable", "data-id": i.id, onclick: () => { location.hash = "#/flow?id=" + i.id; } },
+      el("td", { class: "mono" }, el("a", { href: "#/flow?id=" + i.id }, String(i.id))), el("td", {}, i.flow), el("td", { class: "mono" }, i.key || "–"),
+      el("td", {}, flowPill(i.status)), el("td", { class: "mono" }, i.step), el("td", {}, String(i.attempt)),
+      el("td", {}, flowNext(i, now)), el("td", {}, fmtTime(i.created_at)), el("td", { class: "mono error" }, i.error || "")));
+    replace(list, el("table", { id: "flow-instances" },
+      el("thead", {}, el("tr", {}, ["Id", "Flow", "Key", "Status", "Step", "Attempt", "Next", "Started", "Error"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No instance matches.")))));
+    replace(bulk);
+    const failedIDs = r.instances.filter((i) => i.status === "failed").map((i) => i.id);
+    if (!cfg.read_only && failedIDs.length) {
+      append(bulk, [el("button", { type: "button", id: "flow-retry-all", onclick: () => confirmBox(bulk, "Retry the " + failedIDs.length + " failed instance(s) listed? Each runs its failed step again, from attempt 0.", "Yes, retry " + failedIDs.length, "flow-retry-all-confirm", async () => {
+        try {
+          const res = await post("api/flows/retry", { ids: failedIDs });
+          toast("Retried " + res.retried + " instance(s)" + (res.skipped.length ? "; skipped " + res.skipped.join(", ") + " (no longer failed)" : ""));
+          await loadList();
+        } catch (e) { showError(e); }
+      }) }, "Retry the " + failedIDs.length + " failed listed…")]);
+    }
+    replace(pager,
+      cursors.length > 1 ? el("button", { type: "button", id: "flow-newer", onclick: () => { cursors.pop(); loadList().catch(showError); } }, "← Newer") : null,
+      el("span", { class: "muted" }, "Page " + cursors.length + ", newest first, " + r.limit + " a page"),
+      r.next_before ? el("button", { type: "button", id: "flow-older", onclick: () => { cursors.push(r.next_before); loadList().catch(showError); } }, "Older →") : null);
+  };
+  const loadSummary = async () => {
+    const s = await get("api/flows");
+    if (!current()) return;
+    Object.assign(cfgFlows, { statuses: s.statuses });
+    if (!s.available) {
+      replace(body, el("p", { class: "note", id: "flows-missing" }, "Flows are not available: " + s.message + "."));
+      return;
+    }
+    if (!formBuilt) {
+      formBuilt = true;
+      replace(formHost, form());
+      replace(body, summary, el("h2", {}, "Instances"), formHost, bulk, list, pager);
+      await loadList();
+    }
+    const cell = (f, st) => {
+      const n = f.counts[st] || 0;
+      const label = st === "ready" && f.later ? n.toLocaleString() + " (" + f.later.toLocaleString() + " later)" : n.toLocaleString();
+      return el("td", { class: "num" + (st === "failed" && n ? " error" : "") },
+        n ? el("a", { href: "#/flows", "data-status": st, onclick: (e) => { e.preventDefault(); filterTo(f.flow, st); } }, label) : el("span", { class: "muted" }, "0"));
+    };
+    replace(summary, s.flows.length
+      ? el("table", { id: "flow-counts" },
+        el("thead", {}, el("tr", {}, el("th", {}, "Flow"), s.statuses.map((st) => el("th", { class: "num" }, st)), el("th", { class: "num" }, "total"))),
+        el("tbody", {}, s.flows.map((f) => el("tr", { "data-flow": f.flow },
+          el("td", {}, el("a", { href: "#/flows", onclick: (e) => { e.preventDefault(); filterTo(f.flow, ""); } }, f.flow)),
+          s.statuses.map((st) => cell(f, st)), el("td", { class: "num" }, f.total.toLocaleString())))))
+      : el("p", { class: "muted" }, "No flow instance yet."),
+    el("p", { class: "muted" }, "ready: due, or scheduled for later (a step's time or a retry's backoff); running: leased by a runner; awaiting: a signal or its deadline; joining: its children; failed instances stay until retried or cancelled; done and cancelled ones are kept for the runners' retention. Counts refresh every 5 s."));
+  };
+  poll(current, loadSummary, 5000);
+}
+
+// cfgFlows holds what the flows summary said about the statuses.
+const cfgFlows = { statuses: ["ready", "running", "awaiting", "joining", "done", "failed", "cancelled"] };
+
+function flow(main, current) {
+  const id = hashQuery().get("id") || "";
+  const head = el("div", { class: "detail card" });
+  const info = el("div");
+  const actions = el("div", { id: "flow-actions" });
+  const rest = el("div");
+  append(main, [el("p", {}, el("a", { href: "#/flows" }, "← Flows")), el("h1", {}, "Flow instance " + id), head, actions, info, rest]);
+  let shownStatus = null;
+  const act = async (what, body, done) => {
+    try {
+      const r = await post("api/flows/" + what, body);
+      toast(done(r));
+      await load();
+    } catch (e) { showError(e); }
+  };
+  const buildActions = (i) => {
+    if (cfg.read_only) { replace(actions, el("p", { class: "muted", id: "read-only-note" }, "Read-only console: no changes.")); return; }
+    const buttons = el("div", { class: "actions" });
+    if (i.status === "failed") {
+      buttons.append(el("button", { type: "button", class: "primary", id: "flow-retry", onclick: () => act("retry", { id: i.id }, () => "Instance " + i.id + " will run step " + i.step + " again, from attempt 0") }, "Retry step " + i.step));
+    }
+    if (i.status !== "done" && i.status !== "cancelled") {
+      buttons.append(el("button", { type: "button", class: "danger", id: "flow-cancel", onclick: () => confirmBox(actions, "Cancel instance " + i.id + " and its children that have not ended? A step running now commits nothing. This cannot be undone.", "Yes, cancel it", "flow-cancel-confirm", () => act("cancel", { id: i.id }, (r) => "Cancelled " + r.cancelled + " instance(s)")) }, "Cancel…"));
+    }
+    const parts = [buttons];
+    if (i.status !== "done" && i.status !== "cancelled") {
+      const name = el("input", { id: "signal-name", placeholder: "signal name", value: (i.await_signals || [])[0] || "", size: 20 });
+      const payload = el("textarea", { id: "signal-payload", placeholder: "payload: JSON, optional", rows: 3, cols: 40 });
+      const dedup = el("input", { id: "signal-dedup", placeholder: "dedup key, optional", size: 20 });
+      parts.push(el("form", { class: "filters", id: "flow-signal-form", onsubmit: (e) => {
+        e.preventDefault();
+        const body = { id: i.id, name: name.value.trim(), dedup_key: dedup.value.trim() };
+        if (!body.name) { toast("Name the signal: the one the flow awaits.", true); return; }
+        if (payload.value.trim()) {
+          try { body.payload = JSON.parse(payload.value); } catch (_) { toast("The payload is not JSON (quote a string: \"text\").", true); return; }
+        }
+        act("signal", body, (r) => "Signal " + r.signal + " (" + body.name + ") recorded for instance " + i.id);
+      } }, el("label", {}, "Signal", name), el("label", {}, "Payload", payload), el("label", {}, "Dedup key", dedup),
+      el("button", { type: "submit", id: "signal-send" }, "Send signal")));
+    }
+    replace(actions, parts);
+  };
+  const rowsOf = (items, cols, row, empty, tid) => el("table", { id: tid },
+    el("thead", {}, el("tr", {}, cols.map((h) => el("th", {}, h)))),
+    el("tbody", {}, items.length ? items.map(row) : el("tr", {}, el("td", { colspan: cols.length, class: "muted" }, empty))));
+  const load = async () => {
+    let r;
+    try {
+      r = await get("api/flows/instances/" + encodeURIComponent(id));
+    } catch (e) {
+      if (!current()) return;
+      if (e instanceof HTTPError && (e.status === 404 || e.status === 400)) {
+        clearInterval(timer);
+        replace(head, el("p", { class: "note", id: "flow-missing" }, e.message));
+        replace(actions); replace(info); replace(rest);
+        return;
+      }
+      throw e;
+    }
+    if (!current()) return;
+    const i = r.instance, now = Date.parse(r.time);
+    replace(head, dl([
+      ["Flow", i.flow], ["Correlation key", el("span", { class: "mono" }, i.key || "–")],
+      ["Status", el("span", { id: "flow-status" }, flowPill(i.status))],
+      ["Step", el("span", { class: "mono", id: "flow-step" }, i.step)], ["Attempt", String(i.attempt)],
+      ["Next", flowNext(i, now)],
+      i.status === "ready" ? ["Not before", fmtTime(i.not_before)] : null,
+      i.await_signals && i.await_signals.length ? ["Awaits", el("span", { class: "mono" }, i.await_signals.join(", "))] : null,
+      i.status === "awaiting" && i.timeout_step ? ["At the deadline", "runs step " + i.timeout_step] : null,
+      i.lease_owner ? ["Runner", el("span", { class: "mono" }, i.lease_owner)] : null,
+      r.parent ? ["Parent", el("span", {}, el("a", { href: "#/flow?id=" + r.parent.id, id: "flow-parent" }, String(r.parent.id)), " " + r.parent.flow + " (" + r.parent.status + ", step " + r.parent.step + ")")]
+        : i.parent_id ? ["Parent", String(i.parent_id) + " (deleted)"] : null,
+      ["Priority", String(i.priority)],
+      i.concurrency_key ? ["Concurrency key", el("span", { class: "mono" }, i.concurrency_key)] : null,
+      i.rate_key ? ["Rate key", el("span", { class: "mono" }, i.rate_key)] : null,
+      ["Started", fmtTime(i.created_at)], ["Updated", fmtTime(i.updated_at)], ["Ended", fmtTime(i.finished_at)],
+    ]));
+    if (shownStatus !== i.status + "/" + i.step) {
+      shownStatus = i.status + "/" + i.step;
+      buildActions(i);
+    }
+    replace(info,
+      i.error ? [el("h2", {}, i.status === "failed" ? "Error (failed the instance)" : "Last error"), el("pre", { class: "mono error-box", id: "flow-error" }, i.error)] : null,
+      el("h2", {}, "State"), el("pre", { class: "mono", id: "flow-state" }, JSON.stringify(i.state, null, 2)),
+      i.result !== undefined && i.result !== null ? [el("h2", {}, "Result"), el("pre", { class: "mono", id: "flow-result" }, JSON.stringify(i.result, null, 2))] : null);
+    replace(rest,
+      el("h2", {}, "Steps (" + r.steps_total + (r.steps_total > i.steps.length ? ", the last " + i.steps.length + " listed" : "") + ")"),
+      rowsOf(i.steps, ["Step", "Attempt", "Outcome", "Started", "Took", "Runner", "Error"], (s) => el("tr", {},
+        el("td", { class: "mono" }, s.step), el("td", {}, String(s.attempt)), el("td", {}, s.outcome === "fail" ? pill("fail", "bad") : s.outcome === "retry" ? pill("retry", "warn") : s.outcome),
+        el("td", {}, fmtTime(s.started_at)), el("td", {}, fmtDur((Date.parse(s.finished_at) - Date.parse(s.started_at)) / 1000)),
+        el("td", { class: "mono" }, s.runner), el("td", { class: "mono error" }, s.error || "")), "No step has run yet.", "flow-steps"),
+      el("h2", {}, "Signals (" + r.signals_total + (r.signals_total > i.signals.length ? ", the last " + i.signals.length + " listed" : "") + "; " + i.signals.filter((s) => !s.consumed_at).length + " pending)"),
+      rowsOf(i.signals, ["Id", "Name", "Received", "Consumed", "Dedup key", "Payload"], (s) => el("tr", { "data-signal": s.id },
+        el("td", {}, String(s.id)), el("td", { class: "mono" }, s.name), el("td", {}, fmtTime(s.created_at)),
+        el("td", {}, s.consumed_at ? "by step " + s.consumed_step + " at " + fmtTime(s.consumed_at) : pill("pending", "info")),
+        el("td", { class: "mono" }, s.dedup_key || "–"), el("td", { class: "mono" }, s.payload === undefined ? "–" : JSON.stringify(s.payload))), "No signal received.", "flow-signals"),
+      el("h2", {}, "Children (" + r.children.length + (r.children_more ? "+, the newest listed" : "") + ")"),
+      rowsOf(r.children, ["Id", "Flow", "Status", "Step", "Attempt", "Error"], (c) => el("tr", { class: "clickable", "data-id": c.id, onclick: () => { location.hash = "#/flow?id=" + c.id; } },
+        el("td", {}, el("a", { href: "#/flow?id=" + c.id }, String(c.id))), el("td", {}, c.flow), el("td", {}, flowPill(c.status)),
+        el("td", { class: "mono" }, c.step), el("td", {}, String(c.attempt)), el("td", { class: "mono error" }, c.error || "")), "No children.", "flow-children"),
+      el("p", { class: "muted" }, "Outbox messages a step emits commit with its outcome; they are not recorded per instance (find them on the Pending page by topic and key)."));
+  };
+  poll(current, load, 3000);
 }
 
 // ---- start -------------------------------------------------------------
