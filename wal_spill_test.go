@@ -16,9 +16,10 @@ import (
 )
 
 // A relay that takes over a WAL outbox whose table holds many more spilled
-// rows in one lane than a fetch reads, while producers committed newer
-// messages of the same key meanwhile: every spilled row is delivered, once,
-// before the key's newer messages, and the table ends empty.
+// rows in one lane than a fetch reads, analyzed with them there, while
+// producers committed newer messages of the same key meanwhile: every
+// spilled row is delivered, once, before the key's newer messages, and the
+// table ends empty. The times are logged (read a slow run with -v).
 func TestWALRelayTakeoverDeliversEverySpilledRow(t *testing.T) {
 	t.Parallel()
 	b := walDB(t)
@@ -35,21 +36,26 @@ func TestWALRelayTakeoverDeliversEverySpilledRow(t *testing.T) {
 		}
 		return nil
 	}, spill)
-	// 2,000 held messages (the fault suite's takeover moves 10,000): on a
-	// loaded machine the relay hands a held key's messages out, and so
-	// moves them, a few dozen a lease round.
+	// 10,000 held messages, all of one key, so of one lane.
 	var held []string
-	for i := 0; i < 4; i++ {
+	for i := 0; i < 20; i++ {
 		msgs := make([]wharf.Message, 500)
 		for j := range msgs {
 			msgs[j] = wharf.Message{Topic: "t", Key: "bad", Payload: []byte(fmt.Sprintf("held-%d-%d", i, j))}
 		}
 		held = append(held, commitMessages(t, b, msgs...)...)
 	}
+	began := time.Now()
 	require.Eventually(t, func() bool { return outboxCount(t, b) == len(held) }, 5*time.Minute, 50*time.Millisecond,
 		"the failing key's messages were not all moved to the table")
+	t.Logf("%d held messages moved to the table in %v", len(held), time.Since(began).Round(time.Millisecond))
 	stopA()
 	failing.Store(false)
+	// Autovacuum's ANALYZE, which sees every row in one lane: the
+	// takeover's fetches must still read the table through its indexes
+	// (they scanned the whole outbox once per lane, three rows a fetch).
+	_, err := b.pool.Exec(context.Background(), "ANALYZE "+b.schema+".outbox")
+	require.NoError(t, err)
 
 	// Producers go on while no relay runs (a restart, a takeover).
 	var later []string
@@ -78,7 +84,9 @@ func TestWALRelayTakeoverDeliversEverySpilledRow(t *testing.T) {
 				missing, len(held), laterOK, len(later), outboxCount(t, b), retries, clientB.Metrics().WALHeldBytes.Load())
 		}
 	}()
+	began = time.Now()
 	requireAllDeliveredWithin(t, recB, all, 5*time.Minute, "spilled messages not delivered after the takeover")
+	t.Logf("%d messages delivered after the takeover in %v", len(all), time.Since(began).Round(time.Millisecond))
 	got := recB.snapshot()
 	requireKeyOrder(t, got)
 	for id, n := range deliveredIDs(got) {
