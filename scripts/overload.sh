@@ -13,7 +13,9 @@
 #   S_TABLE, S_WAL   the sustainable rate per mode, msgs/s; a mode without one
 #                    gets it from a short sweep first (SWEEP_DURATION, default 3s)
 #   DURATION         each run's window after the warm-up (default 8s)
-#   WARMUP           each run's warm-up (default 1s): DURATION + WARMUP of load per run
+#   WARMUP           each run's warm-up (default 0s: none, so that the window
+#                    starts with the whole backlog in front of the relay, which
+#                    would otherwise work some of it off before the window)
 #   FACTORS          default "1.25 1.5 2"
 #   RUNS             runs per factor and mode (default 3)
 #   MODES            default "table wal"
@@ -29,7 +31,7 @@ mkdir -p "$out"
 bin=${WHARF_BIN:-$out/wharf}
 [ -x "$bin" ] || go build -o "$bin" ./cmd/wharf
 duration=${DURATION:-8s}
-warmup=${WARMUP:-1s}
+warmup=${WARMUP:-0s}
 factors=${FACTORS:-1.25 1.5 2}
 runs=${RUNS:-3}
 modes=${MODES:-table wal}
@@ -40,6 +42,7 @@ db=()
 
 seconds() { # a Go duration in whole or fractional seconds (s or ms only)
   case $1 in
+    0) echo 0 ;;
     *ms) awk -v v="${1%ms}" 'BEGIN { print v / 1000 }' ;;
     *s) echo "${1%s}" ;;
     *) echo "DURATION and WARMUP take seconds or milliseconds, like 8s or 500ms; got $1" >&2; exit 2 ;;
@@ -54,7 +57,7 @@ bench() { # json, flags...
 }
 
 echo "# overload: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# window ${duration} after a ${warmup} warm-up; producers at S; backlog (f - 1) × S × ${duration}"
+echo "# window ${duration} after a ${warmup} warm-up; producers at S; backlog (f - 1) × S × ${duration}; offered and processed are over the window"
 lines=()
 for mode in $modes; do
   var="S_${mode^^}"
@@ -81,6 +84,7 @@ for mode in $modes; do
         .overload as $o |
         [$f, $mode, $run, $s, ($o.offered_rate | floor), ($o.processed_rate | floor),
          (($o.processed_rate / $s * 100 | round) / 100),
+         (if $o.offered_rate > 0 then (($o.processed_rate / $o.offered_rate * 100 | round) / 100) else "n/a" end),
          (if $o.worst_second_at >= 0 then "\($o.worst_second_processed) (s\($o.worst_second_at + 1))" else "n/a" end),
          (if $o.saturated then "yes" else "no" end),
          (.producer_rate | floor)] | @tsv' "$json")")
@@ -89,6 +93,6 @@ for mode in $modes; do
 done
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg); JSON in $out"
 {
-  printf 'factor\tmode\trun\tS\toffered\tprocessed\tprocessed/S\tworst second\tsaturated\tproducers\n'
+  printf 'factor\tmode\trun\tS\toffered\tprocessed\tprocessed/S\tprocessed/offered\tworst second\tsaturated\tproducers\n'
   printf '%s\n' "${lines[@]}"
 } | column -t -s $'\t'

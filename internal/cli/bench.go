@@ -97,7 +97,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 		Example: `  wharf bench --mode drain --messages 1000000
   wharf bench --mode baseline --duration 10s
   wharf bench --mode steady --rate 20000 --duration 30s --report out/
-  wharf bench --mode steady --rate 50000 --backlog 250000 --warmup 1s --duration 5s --tail-wait 0
+  wharf bench --mode steady --rate 50000 --backlog 250000 --warmup 0 --duration 5s --tail-wait 0
   wharf bench --mode sweep --records-per-key 10 --producer-batch 100 --payload-bytes 200 --json sweep.json
   wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000
   wharf bench --mode soak --rate 10000 --duration 30m --report soak/
