@@ -11,7 +11,8 @@
 # usage: scripts/overload.sh [OUTDIR]        (the runs' JSON go to OUTDIR)
 # environment:
 #   S_TABLE, S_WAL   the sustainable rate per mode, msgs/s; a mode without one
-#                    gets it from a short sweep first (SWEEP_DURATION, default 3s)
+#                    gets it from a short sweep first (SWEEP_DURATION, default 3s,
+#                    after SWEEP_WARMUP, default 1s)
 #   DURATION         each run's window after the warm-up (default 8s)
 #   WARMUP           each run's warm-up (default 0s: none, so that the window
 #                    starts with the whole backlog in front of the relay, which
@@ -36,6 +37,7 @@ factors=${FACTORS:-1.25 1.5 2}
 runs=${RUNS:-3}
 modes=${MODES:-table wal}
 sweep_duration=${SWEEP_DURATION:-3s}
+sweep_warmup=${SWEEP_WARMUP:-1s}
 read -r -a extra <<<"${BENCH_ARGS:-}"
 db=()
 [ -n "${DATABASE_URL:-}" ] && db=(--database-url "$DATABASE_URL")
@@ -65,7 +67,7 @@ for mode in $modes; do
   if [ -z "$s" ]; then
     json="$out/sweep-$mode.json"
     echo "# $mode: no $var given, measuring S with a short sweep (--duration $sweep_duration) ..." >&2
-    bench "$json" --mode sweep --outbox-mode "$mode" --duration "$sweep_duration" --warmup "$warmup" --sweep-steps 5
+    bench "$json" --mode sweep --outbox-mode "$mode" --duration "$sweep_duration" --warmup "$sweep_warmup" --sweep-steps 5
     s=$(jq -r '.target_rate | floor' "$json")
     if [ "$s" -lt 1 ]; then
       echo "the sweep of the $mode outbox found no sustainable rate (see $json); give $var" >&2
