@@ -84,9 +84,10 @@ for mode in $modes; do
         --duration "$duration" --warmup "$warmup" --tail-wait 0
       lines+=("$(jq -r --arg f "$f" --arg mode "$mode" --arg run "$run" --argjson s "$s" '
         .overload as $o |
+        def two: . * 100 | round | tostring | (if length < 3 then ("00" + .)[-3:] else . end) | .[:-2] + "." + .[-2:];
         [$f, $mode, $run, $s, ($o.offered_rate | floor), ($o.processed_rate | floor),
-         (($o.processed_rate / $s * 100 | round) / 100),
-         (if $o.offered_rate > 0 then (($o.processed_rate / $o.offered_rate * 100 | round) / 100) else "n/a" end),
+         ($o.processed_rate / $s | two),
+         (if $o.offered_rate > 0 then ($o.processed_rate / $o.offered_rate | two) else "n/a" end),
          (if $o.worst_second_at >= 0 then "\($o.worst_second_processed) (s\($o.worst_second_at + 1))" else "n/a" end),
          (if $o.saturated then "yes" else "no" end),
          (.producer_rate | floor)] | @tsv' "$json")")
