@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // machine's speed: the window's figures add up, the rates are those counts
 // over the window, and every message, pre-filled or produced, was processed
 // exactly once by the end (the run waits for the relay to catch up).
-func checkOverload(t *testing.T, r *Result, backlog int64) *Overload {
+func checkOverload(t *testing.T, r *Result, backlog int64, inProcess bool) *Overload {
 	t.Helper()
 	ov := r.Overload
 	require.NotNil(t, ov)
@@ -30,23 +31,29 @@ func checkOverload(t *testing.T, r *Result, backlog int64) *Overload {
 	require.Equal(t, ov.MinOutstanding > 0, ov.Saturated)
 	require.InDelta(t, float64(ov.OutstandingAtStart+ov.ProducedInWindow)/ov.WindowSeconds, ov.OfferedRate, 1e-6)
 	require.InDelta(t, float64(ov.ProcessedInWindow)/ov.WindowSeconds, ov.ProcessedRate, 1e-6)
+	require.GreaterOrEqual(t, r.DrainSeconds, 0.0, "the relay caught up")
+	require.Greater(t, r.Messages, backlog, "the producers ran beside the backlog")
+	require.Equal(t, r.Messages, r.Delivered, "every message, pre-filled or produced, was processed")
+	require.NotEmpty(t, r.Samples)
+	require.GreaterOrEqual(t, r.Samples[0].Produced, backlog, "the samples count the backlog as produced")
+	sum, _ := report(t, r)
+	require.Contains(t, sum, "overload backlog")
+	if !inProcess {
+		// Relay processes: the outbox's row count is all there is.
+		require.Equal(t, -1, ov.WorstSecondAt)
+		require.EqualValues(t, -1, ov.BacklogProcessed)
+		return ov
+	}
 	// The relay is in this process: the tracker counts the worst second.
 	require.GreaterOrEqual(t, ov.WorstSecondAt, 0)
 	require.Less(t, float64(ov.WorstSecondAt), ov.WindowSeconds)
 	require.GreaterOrEqual(t, ov.WorstSecond, int64(0))
 	require.LessOrEqual(t, ov.WorstSecond, ov.ProcessedInWindow)
 
-	require.GreaterOrEqual(t, r.DrainSeconds, 0.0, "the relay caught up")
-	require.Greater(t, r.Messages, backlog, "the producers ran beside the backlog")
-	require.Equal(t, r.Messages, r.Delivered, "every message, pre-filled or produced, was acknowledged")
 	require.Zero(t, r.Redelivered)
 	require.Equal(t, backlog, ov.BacklogProcessed, "every pre-filled message was acknowledged once")
-	require.NotEmpty(t, r.Samples)
-	require.GreaterOrEqual(t, r.Samples[0].Produced, backlog, "the samples count the backlog as produced")
 	require.NotNil(t, r.LatencyMS, r.LatencyNote)
 	require.LessOrEqual(t, r.LatencyMS.Count, r.Messages-backlog, "the pre-filled messages have no latency")
-	sum, _ := report(t, r)
-	require.Contains(t, sum, "overload backlog")
 	require.Contains(t, sum, "pre-filled processed")
 	return ov
 }
@@ -55,8 +62,24 @@ func checkOverload(t *testing.T, r *Result, backlog int64) *Overload {
 // the database's insert count, and what the report says the relay processed
 // is what the database says it deleted.
 func TestSteadyBacklogTableOutbox(t *testing.T) {
+	testBacklogTable(t, true)
+}
+
+// The same with the relay as a process: processed is what left the outbox,
+// read from its row count.
+func TestSteadyBacklogRelayProcess(t *testing.T) {
+	t.Setenv(RelayHelperEnv, "1")
+	testBacklogTable(t, false)
+}
+
+func testBacklogTable(t *testing.T, inProcess bool) {
 	const backlog = 20000
 	o := smokeOptions(ModeSteady)
+	if !inProcess {
+		o.InProcess = false
+		o.RelayCommand = []string{os.Args[0]}
+		o.RelayArgs = []string{"--poll-interval=5ms"}
+	}
 	o.Rate = 2000
 	o.Backlog = backlog
 	o.Duration = 2 * time.Second
@@ -74,7 +97,7 @@ func TestSteadyBacklogTableOutbox(t *testing.T) {
 	})
 	r, err := Run(ctx, o)
 	require.NoError(t, err)
-	checkOverload(t, r, backlog)
+	checkOverload(t, r, backlog, inProcess)
 	require.Zero(t, r.OutboxRemaining)
 
 	// The server's statistics of the outbox: rows inserted (the COPY and
@@ -108,7 +131,7 @@ func TestSteadyBacklogWALOutbox(t *testing.T) {
 	o.TailWait = 2 * time.Minute // ends once the relay caught up: a hang guard
 	r, err := Run(context.Background(), o)
 	require.NoError(t, err)
-	checkOverload(t, r, backlog)
+	checkOverload(t, r, backlog, true)
 }
 
 func TestBacklogOptions(t *testing.T) {
