@@ -149,3 +149,33 @@ func TestBacklogOptions(t *testing.T) {
 	}
 	require.NoError(t, Options{Mode: ModeSteady, Rate: 1, Backlog: 10}.Validate())
 }
+
+// Pre-filled messages, in both tracker layouts: the first acknowledgement
+// counts as processed (and in its second of the window) without a latency,
+// a second one as a redelivery, and the producers' messages are tracked as
+// before.
+func TestTrackerPrefilled(t *testing.T) {
+	for _, sparse := range []bool{false, true} {
+		start := time.Unix(1000, 0)
+		tr := newTracker(start, 0)
+		if sparse {
+			tr = newSparseTracker(start, 0)
+		}
+		tr.windowEnd = 2 * time.Second
+		tr.prefilled([]int64{1, 2, 3})
+		tr.enqueued([]int64{4})
+		tr.committed([]int64{4}, start.Add(100*time.Millisecond))
+		tr.ackedIDs([]int64{1, 2, 4}, start.Add(500*time.Millisecond))
+		tr.ackedIDs([]int64{3, 1}, start.Add(1500*time.Millisecond))
+		lat, dups := tr.summary()
+		require.EqualValues(t, 4, tr.acked.Load(), "sparse %t", sparse)
+		require.EqualValues(t, 3, tr.backlogAcked.Load(), "sparse %t", sparse)
+		require.EqualValues(t, 1, dups, "the second ack of seq 1 is a redelivery (sparse %t)", sparse)
+		require.NotNil(t, lat)
+		require.EqualValues(t, 1, lat.Count, "only the produced message has a latency (sparse %t)", sparse)
+		require.InDelta(t, 400, lat.P50, 5)
+		worst, at := tr.worst()
+		require.EqualValues(t, 1, worst, "second 2 processed seq 3 alone (sparse %t)", sparse)
+		require.Equal(t, 1, at)
+	}
+}
