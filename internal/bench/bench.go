@@ -190,6 +190,8 @@ type Result struct {
 	// Limits are the physical limits measured in the same run, and Wharf's
 	// figures as fractions of them; nil when not measured.
 	Limits *Limits `json:"limits,omitempty"`
+	// Overload is a steady run's figures under --backlog; nil without it.
+	Overload *Overload `json:"overload,omitempty"`
 	// Soak is a soak run's trends; nil in the other modes.
 	Soak *Soak `json:"soak,omitempty"`
 	// Environment is the machine and the server settings that matter.

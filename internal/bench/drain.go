@@ -21,7 +21,7 @@ func (e *env) drain(ctx context.Context, schema string) (*Result, error) {
 	var rate float64
 	var err error
 	if o.OutboxMode == "wal" {
-		rate, e.walTarget, err = e.walFill(ctx, schema, int64(o.Messages))
+		rate, e.walTarget, err = e.walFill(ctx, schema, int64(o.Messages), nil)
 	} else {
 		rate, err = e.copyFill(ctx, pgx.Identifier{schema, "outbox"}, int64(o.Messages))
 	}
@@ -157,8 +157,9 @@ const walFillBatch = 1000
 // Producers connections enqueue in parallel, without waiting for their
 // commits' flush (synchronous_commit off: the pre-fill is not measured
 // for durability, and the slot reads only flushed WAL, which the drain
-// waits for anyway).
-func (e *env) walFill(ctx context.Context, schema string, n int64) (float64, walstream.LSN, error) {
+// waits for anyway). onSeqs, when set, is given each call's seqs (from
+// several goroutines at once).
+func (e *env) walFill(ctx context.Context, schema string, n int64, onSeqs func([]int64)) (float64, walstream.LSN, error) {
 	o := e.o
 	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
 	if err != nil {
@@ -200,8 +201,16 @@ func (e *env) walFill(ctx context.Context, schema string, n int64) (float64, wal
 				for i := first; i < n && i < first+batch; i++ {
 					msgs = append(msgs, wharf.Message{Topic: topic, Key: kr.key(i), Payload: payload})
 				}
-				if _, err := c.Enqueue(gctx, msgs...); err != nil {
+				ids, err := c.Enqueue(gctx, msgs...)
+				if err != nil {
 					return err
+				}
+				if onSeqs != nil {
+					seqs, err := parseSeqs(ids)
+					if err != nil {
+						return err
+					}
+					onSeqs(seqs)
 				}
 			}
 		})

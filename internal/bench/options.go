@@ -79,6 +79,12 @@ type Options struct {
 	Warmup time.Duration
 	// Rate is the steady target in msgs/s. Required for steady.
 	Rate int
+	// Backlog, in steady mode, pre-fills the outbox with this many messages
+	// (COPY for a table outbox, Enqueue calls of ProducerBatch messages for
+	// an outbox in WAL mode) before the relay and the producers start, so
+	// that the relay is offered Rate plus the backlog: an overload run (see
+	// Overload). 0 (the default) pre-fills nothing.
+	Backlog int
 	// MinRate and MaxRate bound the sweep. Default to 10000 and 400000.
 	MinRate, MaxRate int
 	// SweepSteps bounds the bisection runs the sweep makes after its
@@ -276,6 +282,14 @@ func (o Options) withDefaults() (Options, error) {
 	if o.PayloadBytes < 2 {
 		return o, fmt.Errorf("--payload-bytes must be at least 2, got %d", o.PayloadBytes)
 	}
+	switch {
+	case o.Backlog < 0:
+		return o, fmt.Errorf("--backlog must not be negative, got %d", o.Backlog)
+	case o.Backlog > 0 && o.Mode != ModeSteady:
+		return o, fmt.Errorf("--backlog pre-fills the outbox of a steady run: use it with --mode steady (got --mode %s)", o.Mode)
+	case o.Backlog > 0 && o.PoisonPercent > 0:
+		return o, errors.New("--backlog and --poison-percent do not go together: the pre-filled messages would be poisoned too; leave one out")
+	}
 	if (o.Mode == ModeSteady || o.Mode == ModeSoak) && o.Rate < 1 {
 		return o, fmt.Errorf("--rate must be at least 1 msg/s in %s mode, got %d", o.Mode, o.Rate)
 	}
@@ -333,6 +347,7 @@ type Settings struct {
 	Duration       string   `json:"duration"`
 	Warmup         string   `json:"warmup"`
 	Rate           int      `json:"rate"`
+	Backlog        int      `json:"backlog,omitempty"`
 	MinRate        int      `json:"min_rate"`
 	MaxRate        int      `json:"max_rate"`
 	SweepSteps     int      `json:"sweep_steps"`
@@ -362,7 +377,7 @@ func (o Options) settings() Settings {
 	}
 	return Settings{
 		Mode: o.Mode, OutboxMode: o.OutboxMode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
-		Rate: o.Rate, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
+		Rate: o.Rate, Backlog: o.Backlog, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
 		MaxP99: o.MaxP99.String(), P99Floor: o.P99Floor.String(), Limits: o.Limits || o.Mode == ModeBaseline,
 		Producers: o.Producers, ProducerBatch: o.ProducerBatch, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
 		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink, PoisonPercent: o.PoisonPercent,
@@ -400,6 +415,7 @@ func (s Settings) Applicable() []Setting {
 	add(sweep, "confirm", s.Confirm)
 	add(sweep, "p99-floor", s.P99Floor)
 	add(steady, "rate", s.Rate)
+	add(s.Backlog > 0, "backlog", s.Backlog)
 	add(loaded, "duration", s.Duration)
 	add(steady || sweep, "warmup", s.Warmup)
 	add(steady && s.MaxP99 != "0s", "max-p99", s.MaxP99)

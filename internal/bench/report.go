@@ -114,6 +114,22 @@ func (r *Result) rows() []row {
 				st.OutboxRows, st.DeadTuples, st.HeapBytes/1024, st.IndexBytes/1024, map[bool]string{true: "done", false: "not permitted"}[st.Checkpointed]))
 		}
 	}
+	if ov := r.Overload; ov != nil {
+		add("overload backlog", fmt.Sprintf("%d messages pre-filled before the start (%s)", ov.Backlog, rate(ov.PrefillRate)))
+		add("  offered", fmt.Sprintf("%s over the %.2f s window (%d outstanding at its start + %d produced in it)", rate(ov.OfferedRate), ov.WindowSeconds, ov.OutstandingAtStart, ov.ProducedInWindow))
+		add("  processed", fmt.Sprintf("%s (%d in the window, %d outstanding at its end)", rate(ov.ProcessedRate), ov.ProcessedInWindow, ov.OutstandingAtEnd))
+		sat := fmt.Sprintf("yes: the backlog never fell below %d", ov.MinOutstanding)
+		if !ov.Saturated {
+			sat = "no: the relay ran out of work in the window (raise --backlog)"
+		}
+		add("  saturated", sat)
+		if ov.WorstSecondAt >= 0 {
+			add("  worst second", fmt.Sprintf("%d msgs processed (second %d of the window)", ov.WorstSecond, ov.WorstSecondAt+1))
+		}
+		if ov.BacklogProcessed >= 0 {
+			add("  pre-filled processed", fmt.Sprintf("%d of %d by the end", ov.BacklogProcessed, ov.Backlog))
+		}
+	}
 	add("delivered", fmt.Sprintf("%d (%d redelivered)", r.Delivered, r.Redelivered))
 	if steady {
 		add("verdict", verdictWord(r.Sustainable))

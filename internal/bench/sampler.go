@@ -34,6 +34,9 @@ type sampler struct {
 
 	produced      *atomic.Int64
 	fixedProduced int64 // drain: everything was there from the start
+	// prefilled is a steady run's --backlog: enqueued before the producers
+	// started, counted in every reading's Produced.
+	prefilled int64
 
 	interval time.Duration
 	auto     bool
@@ -205,7 +208,7 @@ func (s *sampler) measure(ctx context.Context, phase string, interval bool) (Sam
 	x := Sample{Seconds: time.Since(s.start).Seconds(), Phase: phase, Produced: s.fixedProduced}
 	var h *histogram
 	if s.produced != nil {
-		x.Produced = s.produced.Load()
+		x.Produced = s.prefilled + s.produced.Load()
 	}
 	switch {
 	case s.noRelay:

@@ -116,6 +116,14 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var backlogSeqs []int64
+	var prefillRate float64
+	if o.Backlog > 0 {
+		if backlogSeqs, prefillRate, err = e.prefillBacklog(ctx, schema); err != nil {
+			return nil, err
+		}
+	}
+	backlog := int64(len(backlogSeqs))
 	if e.wal() {
 		if e.walStart, err = e.insertLSN(ctx); err != nil {
 			return nil, err
@@ -126,6 +134,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	start := time.Now()
 	tr := e.newTracker(start, warmup)
 	tr.windowEnd = warmup + o.Duration
+	tr.prefilled(backlogSeqs)
 	if trackerHook != nil {
 		trackerHook(tr)
 	}
@@ -155,6 +164,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	sm := newSampler(e, schema, start, tr, o.InProcess, sp.label)
 	defer sm.stop()
 	sm.produced = &p.produced
+	sm.prefilled = backlog
 	prodCtx, cancelProd := context.WithCancel(ctx)
 	defer cancelProd()
 	stopAt := start.Add(warmup + o.Duration)
@@ -186,9 +196,11 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	}
 	warmAt := -1.0 // seconds since start when the window began
 	var warmProcessed int64
+	var warm Sample // the window's first reading
 	if warmup == 0 {
 		sm.recording = true
 		warmAt = 0
+		warm = Sample{Produced: backlog, Backlog: backlog, Phase: "measure"}
 	}
 	phase := func() string {
 		if sm.recording {
@@ -218,7 +230,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 			if err != nil {
 				return nil, err
 			}
-			warmAt, warmProcessed = w.Seconds, w.Processed
+			warmAt, warmProcessed, warm = w.Seconds, w.Processed, w
 		case err := <-prodDone:
 			prodDone <- nil // for the deferred wait
 			if err != nil {
@@ -240,7 +252,10 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 		return nil, err
 	}
 	if warmAt < 0 { // the producers stopped before the warm-up ended
-		warmAt, warmProcessed = stop.Seconds, stop.Processed
+		warmAt, warmProcessed, warm = stop.Seconds, stop.Processed, stop
+	}
+	if o.Backlog > 0 {
+		res.Overload = overload(backlog, prefillRate, warm, stop, sm.readY, tr, o.InProcess)
 	}
 	// The rates are over the planned window: producers start no batch after
 	// stopAt, so what they fell behind is missing from the count, while a
@@ -274,7 +289,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	if sp.drainAll {
 		wait = max(wait, drainAllWait)
 	}
-	emptied, err := e.tail(ctx, sm, tr, p, r, wait, sp.drainAll, res)
+	emptied, err := e.tail(ctx, sm, tr, backlog, p, r, wait, sp.drainAll, res)
 	if err != nil {
 		return nil, err
 	}
@@ -306,6 +321,9 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	if o.InProcess {
 		res.Delivered = tr.acked.Load() - res.PoisonDeadLettered
 		res.LatencyMS, res.Redelivered = tr.summary()
+		if res.Overload != nil {
+			res.Overload.BacklogProcessed = tr.backlogAcked.Load()
+		}
 		res.LatencyNote = "commit → sink ack: the producer records the time its Commit returned per message position, the in-process relay's probe sink the time the sink acknowledged; messages acknowledged during the warm-up are excluded"
 		if res.PoisonDeadLettered > 0 {
 			res.LatencyNote += "; dead-lettered poison messages are not counted (the messages of their keys that waited behind them are)"
@@ -342,6 +360,9 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	if startState.Note != "" {
 		res.note("%s", startState.Note)
 	}
+	if o.Backlog > 0 {
+		overloadNote(res, o)
+	}
 	if err := e.finish(ctx, res, schema, before, res.Messages); err != nil {
 		return nil, err
 	}
@@ -354,7 +375,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 // tail waits up to wait for the relays to deliver what the producers
 // enqueued (and, with untilEmpty, for the outbox to be empty), sampling
 // meanwhile. It reports whether the outbox is known to be empty.
-func (e *env) tail(ctx context.Context, sm *sampler, tr *tracker, p *producers, r relays, wait time.Duration, untilEmpty bool, res *Result) (bool, error) {
+func (e *env) tail(ctx context.Context, sm *sampler, tr *tracker, prefilled int64, p *producers, r relays, wait time.Duration, untilEmpty bool, res *Result) (bool, error) {
 	if wait <= 0 {
 		return false, nil
 	}
@@ -374,7 +395,7 @@ func (e *env) tail(ctx context.Context, sm *sampler, tr *tracker, p *producers, 
 		case <-poll.C:
 			var err error
 			if !caughtUp && o.InProcess {
-				caughtUp = tr.acked.Load() >= p.produced.Load()
+				caughtUp = tr.acked.Load() >= prefilled+p.produced.Load()
 				if !caughtUp {
 					continue
 				}

@@ -146,6 +146,10 @@ type tracker struct {
 	perSecondAcks []int64
 
 	acked atomic.Int64 // distinct ids acknowledged
+	// backlogAcked counts the pre-filled messages (prefilled) among acked:
+	// they have no commit time, so no latency, but count as processed
+	// (and in perSecondAcks).
+	backlogAcked atomic.Int64
 
 	// sparse selects the sparse layout: pending holds the seqs enqueued
 	// and not yet done, in the slot encoding below (0: registered only);
@@ -161,6 +165,11 @@ const chunkBits = 16
 // < 0 (but not doneSlot) acknowledged at (-value-1) ns before the producer
 // recorded the commit; doneSlot both seen.
 const doneSlot = math.MinInt64
+
+// prefillSlot marks a pre-filled message not acknowledged yet (--backlog):
+// it was committed before the tracker started and has no commit time. No
+// acknowledgement offset encodes to it.
+const prefillSlot = math.MinInt64 + 1
 
 type chunk struct {
 	slots [1 << chunkBits]int64
@@ -266,6 +275,9 @@ func (t *tracker) ackedIDs(ids []int64, at time.Time) {
 	for _, id := range ids {
 		c, s := t.slot(id)
 		switch {
+		case s != nil && *s == prefillSlot:
+			t.backlogAck(ns)
+			t.slotDone(c, id, s)
 		case s == nil || *s < 0: // redelivery (doneSlot is negative too)
 			t.dups++
 		case *s == 0:
@@ -316,6 +328,35 @@ func (t *tracker) settledIDs(ids []int64, at time.Time) {
 			t.acked.Add(1)
 			t.slotDone(c, id, s)
 		}
+	}
+}
+
+// prefilled registers seqs committed before the tracker started (the
+// --backlog pre-fill): their first acknowledgement counts as processed, with
+// no latency, and a later one as a redelivery. Call it before the relay
+// starts.
+func (t *tracker) prefilled(seqs []int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range seqs {
+		if t.sparse {
+			t.pending[id] = prefillSlot
+			continue
+		}
+		if _, s := t.slot(id); s != nil && *s == 0 {
+			*s = prefillSlot
+		}
+	}
+	t.peak = max(t.peak, len(t.pending))
+}
+
+// backlogAck counts the first acknowledgement, at ns after start, of a
+// pre-filled message; the caller holds mu.
+func (t *tracker) backlogAck(ns int64) {
+	t.acked.Add(1)
+	t.backlogAcked.Add(1)
+	if d := time.Duration(ns); d >= t.warmup && d < t.windowEnd {
+		t.countSecond(d - t.warmup)
 	}
 }
 
@@ -375,6 +416,9 @@ func (t *tracker) ackedSparse(seqs []int64, ns int64) {
 	for _, s := range seqs {
 		v, ok := t.pending[s]
 		switch {
+		case ok && v == prefillSlot:
+			delete(t.pending, s)
+			t.backlogAck(ns)
 		case !ok || v < 0: // done, or acknowledged already: a redelivery
 			t.dups++
 		case v == 0: // before the producer recorded the commit
@@ -426,11 +470,7 @@ func (t *tracker) takeInterval() *histogram {
 // addSecond adds lat, acknowledged at sinceWarmup into the window, to its
 // second's histogram, closing the previous second first.
 func (t *tracker) addSecond(sinceWarmup, lat time.Duration) {
-	i := int64(sinceWarmup / time.Second)
-	for int64(len(t.perSecondAcks)) <= i {
-		t.perSecondAcks = append(t.perSecondAcks, 0)
-	}
-	t.perSecondAcks[i]++
+	i := t.countSecond(sinceWarmup)
 	if t.sec == nil {
 		t.sec, t.secIdx = newHistogram(), i
 	}
@@ -439,6 +479,17 @@ func (t *tracker) addSecond(sinceWarmup, lat time.Duration) {
 		t.secIdx = i
 	}
 	t.sec.add(lat)
+}
+
+// countSecond counts a message acknowledged at sinceWarmup into the window
+// in its second's acknowledgements and returns the second.
+func (t *tracker) countSecond(sinceWarmup time.Duration) int64 {
+	i := int64(sinceWarmup / time.Second)
+	for int64(len(t.perSecondAcks)) <= i {
+		t.perSecondAcks = append(t.perSecondAcks, 0)
+	}
+	t.perSecondAcks[i]++
+	return i
 }
 
 func (t *tracker) closeSecond() {
@@ -463,6 +514,13 @@ func (t *tracker) summary() (*Latency, int64) {
 		l.WorstSecond, l.WorstSecondAt = t.worstSecond()
 	}
 	return l, t.dups
+}
+
+// worst is worstSecond under the lock.
+func (t *tracker) worst() (int64, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.worstSecond()
 }
 
 // worstSecond is the fewest messages acknowledged in one whole second of

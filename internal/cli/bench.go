@@ -51,7 +51,12 @@ Modes:
             confidence (least-squares slope over the window, standard error
             corrected for autocorrelation, one-sided t test); the backlog at the
             producers' stop is at most 2 s of load; and p99 commit→ack is within
-            --max-p99 when given
+            --max-p99 when given. With --backlog N the outbox holds N messages
+            (COPY, or Enqueue calls in WAL mode) before the relay and the
+            producers start: an overload run, reporting the rate offered over
+            the window (outstanding at its start + produced in it, per
+            second), the rate processed, whether the relay had work all
+            along, and the worst second
   sweep     a reference run at --min-rate, bisection runs below --max-rate (at the
             geometric mean, until within 5 % or --sweep-steps), then --confirm
             repeats of the winner (a failed repeat bisects below it again, three
@@ -92,6 +97,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 		Example: `  wharf bench --mode drain --messages 1000000
   wharf bench --mode baseline --duration 10s
   wharf bench --mode steady --rate 20000 --duration 30s --report out/
+  wharf bench --mode steady --rate 50000 --backlog 250000 --warmup 0 --duration 5s --tail-wait 0
   wharf bench --mode sweep --records-per-key 10 --producer-batch 100 --payload-bytes 200 --json sweep.json
   wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000
   wharf bench --mode soak --rate 10000 --duration 30m --report soak/
@@ -113,6 +119,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.DurationVar(&o.Duration, "duration", 10*time.Second, "baseline, steady, soak and each sweep step: how long the producers run after the warm-up")
 	fl.DurationVar(&o.Warmup, "warmup", 5*time.Second, "steady, soak and sweep: warm-up before --duration, excluded from the rates, slope and latency (0 = none)")
 	fl.IntVar(&o.Rate, "rate", 0, "steady and soak: target msgs/s")
+	fl.IntVar(&o.Backlog, "backlog", 0, "steady: pre-fill the outbox with this many messages before the relay and the producers start, so the relay is offered --rate plus the backlog (overload: reports offered and processed rate over the window and the worst second)")
 	fl.IntVar(&o.MinRate, "min-rate", 10000, "sweep: lowest rate in msgs/s")
 	fl.IntVar(&o.MaxRate, "max-rate", 400000, "sweep: highest rate in msgs/s")
 	fl.IntVar(&o.SweepSteps, "sweep-steps", 8, "sweep: most bisection runs after the reference run at --min-rate (it stops once the bracket is within 5 %)")
