@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -39,23 +38,15 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-// httpClient returns an HTTP client whose idle connections close at t's
-// cleanup, so no connection goroutine outlives the tests.
-func httpClient(t testing.TB) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr}
-}
-
 func sqsClient(t testing.TB, srv *awstest.Server, endpoint string) *sqs.Client {
 	cfg := srv.Config()
-	cfg.HTTPClient = httpClient(t)
+	cfg.HTTPClient = srv.HTTPClient(t)
 	return sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(endpoint) })
 }
 
 func snsClient(t testing.TB, srv *awstest.Server, endpoint string) *sns.Client {
 	cfg := srv.Config()
-	cfg.HTTPClient = httpClient(t)
+	cfg.HTTPClient = srv.HTTPClient(t)
 	return sns.NewFromConfig(cfg, func(o *sns.Options) { o.BaseEndpoint = aws.String(endpoint) })
 }
 
