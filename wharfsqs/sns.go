@@ -169,7 +169,7 @@ func OpenSNS(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		return nil, err
 	}
 	shown := u.Redacted()
-	cfg, tr, err := c.loadConfig(ctx)
+	cfg, tr, err := c.Load(ctx, "sns")
 	if err != nil {
 		return nil, fmt.Errorf("sink URL %q: %w", shown, err)
 	}

@@ -332,7 +332,7 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		return nil, err
 	}
 	shown := u.Redacted()
-	cfg, tr, err := c.loadConfig(ctx)
+	cfg, tr, err := c.Load(ctx, "sqs")
 	if err != nil {
 		return nil, fmt.Errorf("sink URL %q: %w", shown, err)
 	}
