@@ -43,7 +43,7 @@ func runConformance(t *testing.T, useSNS bool) {
 			return h.open(t, w, w.gate.Endpoint())
 		},
 		Consume:     h.consume,
-		TimeScale:   5,
+		TimeScale:   10,
 		BreakBroker: func(t *testing.T) { h.worlds.Get(t).gate.Shut() },
 		HealBroker:  func(t *testing.T) { h.worlds.Get(t).gate.Open(t) },
 		Features:    wharfsinktest.Features{MaxPayload: maxPayload, SupportsHeaders: true},
@@ -123,10 +123,6 @@ func (w *world) consume(ctx context.Context, topic, queueURL string) {
 			MaxNumberOfMessages:   10,
 			MessageAttributeNames: []string{"All"},
 			WaitTimeSeconds:       1,
-			// Only a hang guard: every message received is deleted right
-			// after, and one received again would fail the suite as a
-			// duplicate.
-			VisibilityTimeout: int32(consumerVisibility / time.Second),
 		})
 		if err != nil {
 			if ctx.Err() == nil {
@@ -155,17 +151,21 @@ func (w *world) consume(ctx context.Context, topic, queueURL string) {
 		close(w.changed)
 		w.changed = make(chan struct{})
 		w.mu.Unlock()
-		if _, err := w.admin.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: del}); err != nil {
+		out2, err := w.admin.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: del})
+		if err != nil {
 			if ctx.Err() == nil {
 				w.fail(fmt.Errorf("delete from %s: %w", queueURL, err))
 			}
 			return
 		}
+		if len(out2.Failed) > 0 {
+			// A message left undeleted holds its FIFO group back.
+			f := out2.Failed[0]
+			w.fail(fmt.Errorf("delete from %s: %d of %d entries failed, e.g. %s: %s", queueURL, len(out2.Failed), len(del), aws.ToString(f.Code), aws.ToString(f.Message)))
+			return
+		}
 	}
 }
-
-// consumerVisibility is how long a received message stays invisible.
-const consumerVisibility = 10 * time.Minute
 
 func (w *world) fail(err error) {
 	w.mu.Lock()
