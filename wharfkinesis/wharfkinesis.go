@@ -73,7 +73,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
@@ -81,13 +80,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/awsurl"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/envelope"
 )
@@ -153,7 +150,7 @@ type Sink struct {
 	encoders  sync.Pool
 	last      atomic.Value
 	closed    atomic.Bool
-	transport *transport // of the client Open made (nil for New)
+	transport *awsurl.Transport // of the client Open made (nil for New)
 }
 
 var (
@@ -430,28 +427,14 @@ func (s *Sink) Ping(ctx context.Context) error {
 // Close closes its idle connections.
 func (s *Sink) Close() error {
 	s.closed.Store(true)
-	s.transport.closeIdle()
+	s.transport.CloseIdle()
 	return nil
-}
-
-// transport reaches the HTTP transport of a client Open made.
-type transport struct {
-	p atomic.Pointer[http.Transport]
-}
-
-func (t *transport) closeIdle() {
-	if t == nil {
-		return
-	}
-	if tr := t.p.Load(); tr != nil {
-		tr.CloseIdleConnections()
-	}
 }
 
 // urlConfig is what a kinesis:// URL says.
 type urlConfig struct {
-	region, endpoint, profile, accessKey, secretKey string
-	opts                                            Options
+	awsurl.Common
+	opts Options
 }
 
 // Open opens the sink a kinesis:// URL names (see the package
@@ -463,27 +446,9 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		return nil, err
 	}
 	shown := u.Redacted()
-	tr := &transport{}
-	hc := awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) { tr.p.Store(t) })
-	lopts := []func(*config.LoadOptions) error{config.WithHTTPClient(hc)}
-	if c.region != "" {
-		lopts = append(lopts, config.WithRegion(c.region))
-	}
-	if c.profile != "" {
-		lopts = append(lopts, config.WithSharedConfigProfile(c.profile))
-	}
-	if c.accessKey != "" {
-		lopts = append(lopts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(c.accessKey, c.secretKey, "")))
-	}
-	if c.endpoint != "" {
-		lopts = append(lopts, config.WithBaseEndpoint(c.endpoint))
-	}
-	cfg, err := config.LoadDefaultConfig(ctx, lopts...)
+	cfg, tr, err := c.Load(ctx, "kinesis")
 	if err != nil {
-		return nil, fmt.Errorf("sink URL %q: cannot load the AWS configuration: %w", shown, err)
-	}
-	if cfg.Region == "" {
-		return nil, fmt.Errorf("sink URL %q: no AWS region: put it in the URL's host (e.g. kinesis://eu-west-1?...) or set AWS_REGION", shown)
+		return nil, fmt.Errorf("sink URL %q: %w", shown, err)
 	}
 	s, err := New(kinesis.NewFromConfig(cfg), c.opts)
 	if err != nil {
@@ -492,7 +457,7 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 	s.transport = tr
 	if s.names.Expand("a") == s.names.Expand("b") {
 		if err := s.Ping(ctx); err != nil {
-			tr.closeIdle()
+			tr.CloseIdle()
 			return nil, fmt.Errorf("sink URL %q: %w", shown, err)
 		}
 	}
@@ -502,44 +467,19 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 func parseURL(u *url.URL) (urlConfig, error) {
 	shown := u.Redacted()
 	var c urlConfig
-	if u.Scheme != "kinesis" {
-		return c, fmt.Errorf("sink URL %q: wharfkinesis opens kinesis:// URLs", shown)
-	}
-	if u.Opaque != "" || (u.Path != "" && u.Path != "/") || u.Fragment != "" {
-		return c, fmt.Errorf("sink URL %q: write kinesis://[REGION]?option=value", shown)
-	}
-	if u.Port() != "" {
-		return c, fmt.Errorf("sink URL %q: the host is the AWS region (e.g. eu-west-1) and has no port; an emulator's address goes in endpoint=http://host:port", shown)
-	}
-	c.region = u.Hostname()
-	for i := 0; i < len(c.region); i++ {
-		if ch := c.region[i]; (ch < 'a' || ch > 'z') && (ch < '0' || ch > '9') && ch != '-' {
-			return c, fmt.Errorf("sink URL %q: the host %q is not an AWS region name such as eu-west-1", shown, c.region)
-		}
-	}
-	if u.User != nil {
-		c.accessKey = u.User.Username()
-		c.secretKey, _ = u.User.Password()
-		if c.accessKey == "" || c.secretKey == "" {
-			return c, fmt.Errorf("sink URL %q: credentials in the URL are ACCESS_KEY_ID:SECRET_ACCESS_KEY@; leave them out to use the default AWS credential chain", shown)
-		}
+	var err error
+	if c.Common, err = awsurl.Parse(u, "kinesis", "wharfkinesis", "kinesis://[REGION]?option=value"); err != nil {
+		return c, err
 	}
 	for k, vs := range u.Query() {
 		v := vs[len(vs)-1]
 		switch k {
 		case "stream_template":
 			c.opts.StreamTemplate = v
-		case "endpoint":
-			e, err := url.Parse(v)
-			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return c, fmt.Errorf("sink URL %q: endpoint=%q is not an http:// or https:// URL such as http://127.0.0.1:4567", shown, v)
+		case "endpoint", "profile":
+			if _, err := c.Option(shown, k, v, "http://127.0.0.1:4567"); err != nil {
+				return c, err
 			}
-			c.endpoint = v
-		case "profile":
-			if v == "" {
-				return c, fmt.Errorf("sink URL %q: profile is empty: name a profile of the shared AWS config, or drop the option", shown)
-			}
-			c.profile = v
 		case "format":
 			switch v {
 			case "envelope":

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -465,6 +466,42 @@ func ctxErr(ctx context.Context) error {
 		return err
 	}
 	return fmt.Errorf("%w (%w)", err, cause)
+}
+
+// failedEntry is a batch entry the destination refused.
+type failedEntry struct {
+	id, code, msg string
+	senderFault   bool
+}
+
+// batchResults maps the result of a batch request of n entries, whose ids
+// are their indexes, to one result per entry: nil for an entry listed as
+// successful, the refusal for a failed one (see entryResult), and an error
+// to retry for an entry the result does not mention.
+func batchResults(what, dest string, n int, successful []string, failed []failedEntry) []error {
+	errs := make([]error, n)
+	seen := make([]bool, n)
+	index := func(id string) (int, bool) {
+		j, err := strconv.Atoi(id)
+		return j, err == nil && j >= 0 && j < n
+	}
+	for _, id := range successful {
+		if j, ok := index(id); ok {
+			seen[j] = true
+		}
+	}
+	for _, f := range failed {
+		if j, ok := index(f.id); ok {
+			seen[j] = true
+			errs[j] = entryResult(what, dest, f.code, f.msg, f.senderFault)
+		}
+	}
+	for j := range errs {
+		if !seen[j] {
+			errs[j] = fmt.Errorf("wharfsqs: %s %s: the batch result does not mention the message; retried", what, dest)
+		}
+	}
+	return errs
 }
 
 // entryResult turns one failed batch entry into a message result: an entry

@@ -1,19 +1,12 @@
 package wharfsqs
 
 import (
-	"context"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"sync/atomic"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-
+	"github.com/wharfhq/wharf/internal/awsurl"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
@@ -23,17 +16,13 @@ const errStructuredBase64 = "body=base64 with ce=structured: the JSON event is t
 
 // awsURL is what the parts of an sqs:// or sns:// URL common to both say.
 type awsURL struct {
-	region    string
-	endpoint  string
-	profile   string
-	accessKey string
-	secretKey string
-	body      Body
-	maxBytes  int
-	strict    bool
-	template  string
-	ce        string
-	ceSource  string
+	awsurl.Common
+	body     Body
+	maxBytes int
+	strict   bool
+	template string
+	ce       string
+	ceSource string
 }
 
 // parseAWSURL reads u, an sqs:// or sns:// URL; templateOpt is the option
@@ -42,29 +31,10 @@ type awsURL struct {
 // the caller.
 func parseAWSURL(u *url.URL, scheme, templateOpt string, extra func(k, v string) (bool, error)) (awsURL, error) {
 	shown := u.Redacted()
-	var c awsURL
-	c.maxBytes = defaultMaxBytes
-	if u.Scheme != scheme {
-		return c, fmt.Errorf("sink URL %q: wharfsqs opens %s:// URLs here", shown, scheme)
-	}
-	if u.Opaque != "" || (u.Path != "" && u.Path != "/") || u.Fragment != "" {
-		return c, fmt.Errorf("sink URL %q: write %s://[REGION]?%s=...&option=value", shown, scheme, templateOpt)
-	}
-	if u.Port() != "" {
-		return c, fmt.Errorf("sink URL %q: the host is the AWS region (e.g. eu-west-1) and has no port; an emulator's address goes in endpoint=http://host:port", shown)
-	}
-	c.region = u.Hostname()
-	for i := 0; i < len(c.region); i++ {
-		if ch := c.region[i]; (ch < 'a' || ch > 'z') && (ch < '0' || ch > '9') && ch != '-' {
-			return c, fmt.Errorf("sink URL %q: the host %q is not an AWS region name such as eu-west-1", shown, c.region)
-		}
-	}
-	if u.User != nil {
-		c.accessKey = u.User.Username()
-		c.secretKey, _ = u.User.Password()
-		if c.accessKey == "" || c.secretKey == "" {
-			return c, fmt.Errorf("sink URL %q: credentials in the URL are ACCESS_KEY_ID:SECRET_ACCESS_KEY@; leave them out to use the default AWS credential chain", shown)
-		}
+	c := awsURL{maxBytes: defaultMaxBytes}
+	var err error
+	if c.Common, err = awsurl.Parse(u, scheme, "wharfsqs", scheme+"://[REGION]?"+templateOpt+"=...&option=value"); err != nil {
+		return c, err
 	}
 	q := u.Query()
 	for k, vs := range q {
@@ -72,17 +42,10 @@ func parseAWSURL(u *url.URL, scheme, templateOpt string, extra func(k, v string)
 		switch k {
 		case templateOpt:
 			c.template = v
-		case "endpoint":
-			e, err := url.Parse(v)
-			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return c, fmt.Errorf("sink URL %q: endpoint=%q is not an http:// or https:// URL such as http://127.0.0.1:4566", shown, v)
+		case "endpoint", "profile":
+			if _, err := c.Option(shown, k, v, "http://127.0.0.1:4566"); err != nil {
+				return c, err
 			}
-			c.endpoint = v
-		case "profile":
-			if v == "" {
-				return c, fmt.Errorf("sink URL %q: profile is empty: name a profile of the shared AWS config, or drop the option", shown)
-			}
-			c.profile = v
 		case "body":
 			switch v {
 			case "raw":
@@ -146,50 +109,6 @@ func templateExample(templateOpt string) string {
 	return "queue_template=wharf-{{topic}}, or wharf-{{topic}}.fifo for FIFO queues"
 }
 
-// loadConfig builds the AWS configuration a URL asks for: the default
-// chain (environment, shared config and credentials files, SSO, web
-// identity, container and instance roles) with the URL's region, profile,
-// endpoint and credentials on top.
-// The HTTP client is the SDK's default one, whose transport the returned
-// transport handle reaches so that Close can close its idle connections.
-func (c awsURL) loadConfig(ctx context.Context) (aws.Config, *Transport, error) {
-	tr := &Transport{}
-	hc := awshttp.NewBuildableClient().WithTransportOptions(func(t *http.Transport) { tr.p.Store(t) })
-	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(hc)}
-	if c.region != "" {
-		opts = append(opts, config.WithRegion(c.region))
-	}
-	if c.profile != "" {
-		opts = append(opts, config.WithSharedConfigProfile(c.profile))
-	}
-	if c.accessKey != "" {
-		opts = append(opts, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(c.accessKey, c.secretKey, "")))
-	}
-	if c.endpoint != "" {
-		opts = append(opts, config.WithBaseEndpoint(c.endpoint))
-	}
-	cfg, err := config.LoadDefaultConfig(ctx, opts...)
-	if err != nil {
-		return cfg, nil, fmt.Errorf("cannot load the AWS configuration: %w", err)
-	}
-	if cfg.Region == "" {
-		return cfg, nil, fmt.Errorf("no AWS region: put it in the URL's host (e.g. sqs://eu-west-1?...) or set AWS_REGION")
-	}
-	return cfg, tr, nil
-}
-
 // Transport reaches the HTTP transport of a client Open made, once the
 // client built it.
-type Transport struct {
-	p atomic.Pointer[http.Transport]
-}
-
-// CloseIdle closes the transport's idle connections.
-func (t *Transport) CloseIdle() {
-	if t == nil {
-		return
-	}
-	if tr := t.p.Load(); tr != nil {
-		tr.CloseIdleConnections()
-	}
-}
+type Transport = awsurl.Transport

@@ -1,5 +1,3 @@
-//go:build awsconformance
-
 package wharfsqs
 
 import (
@@ -21,18 +19,19 @@ import (
 )
 
 // runConformance runs the suite against FIFO queues (or topics), whose
-// per-key order a consumer can check. moto's server takes about a tenth of a
-// second a request on a shared two-core machine, up to a second under load,
-// so the suite's waits are scaled ten times (Harness.TimeScale) and a run
-// takes more than ten minutes there: it is built only with the
-// awsconformance tag,
+// per-key order a consumer can check, all of its cases at once against one
+// fauxqs: they are isolated by a queue and topic prefix of their own.
 //
-//	go test -tags awsconformance -timeout 60m -run Conformance ./wharfsqs
-//
-// and is not part of make test or CI. The focused tests in wharfsqs_test.go
-// and the end-to-end test through wharf relay (internal/e2e) run always.
+// The suite ran against moto's server before, and took more than ten
+// minutes: moto recounts a queue's messages (three passes over them, each
+// reading the clock per message) on every message it sends and receives, so
+// its cost per message grows with the queue's length and thousands of
+// messages cost it minutes. fauxqs keeps FIFO groups in maps and takes the
+// suite's messages in a fraction of a second. Its one Node.js thread serves
+// every case of the suite at once on a shared machine, so the suite's
+// waits, which are hang guards, are still scaled (Harness.TimeScale).
 func runConformance(t *testing.T, useSNS bool) {
-	h := &harness{sns: useSNS}
+	h := &harness{sns: useSNS, srv: awstest.StartFauxqs(t)}
 	wharfsinktest.Run(t, wharfsinktest.Harness{
 		NewSink: func(t *testing.T) wharf.Sink {
 			w := h.newWorld(t)
@@ -64,13 +63,10 @@ func TestConformanceSNS(t *testing.T) {
 	runConformance(t, true)
 }
 
-// world is one conformance test's destination: an emulator of its own (the
-// emulator is single-threaded: one per case lets the cases run in
-// parallel), a FIFO queue per topic, fed directly (SQS) or through a FIFO
-// topic per topic (SNS), and a consumer per queue that receives and deletes
-// from the start, as a real one would: the emulator's cost per message grows
-// with the queue's length, so a queue left to fill up would make the suite
-// crawl.
+// world is one conformance test's destination: a FIFO queue per topic under
+// a prefix of its own, fed directly (SQS) or through a FIFO topic per topic
+// (SNS), and a consumer per queue that receives and deletes from the start,
+// as a real one would.
 type world struct {
 	srv    *awstest.Server
 	prefix string
@@ -85,18 +81,12 @@ type world struct {
 
 type harness struct {
 	sns    bool
+	srv    *awstest.Server // shared by the cases
 	worlds wharfsinktest.PerTest[*world]
 }
 
-// emulatorSlots bounds the conformance cases running at once: each has an
-// emulator of its own, and on two shared cores more of them at once only
-// make every one of them slower than the suite's fixed timeouts allow.
-var emulatorSlots = make(chan struct{}, 1)
-
 func (h *harness) newWorld(t *testing.T) *world {
-	emulatorSlots <- struct{}{}
-	t.Cleanup(func() { <-emulatorSlots })
-	srv := awstest.Start(t)
+	srv := h.srv
 	w := &world{srv: srv, prefix: "w" + randomID(), admin: sqsClient(t, srv, srv.Endpoint), got: map[string][]wharfsinktest.Received{}, changed: make(chan struct{})}
 	queues := map[string]string{}
 	for _, topic := range wharfsinktest.Topics() {
@@ -124,7 +114,8 @@ func (h *harness) newWorld(t *testing.T) *world {
 	return w
 }
 
-// consume receives and deletes queueURL's messages until ctx ends.
+// consume receives and deletes queueURL's messages until ctx ends, ten at
+// a time, as the queue's only receiver.
 func (w *world) consume(ctx context.Context, topic, queueURL string) {
 	for ctx.Err() == nil {
 		out, err := w.admin.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
@@ -153,17 +144,26 @@ func (w *world) consume(ctx context.Context, topic, queueURL string) {
 			rs = append(rs, r.Received)
 			del = append(del, types.DeleteMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(j)), ReceiptHandle: m.ReceiptHandle})
 		}
-		if _, err := w.admin.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: del}); err != nil {
-			if ctx.Err() == nil {
-				w.fail(fmt.Errorf("delete from %s: %w", queueURL, err))
-			}
-			return
-		}
+		// Recorded before the delete, which lets the groups' next messages
+		// out: the record keeps each group's order.
 		w.mu.Lock()
 		w.got[topic] = append(w.got[topic], rs...)
 		close(w.changed)
 		w.changed = make(chan struct{})
 		w.mu.Unlock()
+		out2, err := w.admin.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(queueURL), Entries: del})
+		if err != nil {
+			if ctx.Err() == nil {
+				w.fail(fmt.Errorf("delete from %s: %w", queueURL, err))
+			}
+			return
+		}
+		if len(out2.Failed) > 0 {
+			// A message left undeleted holds its FIFO group back.
+			f := out2.Failed[0]
+			w.fail(fmt.Errorf("delete from %s: %d of %d entries failed, e.g. %s: %s", queueURL, len(out2.Failed), len(del), aws.ToString(f.Code), aws.ToString(f.Message)))
+			return
+		}
 	}
 }
 
@@ -182,7 +182,7 @@ func (h *harness) open(t *testing.T, w *world, endpoint string) wharf.Sink {
 	var err error
 	opts := Options{Body: BodyBase64}
 	if h.sns {
-		opts.Template = "arn:aws:sns:" + awstest.Region + ":" + accountID + ":" + w.prefix + "-{{topic}}.fifo"
+		opts.Template = "arn:aws:sns:" + awstest.Region + ":" + w.srv.Account + ":" + w.prefix + "-{{topic}}.fifo"
 		s, err = NewSNS(snsClient(t, w.srv, endpoint), opts)
 	} else {
 		opts.Template = w.prefix + "-{{topic}}.fifo"

@@ -121,25 +121,15 @@ func (s *TopicSink) send(ctx context.Context, topicARN string, entries []*entry)
 	if err != nil {
 		return nil, err
 	}
-	errs := make([]error, len(entries))
-	seen := make([]bool, len(entries))
-	for _, ok := range out.Successful {
-		if j, err := strconv.Atoi(aws.ToString(ok.Id)); err == nil && j >= 0 && j < len(entries) {
-			seen[j] = true
-		}
+	ok := make([]string, len(out.Successful))
+	for i, e := range out.Successful {
+		ok[i] = aws.ToString(e.Id)
 	}
-	for _, f := range out.Failed {
-		if j, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && j >= 0 && j < len(entries) {
-			seen[j] = true
-			errs[j] = entryResult("topic", topicARN, aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault)
-		}
+	failed := make([]failedEntry, len(out.Failed))
+	for i, f := range out.Failed {
+		failed[i] = failedEntry{id: aws.ToString(f.Id), code: aws.ToString(f.Code), msg: aws.ToString(f.Message), senderFault: f.SenderFault}
 	}
-	for j := range entries {
-		if !seen[j] {
-			errs[j] = fmt.Errorf("wharfsqs: topic %s: the batch result does not mention the message; retried", topicARN)
-		}
-	}
-	return errs, nil
+	return batchResults("topic", topicARN, len(entries), ok, failed), nil
 }
 
 // Ping checks that SNS answers: it reads the attributes of the topic last
@@ -179,7 +169,7 @@ func OpenSNS(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		return nil, err
 	}
 	shown := u.Redacted()
-	cfg, tr, err := c.loadConfig(ctx)
+	cfg, tr, err := c.Load(ctx, "sns")
 	if err != nil {
 		return nil, fmt.Errorf("sink URL %q: %w", shown, err)
 	}

@@ -284,25 +284,15 @@ func (s *Sink) send(ctx context.Context, queueURL string, entries []*entry) ([]e
 	if err != nil {
 		return nil, err
 	}
-	errs := make([]error, len(entries))
-	seen := make([]bool, len(entries))
-	for _, ok := range out.Successful {
-		if j, err := strconv.Atoi(aws.ToString(ok.Id)); err == nil && j >= 0 && j < len(entries) {
-			seen[j] = true
-		}
+	ok := make([]string, len(out.Successful))
+	for i, e := range out.Successful {
+		ok[i] = aws.ToString(e.Id)
 	}
-	for _, f := range out.Failed {
-		if j, err := strconv.Atoi(aws.ToString(f.Id)); err == nil && j >= 0 && j < len(entries) {
-			seen[j] = true
-			errs[j] = entryResult("queue", queueURL, aws.ToString(f.Code), aws.ToString(f.Message), f.SenderFault)
-		}
+	failed := make([]failedEntry, len(out.Failed))
+	for i, f := range out.Failed {
+		failed[i] = failedEntry{id: aws.ToString(f.Id), code: aws.ToString(f.Code), msg: aws.ToString(f.Message), senderFault: f.SenderFault}
 	}
-	for j := range entries {
-		if !seen[j] {
-			errs[j] = fmt.Errorf("wharfsqs: queue %s: the batch result does not mention the message; retried", queueURL)
-		}
-	}
-	return errs, nil
+	return batchResults("queue", queueURL, len(entries), ok, failed), nil
 }
 
 // Ping checks that SQS answers: it looks up the URL of the queue last
@@ -342,7 +332,7 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 		return nil, err
 	}
 	shown := u.Redacted()
-	cfg, tr, err := c.loadConfig(ctx)
+	cfg, tr, err := c.Load(ctx, "sqs")
 	if err != nil {
 		return nil, fmt.Errorf("sink URL %q: %w", shown, err)
 	}

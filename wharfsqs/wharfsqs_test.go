@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 	"sync"
@@ -39,23 +38,15 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-// httpClient returns an HTTP client whose idle connections close at t's
-// cleanup, so no connection goroutine outlives the tests.
-func httpClient(t testing.TB) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr}
-}
-
 func sqsClient(t testing.TB, srv *awstest.Server, endpoint string) *sqs.Client {
 	cfg := srv.Config()
-	cfg.HTTPClient = httpClient(t)
+	cfg.HTTPClient = srv.HTTPClient(t)
 	return sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(endpoint) })
 }
 
 func snsClient(t testing.TB, srv *awstest.Server, endpoint string) *sns.Client {
 	cfg := srv.Config()
-	cfg.HTTPClient = httpClient(t)
+	cfg.HTTPClient = srv.HTTPClient(t)
 	return sns.NewFromConfig(cfg, func(o *sns.Options) { o.BaseEndpoint = aws.String(endpoint) })
 }
 
@@ -522,4 +513,29 @@ func BenchmarkPublish(b *testing.B) {
 		}
 		return s
 	})
+}
+
+// TestBatchResults checks how a batch request's result maps back to its
+// entries: listed as successful, refused (permanently only for the
+// sender's fault), or not mentioned at all (retried).
+func TestBatchResults(t *testing.T) {
+	errs := batchResults("queue", "q", 4, []string{"0", "7", "x"}, []failedEntry{
+		{id: "1", code: "InvalidParameterValue", msg: "bad", senderFault: true},
+		{id: "2", code: "InternalError", msg: "try again"},
+	})
+	if len(errs) != 4 {
+		t.Fatalf("%d results for 4 entries", len(errs))
+	}
+	if errs[0] != nil {
+		t.Errorf("entry 0, listed as successful: %v", errs[0])
+	}
+	if !wharf.IsPermanent(errs[1]) || !strings.Contains(errs[1].Error(), "InvalidParameterValue: bad") {
+		t.Errorf("entry 1, refused for the sender's fault: %v, want a permanent error with the code", errs[1])
+	}
+	if errs[2] == nil || wharf.IsPermanent(errs[2]) {
+		t.Errorf("entry 2, refused for the service's fault: %v, want an error to retry", errs[2])
+	}
+	if errs[3] == nil || wharf.IsPermanent(errs[3]) || !strings.Contains(errs[3].Error(), "does not mention") {
+		t.Errorf("entry 3, not in the result: %v, want an error to retry", errs[3])
+	}
 }
