@@ -329,12 +329,20 @@ func (r *Runner) claimLoop(ctx context.Context) {
 		}
 		var sleep time.Duration = -1 // until woken
 		if free > 0 {
-			rows, next, err := r.claim(ctx, free)
+			// A claim that Stop cancelled mid-statement may have committed
+			// its leases without the rows reaching the runner: they would
+			// wait out their leases. The claim ends on its own (bounded by
+			// the lease it takes), and what it got is handed back if the
+			// runner is stopping.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+			rows, next, err := r.claim(cctx, free)
+			cancel()
+			if ctx.Err() != nil {
+				r.handBack(ctx, rows)
+				return
+			}
 			switch {
 			case err != nil:
-				if ctx.Err() != nil {
-					return
-				}
 				r.cfg.Logger.Warn("wharfflow: claiming steps", "err", err)
 				sleep = backoffDelay
 				backoffDelay = min(2*backoffDelay, 5*time.Second)
@@ -370,6 +378,23 @@ func (r *Runner) claimLoop(ctx context.Context) {
 			default:
 			}
 		}
+	}
+}
+
+// handBack releases the leases of claimed steps the stopping runner will
+// not run: they are due at once, for another runner.
+func (r *Runner) handBack(ctx context.Context, rows []claimed) {
+	if len(rows) == 0 {
+		return
+	}
+	ids, tokens := make([]int64, len(rows)), make([]int64, len(rows))
+	for i, c := range rows {
+		ids[i], tokens[i] = c.ID, c.Token
+	}
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	if _, err := r.pool.Exec(hctx, "SELECT "+r.cfg.Schema+".release_flow_leases($1, $2, $3)", r.cfg.RunnerID, ids, tokens); err != nil {
+		r.cfg.Logger.Warn("wharfflow: handing back steps; they run after their lease", "err", err)
 	}
 }
 
