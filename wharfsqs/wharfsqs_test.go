@@ -498,11 +498,11 @@ func TestURLErrors(t *testing.T) {
 	})
 }
 
-// BenchmarkPublish measures the SQS sink against moto's server, with a
-// standard queue (the emulator's FIFO queues cost time linear in their
-// length per message): the emulator's rate on this machine, not SQS's.
+// BenchmarkPublish measures the SQS sink against fauxqs (moto's server
+// costs time linear in a queue's length per message), with a standard
+// queue: the emulator's rate on this machine, not SQS's.
 func BenchmarkPublish(b *testing.B) {
-	srv := awstest.Start(b)
+	srv := awstest.StartFauxqs(b)
 	wharfsinktest.BenchmarkPublish(b, func(b *testing.B) wharf.Sink {
 		c := sqsClient(b, srv, srv.Endpoint)
 		p := "b" + randomID()
