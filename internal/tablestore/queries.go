@@ -87,7 +87,7 @@ FROM l CROSS JOIN LATERAL (
 UNION ALL
 SELECT ` + cols + `, NULL, NULL
 FROM l CROSS JOIN LATERAL (
-    SELECT o.*, o.ctid FROM S.outbox o WHERE o.lane::integer = l.lane::integer AND o.xid >= $4::text::xid8 OFFSET 0) o
+    SELECT o.*, o.ctid FROM S.outbox o WHERE o.lane::integer = l.lane::integer AND o.xid >= $4::text::xid8 AND l.cur > 0 OFFSET 0) o
 WHERE o.id <= l.cur
 UNION ALL
 SELECT ` + cols + `, NULL, NULL
