@@ -119,21 +119,9 @@ func dashIfEmpty(s string) string {
 
 func newFlowShowCmd(g *globals) *cobra.Command {
 	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "show ID",
-		Short: "Show one instance: its state, step history with timings and errors, and signals",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseInstanceID(args[0])
-			if err != nil {
-				return err
-			}
-			c, closeFn, err := g.flowClient(cmd)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			d, err := c.Get(cmd.Context(), id)
+	cmd := newFlowInstanceCmd(g, "show ID", "Show one instance: its state, step history with timings and errors, and signals",
+		func(ctx context.Context, c *wharfflow.Client, id int64) error {
+			d, err := c.Get(ctx, id)
 			if err != nil {
 				return err
 			}
@@ -203,8 +191,7 @@ func newFlowShowCmd(g *globals) *cobra.Command {
 					by, oneLine(string(s.Payload), 80))
 			}
 			return w.Flush()
-		},
-	}
+		})
 	cmd.Flags().BoolVar(&asJSON, "json", false, "the instance, its steps and signals as one JSON object")
 	return cmd
 }
@@ -264,22 +251,29 @@ func newFlowSignalCmd(g *globals) *cobra.Command {
 
 func newFlowCancelCmd(g *globals) *cobra.Command {
 	return newFlowInstanceCmd(g, "cancel ID", "Cancel an instance that has not ended, and its children; a step running now commits nothing",
-		func(ctx context.Context, c *wharfflow.Client, id int64) (string, error) {
+		func(ctx context.Context, c *wharfflow.Client, id int64) error {
 			n, err := c.Cancel(ctx, id)
-			return fmt.Sprintf("cancelled %d instance(s)", n), err
+			if err == nil {
+				fmt.Fprintf(g.stdout, "cancelled %d instance(s)\n", n)
+			}
+			return err
 		})
 }
 
 func newFlowRetryCmd(g *globals) *cobra.Command {
 	return newFlowInstanceCmd(g, "retry ID", "Run a failed instance's failed step again, from attempt 0",
-		func(ctx context.Context, c *wharfflow.Client, id int64) (string, error) {
-			return fmt.Sprintf("instance %d will run its failed step again", id), c.Retry(ctx, id)
+		func(ctx context.Context, c *wharfflow.Client, id int64) error {
+			err := c.Retry(ctx, id)
+			if err == nil {
+				fmt.Fprintf(g.stdout, "instance %d will run its failed step again\n", id)
+			}
+			return err
 		})
 }
 
-// newFlowInstanceCmd is a command that acts on one instance given by id and
-// prints one line when the action succeeded.
-func newFlowInstanceCmd(g *globals, use, short string, act func(context.Context, *wharfflow.Client, int64) (string, error)) *cobra.Command {
+// newFlowInstanceCmd is a command on one instance given by its id: it checks
+// the id, connects, and runs run.
+func newFlowInstanceCmd(g *globals, use, short string, run func(context.Context, *wharfflow.Client, int64) error) *cobra.Command {
 	return &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -294,12 +288,7 @@ func newFlowInstanceCmd(g *globals, use, short string, act func(context.Context,
 				return err
 			}
 			defer closeFn()
-			line, err := act(cmd.Context(), c, id)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(g.stdout, line)
-			return nil
+			return run(cmd.Context(), c, id)
 		},
 	}
 }
