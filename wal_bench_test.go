@@ -1,36 +1,53 @@
 package wharf_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/wharfhq/wharf"
 )
 
 // BenchmarkRelayDrain drains a backlog (WHARF_BENCH_MESSAGES, default
-// 200,000 messages of 200 bytes over 1,000 keys, committed 100 per
-// transaction) with one relay into a handler that only counts, from the
-// outbox table and from the WAL, on the same cluster (wal_level=logical) in
-// the same run. It reports messages per second from the relay's start to
-// the last delivery, the time to the first delivery (registration and
-// the first lease round), the peak of the process's live heap objects and
-// of what the WAL store counts as held (sampled every 10 ms); b.N is
-// ignored (run it with -benchtime 1x).
+// 200,000 messages of 200 bytes over 1,000 keys, committed
+// WHARF_BENCH_PER_TX, default 100, per transaction: 1 is an application
+// that sends one event per business transaction) with one relay into a
+// handler that only counts, from the outbox table and from the WAL, on the
+// same cluster (wal_level=logical) in the same run. It reports messages per
+// second from the relay's start to the last delivery, the time to the first
+// delivery (registration and the first lease round), the CPU this process
+// and the outbox's backends (the walsender in WAL mode) used over the relay
+// phase per message, the peak of the process's live heap objects and of
+// what the WAL store counts as held (sampled every 10 ms); b.N is ignored
+// (run it with -benchtime 1x). WHARF_BENCH_CPUPROFILE=path writes a CPU
+// profile of the relay phase alone to path.table and path.wal.
 func BenchmarkRelayDrain(b *testing.B) {
 	n := 200_000
 	if v := os.Getenv("WHARF_BENCH_MESSAGES"); v != "" {
 		var err error
 		n, err = strconv.Atoi(v)
 		require.NoError(b, err)
+	}
+	perTx := 100
+	if v := os.Getenv("WHARF_BENCH_PER_TX"); v != "" {
+		var err error
+		perTx, err = strconv.Atoi(v)
+		require.NoError(b, err)
+		require.Positive(b, perTx, "WHARF_BENCH_PER_TX")
 	}
 	wharf.CheckInvariants(false)
 	defer wharf.CheckInvariants(true)
@@ -44,14 +61,31 @@ func BenchmarkRelayDrain(b *testing.B) {
 			c, err := wharf.NewClient(bundle.pool, &wharf.Config{Schema: bundle.schema})
 			require.NoError(b, err)
 			payload := make([]byte, 200)
-			for i := 0; i < n; i += 100 {
-				msgs := make([]wharf.Message, min(100, n-i))
-				for j := range msgs {
-					msgs[j] = wharf.Message{Topic: "bench", Key: fmt.Sprintf("k%d", (i+j)%1000), Payload: payload}
-				}
-				_, err := c.Enqueue(ctx, msgs...)
-				require.NoError(b, err)
+			// Four producers, each transaction with synchronous_commit
+			// off (the pre-fill is not measured).
+			var fill errgroup.Group
+			for p := range 4 {
+				fill.Go(func() error {
+					for i := p * perTx; i < n; i += 4 * perTx {
+						msgs := make([]wharf.Message, min(perTx, n-i))
+						for j := range msgs {
+							msgs[j] = wharf.Message{Topic: "bench", Key: fmt.Sprintf("k%d", (i+j)%1000), Payload: payload}
+						}
+						err := pgx.BeginFunc(ctx, bundle.pool, func(tx pgx.Tx) error {
+							if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+								return err
+							}
+							_, err := c.EnqueueTx(ctx, tx, msgs...)
+							return err
+						})
+						if err != nil {
+							return err
+						}
+					}
+					return nil
+				})
 			}
+			require.NoError(b, fill.Wait())
 			if mode == "table" {
 				_, err := bundle.pool.Exec(ctx, "VACUUM ANALYZE "+bundle.schema+".outbox")
 				require.NoError(b, err)
@@ -69,8 +103,17 @@ func BenchmarkRelayDrain(b *testing.B) {
 			require.NoError(b, err)
 			runtime.GC()
 			b.ResetTimer()
+			if path := os.Getenv("WHARF_BENCH_CPUPROFILE"); path != "" {
+				// The relay phase only, one file per layout.
+				f, err := os.Create(path + "." + mode)
+				require.NoError(b, err)
+				require.NoError(b, pprof.StartCPUProfile(f))
+				defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+			}
+			cpu0 := processCPU(b)
 			start := time.Now()
 			require.NoError(b, relay.Start(ctx))
+			backends := map[int]time.Duration{} // the outbox's backends' CPU, by pid, first seen
 			var peakHeap, peakHeld uint64
 			tick := time.NewTicker(10 * time.Millisecond)
 			defer tick.Stop()
@@ -81,6 +124,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 				case <-done:
 					break wait
 				case <-tick.C:
+					noteBackends(ctx, b, bundle, backends)
 					metrics.Read(sample)
 					peakHeap = max(peakHeap, sample[0].Value.Uint64())
 					peakHeld = max(peakHeld, uint64(relay.Metrics().WALHeldBytes.Load()))
@@ -89,13 +133,63 @@ func BenchmarkRelayDrain(b *testing.B) {
 				}
 			}
 			elapsed := time.Since(start)
+			cpu := processCPU(b) - cpu0
+			pprof.StopCPUProfile()
+			var server time.Duration
+			for pid, first := range backends {
+				server += backendCPU(pid) - first
+			}
 			b.StopTimer()
 			require.NoError(b, relay.Stop(ctx))
 			b.ReportMetric(float64(n)/elapsed.Seconds(), "msg/s")
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "relay-cpu-ns/msg")
+			b.ReportMetric(float64(server.Nanoseconds())/float64(n), "backend-cpu-ns/msg")
 			b.ReportMetric(float64(time.Unix(0, first.Load()).Sub(start).Milliseconds()), "ms-to-first")
 			b.ReportMetric(float64(peakHeap)/(1<<20), "peak-heap-MiB")
 			b.ReportMetric(float64(peakHeld)/(1<<20), "peak-held-MiB")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// processCPU is the user and system CPU this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// noteBackends records the CPU already used by each backend of the bench's
+// database that it sees for the first time, the walsender included
+// (pg_stat_activity lists walsenders of logical slots with their database).
+// A backend that ends between two samples loses what it used since the
+// last; the relay's stream and its connections live through the drain.
+func noteBackends(ctx context.Context, b *testing.B, bundle *testBundle, seen map[int]time.Duration) {
+	rows, err := bundle.pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+	require.NoError(b, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(b, err)
+	for _, pid := range pids {
+		if _, ok := seen[int(pid)]; !ok {
+			seen[int(pid)] = backendCPU(int(pid))
+		}
+	}
+}
+
+// backendCPU is the user and system CPU a process of this machine has
+// used, from /proc (0 when it has ended or runs elsewhere).
+func backendCPU(pid int) time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command's closing parenthesis: utime and stime are
+	// the 12th and 13th of them, in clock ticks (100 per second on Linux).
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -458,6 +459,18 @@ func ConnectConfig(ctx context.Context, cfg *pgconn.Config, opts Options) (*Conn
 		cfg.RuntimeParams = map[string]string{}
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	// A busy stream is read a buffer at a time (lowatConn).
+	dial := cfg.DialFunc
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newLowatConn(nc), nil
+	}
 	pg, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, explain(err, "")
