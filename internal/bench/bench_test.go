@@ -125,6 +125,34 @@ func TestDrain(t *testing.T) {
 	require.True(t, strings.HasPrefix(string(csvData), "second,produced,processed,backlog,p50_ms,p99_ms,cpu_pct,phase,rss_bytes,heap_bytes,goroutines,dead_tuples\n"))
 }
 
+// A table outbox's drain can be pre-filled one message per transaction
+// (--messages-per-tx 1), the backlog of producers that commit one event
+// each: every row has a transaction of its own, and the drain delivers them.
+func TestDrainTableOutboxFilledOneMessagePerTransaction(t *testing.T) {
+	o := smokeOptions(ModeDrain)
+	o.ProducerBatch = 1
+	o.EnqueueFill = true
+	o.Producers = 2
+	e := walEnv(t, o, "bench_table_fill_one")
+	ctx := context.Background()
+	const n = 40
+	_, _, err := e.enqueueFill(ctx, e.o.Schema, n, nil)
+	require.NoError(t, err)
+	var rows, xids int
+	require.NoError(t, e.ctl.QueryRow(ctx, "SELECT count(*), count(DISTINCT xmin::text) FROM "+e.o.Schema+".outbox").Scan(&rows, &xids))
+	require.Equal(t, n, rows)
+	require.Equal(t, n, xids, "one transaction per message")
+
+	o.Messages = 2000
+	r, err := Run(ctx, o)
+	require.NoError(t, err)
+	require.EqualValues(t, 2000, r.Delivered)
+	require.Zero(t, r.OutboxRemaining)
+	sum, html := report(t, r)
+	require.Contains(t, sum, "pre-fill (Enqueue, 1 per tx)")
+	require.Contains(t, html, "--producer-batch<")
+}
+
 func TestBaseline(t *testing.T) {
 	o := smokeOptions(ModeBaseline)
 	o.Duration = time.Second
@@ -582,7 +610,7 @@ func TestDrainWALOutbox(t *testing.T) {
 	require.Positive(t, r.ProcessingRate)
 	require.Positive(t, r.ProducerRate)
 	sum, _ := report(t, r)
-	require.Contains(t, sum, "pre-fill (Enqueue)")
+	require.Contains(t, sum, "pre-fill (Enqueue, 1000 per tx)")
 	require.Contains(t, sum, "WAL mode")
 
 	for _, c := range []struct {

@@ -14,15 +14,19 @@ import (
 	"github.com/wharfhq/wharf/internal/walstream"
 )
 
-// drain pre-fills the outbox with COPY and times the relays emptying it.
+// drain pre-fills the outbox (COPY, or Enqueue calls: enqueueFill) and
+// times the relays emptying it.
 func (e *env) drain(ctx context.Context, schema string) (*Result, error) {
 	o := e.o
 	res := &Result{Relays: o.Relays, Messages: int64(o.Messages)}
 	var rate float64
 	var err error
-	if o.OutboxMode == "wal" {
-		rate, e.walTarget, err = e.walFill(ctx, schema, int64(o.Messages), nil)
-	} else {
+	switch {
+	case o.OutboxMode == "wal":
+		rate, e.walTarget, err = e.enqueueFill(ctx, schema, int64(o.Messages), nil)
+	case o.EnqueueFill:
+		rate, _, err = e.enqueueFill(ctx, schema, int64(o.Messages), nil)
+	default:
 		rate, err = e.copyFill(ctx, pgx.Identifier{schema, "outbox"}, int64(o.Messages))
 	}
 	if err != nil {
@@ -48,6 +52,8 @@ func (e *env) drain(ctx context.Context, schema string) (*Result, error) {
 	res.LatencyNote = "n/a (drain: the messages were pre-filled, so commit → ack measures queueing, not the relay)"
 	if o.OutboxMode == "wal" {
 		res.note("outbox in WAL mode: producer_rate is the pre-fill's rate (%d connections with synchronous_commit off, Enqueue of %d messages per call, each call a transaction with one logical message); drain_seconds runs from the relays' start until the slot's confirmed position passes the WAL end after the pre-fill (the relay reports it every 100 ms, so up to that much is added); processed in the samples is estimated from the confirmed position's progress through the pre-fill's WAL", o.Producers, o.ProducerBatch)
+	} else if o.EnqueueFill {
+		res.note("producer_rate is the pre-fill's rate (%d connections with synchronous_commit off, Enqueue of %d messages per call, each call a transaction); the outbox is then VACUUM (ANALYZE)d and CHECKPOINTed, and drain_seconds runs from the relays' start to an empty outbox", o.Producers, o.ProducerBatch)
 	} else {
 		res.note("producer_rate is the COPY pre-fill's rate (one COPY); the outbox is then VACUUM (ANALYZE)d and CHECKPOINTed, and drain_seconds runs from the relays' start to an empty outbox")
 	}
@@ -149,17 +155,18 @@ func (e *env) drainOutbox(ctx context.Context, schema string, total int64, origi
 // unless --producer-batch says otherwise.
 const walFillBatch = 1000
 
-// walFill pre-fills an outbox in WAL mode through the enqueue path (there is
-// no table to COPY into) and returns its rate and the WAL end after it. Each
+// enqueueFill pre-fills an outbox through the enqueue path (in WAL mode
+// there is no table to COPY into) and returns its rate and the WAL end
+// after it. Each
 // Enqueue call of ProducerBatch messages is a transaction of its own that
-// writes one logical message (so 1 gives one message per transaction, the
+// writes one logical message in WAL mode (so 1 gives one message per transaction, the
 // shape of an application that sends one event per business transaction).
 // Producers connections enqueue in parallel, without waiting for their
 // commits' flush (synchronous_commit off: the pre-fill is not measured
 // for durability, and the slot reads only flushed WAL, which the drain
 // waits for anyway). onSeqs, when set, is given each call's seqs (from
 // several goroutines at once).
-func (e *env) walFill(ctx context.Context, schema string, n int64, onSeqs func([]int64)) (float64, walstream.LSN, error) {
+func (e *env) enqueueFill(ctx context.Context, schema string, n int64, onSeqs func([]int64)) (float64, walstream.LSN, error) {
 	o := e.o
 	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
 	if err != nil {

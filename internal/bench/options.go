@@ -114,6 +114,12 @@ type Options struct {
 	// of this many messages, each a transaction of its own holding one
 	// logical message; there it defaults to 1000.
 	ProducerBatch int
+	// EnqueueFill makes a drain of a table outbox pre-fill through Enqueue
+	// calls of ProducerBatch messages, each a transaction of its own, as a
+	// WAL outbox's drain does, instead of one COPY: with ProducerBatch 1,
+	// the backlog of producers that commit one event per transaction. The
+	// CLI sets it when --producer-batch (--messages-per-tx) is given.
+	EnqueueFill bool
 	// RecordsPerKey is how many consecutive messages share a key before a new
 	// key is used; negative means no keys (NULL).
 	// Defaults to 10. Ignored when Keys is set.
@@ -357,6 +363,7 @@ type Settings struct {
 	Limits         bool     `json:"limits"`
 	Producers      int      `json:"producers"`
 	ProducerBatch  int      `json:"producer_batch"`
+	EnqueueFill    bool     `json:"enqueue_fill,omitempty"`
 	RecordsPerKey  int      `json:"records_per_key"`
 	Keys           int      `json:"keys"`
 	PayloadBytes   int      `json:"payload_bytes"`
@@ -379,7 +386,7 @@ func (o Options) settings() Settings {
 		Mode: o.Mode, OutboxMode: o.OutboxMode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
 		Rate: o.Rate, Backlog: o.Backlog, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
 		MaxP99: o.MaxP99.String(), P99Floor: o.P99Floor.String(), Limits: o.Limits || o.Mode == ModeBaseline,
-		Producers: o.Producers, ProducerBatch: o.ProducerBatch, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
+		Producers: o.Producers, ProducerBatch: o.ProducerBatch, EnqueueFill: o.EnqueueFill, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
 		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink, PoisonPercent: o.PoisonPercent,
 		RelayArgs: append([]string{}, o.RelayArgs...), SampleInterval: si, TailWait: o.TailWait.String(),
 		Timeout: o.Timeout.String(),
@@ -420,7 +427,7 @@ func (s Settings) Applicable() []Setting {
 	add(steady || sweep, "warmup", s.Warmup)
 	add(steady && s.MaxP99 != "0s", "max-p99", s.MaxP99)
 	add(loaded, "producers", s.Producers)
-	add(loaded || (drain && s.OutboxMode == "wal"), "producer-batch", s.ProducerBatch)
+	add(loaded || (drain && (s.OutboxMode == "wal" || s.EnqueueFill)), "producer-batch", s.ProducerBatch)
 	add(true, "keys", keys)
 	add(true, "payload-bytes", s.PayloadBytes)
 	add(true, "relays", s.Relays)

@@ -77,7 +77,7 @@ func (e *env) prefillBacklog(ctx context.Context, schema string) ([]int64, float
 		var mu sync.Mutex
 		seqs = make([]int64, 0, n)
 		var err error
-		rate, _, err = e.walFill(ctx, schema, n, func(s []int64) {
+		rate, _, err = e.enqueueFill(ctx, schema, n, func(s []int64) {
 			mu.Lock()
 			seqs = append(seqs, s...)
 			mu.Unlock()

@@ -71,8 +71,8 @@ func (r *Result) rows() []row {
 	}
 	switch r.Mode {
 	case ModeDrain:
-		if r.Settings.OutboxMode == "wal" {
-			add("pre-fill (Enqueue)", rate(r.ProducerRate))
+		if r.Settings.OutboxMode == "wal" || r.Settings.EnqueueFill {
+			add(fmt.Sprintf("pre-fill (Enqueue, %d per tx)", r.Settings.ProducerBatch), rate(r.ProducerRate))
 		} else {
 			add("pre-fill (COPY)", rate(r.ProducerRate))
 		}

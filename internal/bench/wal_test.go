@@ -355,7 +355,7 @@ func TestWALFillOneMessagePerTransaction(t *testing.T) {
 	require.Equal(t, 1, e.o.ProducerBatch)
 	ctx := context.Background()
 	const n = 40
-	_, end, err := e.walFill(ctx, e.o.Schema, n, nil)
+	_, end, err := e.enqueueFill(ctx, e.o.Schema, n, nil)
 	require.NoError(t, err)
 	require.Greater(t, end, e.walStart)
 	// The pre-fill commits without waiting for the flush, and a slot

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/wharfhq/wharf/internal/bench"
 	"github.com/wharfhq/wharf/internal/pgembed"
@@ -128,7 +129,13 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.DurationVar(&o.P99Floor, "p99-floor", 50*time.Millisecond, "sweep: a run fails when the median of its per-second p99s commit→ack exceeds max(this, 3 × the same median at the highest passing rate below)")
 	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, table outbox only; insert limit otherwise, plus the emit limit with --outbox-mode wal); baseline always does")
 	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
-	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction; drain with --outbox-mode wal: messages per pre-fill transaction, each one logical message (default 1000 there; 1 = one message per transaction)")
+	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction (also --messages-per-tx); drain: messages per pre-fill transaction through Enqueue, in WAL mode each one logical message (default 1000 there; a table outbox is pre-filled with one COPY unless this is given; 1 = one message per transaction)")
+	fl.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if name == "messages-per-tx" {
+			name = "producer-batch"
+		}
+		return pflag.NormalizedName(name)
+	})
 	fl.IntVar(&f.recordsPerKey, "records-per-key", 10, "consecutive messages per key before a new key is used; 0 = no keys (NULL)")
 	fl.IntVar(&o.Keys, "keys", 0, "instead of --records-per-key, cycle over this many keys (message i gets key k<i mod keys>)")
 	fl.IntVar(&o.PayloadBytes, "payload-bytes", 200, "payload size in bytes")
@@ -222,6 +229,8 @@ func runBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Command
 	}
 	if !cmd.Flags().Changed("producer-batch") {
 		o.ProducerBatch = 0 // the mode's default
+	} else if o.Mode == bench.ModeDrain && o.OutboxMode != "wal" {
+		o.EnqueueFill = true
 	}
 	if !cmd.Flags().Changed("in-process") {
 		o.InProcess = o.Relays == 1

@@ -54,3 +54,14 @@ func TestBenchCPUProfile(t *testing.T) {
 	require.Greater(t, len(b), 2)
 	require.Equal(t, []byte{0x1f, 0x8b}, b[:2], "a gzip-compressed profile")
 }
+
+// --messages-per-tx is --producer-batch: a table outbox's drain is then
+// pre-filled through Enqueue, that many messages per transaction.
+func TestBenchMessagesPerTx(t *testing.T) {
+	url, err := testdb.LogicalURL()
+	require.NoError(t, err)
+	code, out, errOut := run("bench", "--database-url", url, "--mode", "drain", "--messages", "500", "--messages-per-tx", "1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "pre-fill (Enqueue, 1 per tx)")
+	require.Regexp(t, `delivered +500 \(0 redelivered\)`, out)
+}
