@@ -177,8 +177,13 @@ type Result struct {
 	Deadlocks int64 `json:"deadlocks"`
 	// RelayCPUSeconds and RelayPeakRSSBytes are the relays' resource use (see
 	// RelayUsageNote for what was measured).
-	RelayCPUSeconds   float64 `json:"relay_cpu_seconds"`
-	RelayPeakRSSBytes int64   `json:"relay_peak_rss_bytes"`
+	RelayCPUSeconds float64 `json:"relay_cpu_seconds"`
+	// RelayServerCPUSeconds is the CPU the server's processes serving the
+	// relays used while they ran (their backends, and a WAL relay's
+	// walsender), when the server runs on this machine; 0 when it could
+	// not be read.
+	RelayServerCPUSeconds float64 `json:"relay_server_cpu_seconds,omitempty"`
+	RelayPeakRSSBytes     int64   `json:"relay_peak_rss_bytes"`
 	// PoisonDeadLettered is how many poison messages (--poison-percent) the
 	// probe sink failed on their last attempt, i.e. the relay dead-lettered.
 	PoisonDeadLettered int64 `json:"poison_dead_lettered,omitempty"`
@@ -247,6 +252,9 @@ type env struct {
 	// heldBytes reads the in-process relay's WAL held bytes while a steady
 	// run's relay runs (nil otherwise).
 	heldBytes func() int64
+	// server counts the CPU of the server's processes serving the running
+	// relays (set by startRelays, sampled with every sample).
+	server *serverCPU
 }
 
 // Run measures what opts.Mode says and returns the result. The schema it
@@ -312,9 +320,18 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 }
 
 func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	return connectAs(ctx, url, maxConns, "")
+}
+
+// connectAs is connect with the connections' application_name set to app
+// (unless the URL names one).
+func connectAs(ctx context.Context, url string, maxConns int32, app string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url is malformed: %w", err)
+	}
+	if _, named := cfg.ConnConfig.RuntimeParams["application_name"]; app != "" && !named {
+		cfg.ConnConfig.RuntimeParams["application_name"] = app
 	}
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -540,6 +557,7 @@ func (e *env) outboxEmpty(ctx context.Context, schema string) (bool, error) {
 }
 
 func (e *env) startRelays(ctx context.Context, schema string, tr *tracker, withProducers bool) (relays, error) {
+	e.server = newServerCPU(ctx, e.ctl)
 	if e.o.InProcess {
 		return startInProcess(ctx, e.o, schema, tr, withProducers)
 	}
@@ -549,6 +567,13 @@ func (e *env) startRelays(ctx context.Context, schema string, tr *tracker, withP
 func (e *env) stopRelays(r relays, res *Result) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if e.server != nil {
+		// What the backends used up to the relays' stop.
+		e.server.note(ctx, e.ctl)
+		if d, ok := e.server.total(); ok {
+			res.RelayServerCPUSeconds = d.Seconds()
+		}
+	}
 	u, err := r.stop(ctx)
 	res.RelayCPUSeconds = u.cpu.Seconds()
 	res.RelayPeakRSSBytes = u.peakRSS

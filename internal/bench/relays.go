@@ -133,7 +133,7 @@ func startInProcess(ctx context.Context, o Options, schema string, tr *tracker, 
 	if err != nil {
 		return nil, fmt.Errorf("--sink: %w", err)
 	}
-	pool, err := connect(ctx, o.DatabaseURL, 6)
+	pool, err := connectAs(ctx, o.DatabaseURL, 6, relayAppName)
 	if err != nil {
 		sink.Close()
 		return nil, err
@@ -225,7 +225,7 @@ func startProcesses(o Options, schema string) (*processRelays, error) {
 		cmd := exec.Command(prog[0], args...)
 		// The URL travels in the environment, not argv, where ps would show
 		// its password.
-		cmd.Env = append(os.Environ(), "WHARF_DATABASE_URL="+o.DatabaseURL)
+		cmd.Env = append(os.Environ(), "WHARF_DATABASE_URL="+o.DatabaseURL, "PGAPPNAME="+relayAppName)
 		cmd.Stderr = stderr
 		if err := cmd.Start(); err != nil {
 			_, _ = p.stop(context.Background())

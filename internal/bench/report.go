@@ -167,10 +167,25 @@ func (r *Result) rows() []row {
 	if p := r.Settings.PoisonPercent; p > 0 {
 		add("poison messages", fmt.Sprintf("%g %% (every %d-th seq): %d dead-lettered", p, int64(math.Round(100/p)), r.PoisonDeadLettered))
 	}
-	add("relay CPU", fmt.Sprintf("%.2f s", r.RelayCPUSeconds))
+	add("relay CPU", fmt.Sprintf("%.2f s%s", r.RelayCPUSeconds, r.perMessage(r.RelayCPUSeconds)))
+	if r.RelayServerCPUSeconds > 0 {
+		what := "the relays' backends"
+		if r.Settings.OutboxMode == "wal" {
+			what = "the relay's backends and its walsender"
+		}
+		add("server CPU for relays", fmt.Sprintf("%.2f s%s: %s, from /proc (the server runs on this machine)", r.RelayServerCPUSeconds, r.perMessage(r.RelayServerCPUSeconds), what))
+	}
 	add("relay peak RSS", fmt.Sprintf("%.1f MB", float64(r.RelayPeakRSSBytes)/1e6))
 	add("relay usage", r.RelayUsageNote)
 	return append(rows, r.environmentRows()...)
+}
+
+// perMessage is seconds per delivered message, as " (x µs/msg)", or "".
+func (r *Result) perMessage(seconds float64) string {
+	if r.Delivered <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%.2f µs/msg)", seconds/float64(r.Delivered)*1e6)
 }
 
 func (r *Result) limitRows() []row {

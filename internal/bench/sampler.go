@@ -88,6 +88,9 @@ func (s *sampler) origin() Sample { return Sample{Produced: s.fixedProduced} }
 
 // sample appends a sample to the series and draws the progress line.
 func (s *sampler) sample(ctx context.Context, phase string) error {
+	if s.e.server != nil {
+		s.e.server.note(ctx, s.e.ctl)
+	}
 	x, h, err := s.measure(ctx, phase, true)
 	if err != nil {
 		return err
