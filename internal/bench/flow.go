@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +69,13 @@ type FlowResult struct {
 	P50Ms     float64 `json:"step_to_step_p50_ms"`
 	P99Ms     float64 `json:"step_to_step_p99_ms"`
 	Samples   int     `json:"latency_samples"`
+	// Statements per step during the drain, from pg_stat_statements, by
+	// kind (stmtKind): top-level statements sent by the clients, and
+	// "in functions" for those the flow functions run (with
+	// pg_stat_statements.track = all). Nil when the server does not load
+	// pg_stat_statements; StatementsNote says why.
+	Statements     map[string]float64 `json:"statements_per_step,omitempty"`
+	StatementsNote string             `json:"statements_note,omitempty"`
 }
 
 // roundTrips counts the queries a pool sends.
@@ -279,6 +288,8 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	if err != nil {
 		return res, err
 	}
+	stmts0, note := statementCalls(ctx, pool)
+	res.StatementsNote = note
 	rt0 := rt.n.Load()
 	t0 := time.Now()
 	for range o.Runners {
@@ -335,6 +346,14 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	res.FlowsPerSec = float64(target) / elapsed.Seconds()
 	res.RoundTripsPerStep = float64(rt1-rt0) / float64(steps)
 	res.CommitsPerStep = float64(c1-c0) / float64(steps)
+	if stmts0 != nil {
+		stmts1, note := statementCalls(ctx, pool)
+		if stmts1 == nil {
+			res.StatementsNote = note
+		} else {
+			res.Statements = statementsPerStep(stmts0, stmts1, steps)
+		}
+	}
 
 	// Latency at half the drained rate.
 	if o.Paced > 0 {
@@ -427,6 +446,114 @@ func sendSignals(ctx context.Context, pool *pgxpool.Pool, client *wharfflow.Clie
 	return ctx.Err()
 }
 
+// stmtKey is a pg_stat_statements entry: a statement is counted apart at
+// top level and inside functions.
+type stmtKey struct {
+	id       int64
+	topLevel bool
+}
+
+type stmtCalls struct {
+	query string
+	calls int64
+}
+
+// statementCalls reads this database's pg_stat_statements calls; nil and
+// a note when the server does not load the extension. The extension is
+// created in the database when the server loads its library.
+func statementCalls(ctx context.Context, pool *pgxpool.Pool) (map[stmtKey]stmtCalls, string) {
+	var loaded bool
+	if err := pool.QueryRow(ctx, "SELECT 'pg_stat_statements' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))").
+		Scan(&loaded); err != nil {
+		return nil, "statements per step: reading shared_preload_libraries: " + oneLine(err)
+	}
+	if !loaded {
+		return nil, "statements per step: not measured: this server does not load pg_stat_statements (shared_preload_libraries); " +
+			"without --database-url the throwaway cluster loads it when installed"
+	}
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		return nil, "statements per step: not measured: CREATE EXTENSION pg_stat_statements: " + oneLine(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT queryid, toplevel, query, calls FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND queryid IS NOT NULL`)
+	if err != nil {
+		return nil, "statements per step: not measured: reading pg_stat_statements: " + oneLine(err)
+	}
+	defer rows.Close()
+	out := map[stmtKey]stmtCalls{}
+	for rows.Next() {
+		var k stmtKey
+		var c stmtCalls
+		if err := rows.Scan(&k.id, &k.topLevel, &c.query, &c.calls); err != nil {
+			return nil, "statements per step: not measured: reading pg_stat_statements: " + oneLine(err)
+		}
+		out[k] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "statements per step: not measured: reading pg_stat_statements: " + oneLine(err)
+	}
+	return out, ""
+}
+
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
+
+// stmtKinds name the top-level statements of a flow run by what they call.
+var stmtKinds = []struct{ match, kind string }{
+	{"claim_flow_steps(", "claim"},
+	{"complete_flow_steps(", "outcome"},
+	{"signal_flows(", "signal"},
+	{"wake_flows(", "wake"},
+	{"start_flows(", "start"},
+	{"renew_flow_leases(", "renew"},
+	{"release_flow_leases(", "release"},
+	{"enqueue", "enqueue"},
+	{"flow_instances WHERE status IN", "bench: awaiting lookup"},
+}
+
+// stmtKind classifies a statement; "" for the bench's own measuring.
+func stmtKind(query string, topLevel bool) string {
+	if !topLevel {
+		return "in functions"
+	}
+	for _, k := range stmtKinds {
+		if strings.Contains(query, k.match) {
+			return k.kind
+		}
+	}
+	q := strings.ToUpper(strings.TrimSpace(query))
+	switch {
+	case strings.Contains(q, "PG_STAT_"):
+		return ""
+	case strings.HasPrefix(q, "BEGIN"), strings.HasPrefix(q, "COMMIT"), strings.HasPrefix(q, "ROLLBACK"):
+		return "begin/commit"
+	case strings.HasPrefix(q, "LISTEN"), strings.HasPrefix(q, "UNLISTEN"):
+		return "listen"
+	}
+	return "other"
+}
+
+// statementsPerStep is the calls between two snapshots per step, by kind,
+// with "total" the top-level statements.
+func statementsPerStep(before, after map[stmtKey]stmtCalls, steps int64) map[string]float64 {
+	out := map[string]float64{}
+	if steps == 0 {
+		return out
+	}
+	for k, a := range after {
+		n := a.calls - before[k].calls
+		kind := stmtKind(a.query, k.topLevel)
+		if n <= 0 || kind == "" {
+			continue
+		}
+		per := float64(n) / float64(steps)
+		out[kind] += per
+		if k.topLevel {
+			out["total"] += per
+		}
+	}
+	return out
+}
+
 // WriteFlowSummary prints the flow workloads' figures.
 func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 	_, err := fmt.Fprintf(w, "%-9s %9s %10s %10s %9s %9s %10s %10s %s\n", "workload", "flows", "steps/s", "flows/s",
@@ -440,5 +567,39 @@ func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 			return err
 		}
 	}
+	for _, r := range rs {
+		if r.Statements == nil {
+			if r.StatementsNote != "" {
+				if _, err := fmt.Fprintf(w, "%s: %s\n", r.Workload, r.StatementsNote); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "%s: statements per step (pg_stat_statements): %s\n", r.Workload, formatStatements(r.Statements)); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// formatStatements lists the kinds by calls, then the top-level total and
+// the statements run inside functions.
+func formatStatements(m map[string]float64) string {
+	var kinds []string
+	for k := range m {
+		if k != "total" && k != "in functions" {
+			kinds = append(kinds, k)
+		}
+	}
+	slices.SortFunc(kinds, func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), strings.Compare(a, b)) })
+	parts := make([]string, 0, len(kinds)+2)
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s %.4f", k, m[k]))
+	}
+	parts = append(parts, fmt.Sprintf("total %.4f", m["total"]))
+	if v, ok := m["in functions"]; ok {
+		parts = append(parts, fmt.Sprintf("(+ %.3f inside functions)", v))
+	}
+	return strings.Join(parts, ", ")
 }
