@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -76,17 +77,79 @@ type FlowResult struct {
 	// pg_stat_statements; StatementsNote says why.
 	Statements     map[string]float64 `json:"statements_per_step,omitempty"`
 	StatementsNote string             `json:"statements_note,omitempty"`
+	// Calls is how long the flow functions' calls took, seen from the
+	// client, during the paced phase: the parts of a step-to-step gap.
+	Calls map[string]CallTime `json:"paced_calls,omitempty"`
 }
 
-// roundTrips counts the queries a pool sends.
-type roundTrips struct{ n atomic.Int64 }
+// roundTrips counts the queries a pool sends and, while timing is on,
+// times the flow functions' calls by kind (stmtKind): where the
+// step-to-step latency goes.
+type roundTrips struct {
+	n      atomic.Int64
+	timing atomic.Bool
+	mu     sync.Mutex
+	took   map[string][]time.Duration
+}
 
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+type queryStartKey struct{}
+
+type queryStart struct {
+	kind string
+	at   time.Time
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	if !r.timing.Load() {
+		return ctx
+	}
+	kind := stmtKind(d.SQL, true)
+	switch kind {
+	case "claim", "outcome", "signal", "start", "wake":
+		return context.WithValue(ctx, queryStartKey{}, queryStart{kind: kind, at: time.Now()})
+	}
 	return ctx
 }
 
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	s, ok := ctx.Value(queryStartKey{}).(queryStart)
+	if !ok {
+		return
+	}
+	d := time.Since(s.at)
+	r.mu.Lock()
+	if r.took == nil {
+		r.took = map[string][]time.Duration{}
+	}
+	r.took[s.kind] = append(r.took[s.kind], d)
+	r.mu.Unlock()
+}
+
+// callTimes is the p50 and p99 in ms of each kind's calls timed, as
+// "kind p50/p99 (calls)".
+func (r *roundTrips) callTimes() map[string]CallTime {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]CallTime{}
+	for k, ds := range r.took {
+		slices.Sort(ds)
+		q := func(f float64) float64 {
+			return float64(ds[min(len(ds)-1, int(f*float64(len(ds))))].Microseconds()) / 1000
+		}
+		out[k] = CallTime{Calls: len(ds), P50Ms: q(0.5), P99Ms: q(0.99), MaxMs: float64(ds[len(ds)-1].Microseconds()) / 1000}
+	}
+	return out
+}
+
+// CallTime is the client-side duration of one kind of call (a round trip,
+// with its commit when it runs alone) during the paced phase.
+type CallTime struct {
+	Calls int     `json:"calls"`
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	MaxMs float64 `json:"max_ms"`
+}
 
 type benchState struct {
 	Prev int64 `json:"prev"` // unix ns of the previous step's start
@@ -360,6 +423,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		rate := res.FlowsPerSec / 2
 		res.PacedRate = rate
 		lat.on.Store(true)
+		rt.timing.Store(true)
 		base := done.Load()
 		if workload == "children" {
 			base = isDone()
@@ -399,6 +463,8 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 			}
 		}
 		lat.on.Store(false)
+		rt.timing.Store(false)
+		res.Calls = rt.callTimes()
 		lat.mu.Lock()
 		slices.Sort(lat.got)
 		res.Samples = len(lat.got)
@@ -577,6 +643,20 @@ func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 			continue
 		}
 		if _, err := fmt.Fprintf(w, "%s: statements per step (pg_stat_statements): %s\n", r.Workload, formatStatements(r.Statements)); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if len(r.Calls) == 0 {
+			continue
+		}
+		kinds := slices.Sorted(maps.Keys(r.Calls))
+		parts := make([]string, len(kinds))
+		for i, k := range kinds {
+			c := r.Calls[k]
+			parts[i] = fmt.Sprintf("%s %.2f/%.2f/%.1f (%d)", k, c.P50Ms, c.P99Ms, c.MaxMs, c.Calls)
+		}
+		if _, err := fmt.Fprintf(w, "%s: paced calls, ms p50/p99/max (calls): %s\n", r.Workload, strings.Join(parts, ", ")); err != nil {
 			return err
 		}
 	}

@@ -13,12 +13,13 @@ import (
 	"github.com/wharfhq/wharf/internal/testtool"
 )
 
-// smokeFlow runs the flow bench in miniature: a drain and no paced phase.
-func smokeFlow(t *testing.T, url string) []FlowResult {
+// smokeFlow runs the flow bench in miniature: a drain and a short paced
+// phase (none when paced is negative).
+func smokeFlow(t *testing.T, url string, paced time.Duration) []FlowResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rs, err := RunFlow(ctx, FlowOptions{DatabaseURL: url, Instances: 200, Paced: -1})
+	rs, err := RunFlow(ctx, FlowOptions{DatabaseURL: url, Instances: 200, Paced: paced})
 	require.NoError(t, err)
 	require.Len(t, rs, len(FlowWorkloads))
 	return rs
@@ -42,7 +43,7 @@ func TestFlowStatementsPerStep(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Stop() })
 
-	rs := smokeFlow(t, c.URL())
+	rs := smokeFlow(t, c.URL(), 300*time.Millisecond)
 	for _, r := range rs {
 		require.Empty(t, r.StatementsNote, r.Workload)
 		require.Greater(t, r.Statements["claim"], 0.0, r.Workload)
@@ -60,10 +61,18 @@ func TestFlowStatementsPerStep(t *testing.T) {
 		if r.Workload == "signal" {
 			require.Greater(t, r.Statements["signal"], 0.0)
 		}
+		// The paced phase times the claims and outcome writes.
+		for _, k := range []string{"claim", "outcome"} {
+			c := r.Calls[k]
+			require.Positive(t, c.Calls, "%s: %s calls timed", r.Workload, k)
+			require.LessOrEqual(t, c.P50Ms, c.P99Ms, r.Workload)
+			require.LessOrEqual(t, c.P99Ms, c.MaxMs, r.Workload)
+		}
 	}
 	var out bytes.Buffer
 	require.NoError(t, WriteFlowSummary(&out, rs))
 	require.Contains(t, out.String(), "steps: statements per step (pg_stat_statements): ")
+	require.Contains(t, out.String(), "signal: paced calls, ms p50/p99/max (calls): claim ")
 }
 
 // On a server that does not load pg_stat_statements, the flow bench still
@@ -77,7 +86,7 @@ func TestFlowStatementsNotLoaded(t *testing.T) {
 	if bytes.Contains([]byte(libs), []byte("pg_stat_statements")) {
 		t.Skip("the test database's server loads pg_stat_statements")
 	}
-	rs := smokeFlow(t, databaseURL)
+	rs := smokeFlow(t, databaseURL, -1)
 	var out bytes.Buffer
 	require.NoError(t, WriteFlowSummary(&out, rs))
 	for _, r := range rs {
