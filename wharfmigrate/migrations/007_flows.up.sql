@@ -357,19 +357,25 @@ BEGIN
         RETURN;
     END IF;
     -- An awaiting row claimed with no awaited signal pending has reached
-    -- its deadline: it runs its timeout step.
+    -- its deadline: it runs its timeout step. Checked once per row, in the
+    -- statement (a call of flow_signal_pending is not inlined: it ran as a
+    -- statement of its own, three times per row); the rows are locked, so
+    -- their await cannot change meanwhile.
     RETURN QUERY
-    WITH u AS (
+    WITH t AS (
+        SELECT x.id, x.await_signals IS NOT NULL AND NOT EXISTS (
+                   SELECT 1 FROM {{schema}}.flow_signals s
+                    WHERE s.instance_id = x.id AND s.consumed_at IS NULL AND s.name = ANY (x.await_signals)) AS timed_out
+          FROM {{schema}}.flow_instances x WHERE x.id = ANY (v_ids)
+    ), u AS (
         UPDATE {{schema}}.flow_instances i SET
             status = 'running', lease_owner = p_runner, lease_token = i.lease_token + 1,
             run_at = v_now + p_lease, updated_at = v_now,
-            step = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
-                        THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
-            await_signals = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
-                                 THEN NULL ELSE i.await_signals END,
-            timeout_step = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
-                                THEN NULL ELSE i.timeout_step END
-         WHERE i.id = ANY (v_ids)
+            step = CASE WHEN t.timed_out THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
+            await_signals = CASE WHEN t.timed_out THEN NULL ELSE i.await_signals END,
+            timeout_step = CASE WHEN t.timed_out THEN NULL ELSE i.timeout_step END
+          FROM t
+         WHERE i.id = t.id
         RETURNING i.*
     )
     SELECT u.id, u.flow, u.step, u.state, u.attempt, u.lease_token, u.run_at,
@@ -484,7 +490,8 @@ BEGIN
     IF v_awaits IS NOT NULL THEN
         UPDATE {{schema}}.flow_instances i SET run_at = v_now
          WHERE i.id = ANY (v_awaits) AND i.status = 'awaiting'
-           AND {{schema}}.flow_signal_pending(i.id, i.await_signals);
+           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
         GET DIAGNOSTICS v_n = ROW_COUNT;
         v_woken := v_woken + v_n;
     END IF;
