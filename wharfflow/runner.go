@@ -634,15 +634,12 @@ func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]
 			wake = true
 			continue
 		}
-		// An outcome that schedules its instance (a step now or later, a
-		// retry, an await and its deadline, a pause) or spawns children
-		// wakes the claim loop, for the claim or for its timer. A
-		// continued step needs no claim, and what a done or failed one
-		// makes due (a parent's join, a key's next step) is notified by
-		// complete_flow_steps.
-		switch k := batch[i].w.Kind; {
-		case token != 0, k == "done", k == "fail":
-		default:
+		// A step continued on its lease needs no claim. Any other outcome
+		// wakes the claim loop: it may have scheduled its instance (the
+		// claim sets the timer), spawned children, or made a parent's join
+		// or a key's next step due; complete_flow_steps notifies the
+		// latter too, but the listener's round trip is slower than this.
+		if token == 0 {
 			wake = true
 		}
 	}
