@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf"
@@ -580,4 +581,71 @@ func TestSignalCommittedAfterTheAwaitWakesByNotification(t *testing.T) {
 	d, err := b.client.Get(ctx, ids[0])
 	require.NoError(t, err)
 	require.JSONEq(t, "1", string(d.Result))
+}
+
+// One signal_flows call records a batch: a dedup key repeated within the
+// batch is recorded once (both get the first one's id), signals without a
+// dedup key are each recorded, an unknown instance gets no id; an instance
+// that awaits the signal is woken in the call, and only the instances it
+// could not wake (not awaiting the signal yet) get their id notified, for a
+// runner to check once the signal is committed.
+func TestSignalBatchDedupsWakesAndNotifiesTheRest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := wharfflow.New[counter]("batch", nil).Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		return wharfflow.Await("go", "go")
+	})
+	ids, err := b.client.Start(ctx, f.Start(counter{}, wharfflow.StartOptions{}), f.Start(counter{}, wharfflow.StartOptions{}),
+		f.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	awaitA, awaitB, running := ids[0], ids[1], ids[2]
+	// No runner: the test sets the statuses a runner would have written.
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'awaiting', await_signals = '{go}', run_at = 'infinity' WHERE id = ANY ($1)",
+		[]int64{awaitA, awaitB})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'running', run_at = now() + interval '1 hour' WHERE id = $1", running)
+	require.NoError(t, err)
+
+	listener, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, "LISTEN "+b.schema+"_flows")
+	require.NoError(t, err)
+	defer func() { _, _ = listener.Exec(context.Background(), "UNLISTEN *") }()
+
+	got, err := b.client.Send(ctx,
+		wharfflow.Signal{Instance: awaitA, Name: "go", DedupKey: "k"},
+		wharfflow.Signal{Instance: awaitA, Name: "go", DedupKey: "k"},
+		wharfflow.Signal{Instance: awaitB, Name: "go"},
+		wharfflow.Signal{Instance: awaitB, Name: "go"},
+		wharfflow.Signal{Instance: running, Name: "go"})
+	require.NoError(t, err)
+	require.Len(t, got, 5)
+	require.Equal(t, got[0], got[1], "a dedup key repeated in the batch is recorded once")
+	require.NotEqual(t, got[2], got[3], "signals without a dedup key are each recorded")
+	require.Len(t, map[int64]bool{got[0]: true, got[2]: true, got[3]: true, got[4]: true}, 4)
+	var n int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_signals").Scan(&n))
+	require.Equal(t, 4, n)
+	_, err = b.client.Send(ctx, wharfflow.Signal{Instance: 1 << 40, Name: "go"})
+	require.ErrorIs(t, err, wharfflow.ErrNoInstance)
+
+	rows, err := b.pool.Query(ctx, "SELECT id FROM "+b.schema+".flow_instances WHERE status = 'awaiting' AND run_at <= now() ORDER BY id")
+	require.NoError(t, err)
+	due, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Equal(t, []int64{awaitA, awaitB}, due, "the awaiting instances are woken by the call")
+
+	// The notifications of the first call's commit: one to wake claimers,
+	// and the id of the instance it could not wake only.
+	var payloads []string
+	for len(payloads) < 2 {
+		nctx, cancel := context.WithTimeout(ctx, time.Minute)
+		note, err := listener.Conn().WaitForNotification(nctx)
+		cancel()
+		require.NoError(t, err)
+		payloads = append(payloads, note.Payload)
+	}
+	require.ElementsMatch(t, []string{"", fmt.Sprint(running)}, payloads)
 }

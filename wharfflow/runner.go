@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -147,6 +148,10 @@ type Runner struct {
 	// the claim loop waits for them, after which no continued step starts.
 	steps   sync.WaitGroup
 	closing bool
+
+	// starved is set while the claim loop waits for a free slot: an
+	// outcome written then wakes it.
+	starved atomic.Bool
 
 	mu       sync.Mutex
 	inflight map[int64]*running
@@ -316,6 +321,9 @@ func (r *Runner) claimLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		r.mu.Lock()
 		free := r.cfg.MaxInFlight - len(r.inflight)
+		// Under mu, with the slots counted: a release that frees one after
+		// this sees it set.
+		r.starved.Store(free <= 0)
 		ids := r.wakeIDs
 		r.wakeIDs = nil
 		r.mu.Unlock()
@@ -614,16 +622,30 @@ func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]
 			r.cfg.Logger.Warn("wharfflow: handing back steps; they run after their lease", "err", err)
 		}
 	}
+	wake := r.starved.Load()
 	for i := range batch {
-		_, ok := applied[batch[i].c.ID]
+		token, ok := applied[batch[i].c.ID]
 		r.stats.observe(batch[i], ok)
 		r.cfg.Metrics.observe(batch[i], ok)
 		if !ok {
 			r.cfg.Logger.Warn("wharfflow: outcome not applied: the step's lease was lost (or the instance cancelled)",
 				"instance", batch[i].c.ID, "step", batch[i].c.Step)
+			// Its lease still ends: the claim sets the timer for it.
+			wake = true
+			continue
+		}
+		// A step continued on its lease needs no claim. Any other outcome
+		// wakes the claim loop: it may have scheduled its instance (the
+		// claim sets the timer), spawned children, or made a parent's join
+		// or a key's next step due; complete_flow_steps notifies the
+		// latter too, but the listener's round trip is slower than this.
+		if token == 0 {
+			wake = true
 		}
 	}
-	r.poke()
+	if wake {
+		r.poke()
+	}
 }
 
 // renewLoop extends the leases of steps running longer than a third of

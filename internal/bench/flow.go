@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,17 +70,86 @@ type FlowResult struct {
 	P50Ms     float64 `json:"step_to_step_p50_ms"`
 	P99Ms     float64 `json:"step_to_step_p99_ms"`
 	Samples   int     `json:"latency_samples"`
+	// Statements per step during the drain, from pg_stat_statements, by
+	// kind (stmtKind): top-level statements sent by the clients, and
+	// "in functions" for those the flow functions run (with
+	// pg_stat_statements.track = all). Nil when the server does not load
+	// pg_stat_statements; StatementsNote says why.
+	Statements     map[string]float64 `json:"statements_per_step,omitempty"`
+	StatementsNote string             `json:"statements_note,omitempty"`
+	// Calls is how long the flow functions' calls took, seen from the
+	// client, during the paced phase: the parts of a step-to-step gap.
+	Calls map[string]CallTime `json:"paced_calls,omitempty"`
 }
 
-// roundTrips counts the queries a pool sends.
-type roundTrips struct{ n atomic.Int64 }
+// roundTrips counts the queries a pool sends and, while timing is on,
+// times the flow functions' calls by kind (stmtKind): where the
+// step-to-step latency goes.
+type roundTrips struct {
+	n      atomic.Int64
+	timing atomic.Bool
+	mu     sync.Mutex
+	took   map[string][]time.Duration
+}
 
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+type queryStartKey struct{}
+
+type queryStart struct {
+	kind string
+	at   time.Time
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	if !r.timing.Load() {
+		return ctx
+	}
+	kind := stmtKind(d.SQL, true)
+	switch kind {
+	case "claim", "outcome", "signal", "start", "wake":
+		return context.WithValue(ctx, queryStartKey{}, queryStart{kind: kind, at: time.Now()})
+	}
 	return ctx
 }
 
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	s, ok := ctx.Value(queryStartKey{}).(queryStart)
+	if !ok {
+		return
+	}
+	d := time.Since(s.at)
+	r.mu.Lock()
+	if r.took == nil {
+		r.took = map[string][]time.Duration{}
+	}
+	r.took[s.kind] = append(r.took[s.kind], d)
+	r.mu.Unlock()
+}
+
+// callTimes is the p50 and p99 in ms of each kind's calls timed, as
+// "kind p50/p99 (calls)".
+func (r *roundTrips) callTimes() map[string]CallTime {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string]CallTime{}
+	for k, ds := range r.took {
+		slices.Sort(ds)
+		q := func(f float64) float64 {
+			return float64(ds[min(len(ds)-1, int(f*float64(len(ds))))].Microseconds()) / 1000
+		}
+		out[k] = CallTime{Calls: len(ds), P50Ms: q(0.5), P99Ms: q(0.99), MaxMs: float64(ds[len(ds)-1].Microseconds()) / 1000}
+	}
+	return out
+}
+
+// CallTime is the client-side duration of one kind of call (a round trip,
+// with its commit when it runs alone) during the paced phase.
+type CallTime struct {
+	Calls int     `json:"calls"`
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	MaxMs float64 `json:"max_ms"`
+}
 
 type benchState struct {
 	Prev int64 `json:"prev"` // unix ns of the previous step's start
@@ -279,6 +351,8 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	if err != nil {
 		return res, err
 	}
+	stmts0, note := statementCalls(ctx, pool)
+	res.StatementsNote = note
 	rt0 := rt.n.Load()
 	t0 := time.Now()
 	for range o.Runners {
@@ -335,12 +409,21 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	res.FlowsPerSec = float64(target) / elapsed.Seconds()
 	res.RoundTripsPerStep = float64(rt1-rt0) / float64(steps)
 	res.CommitsPerStep = float64(c1-c0) / float64(steps)
+	if stmts0 != nil {
+		stmts1, note := statementCalls(ctx, pool)
+		if stmts1 == nil {
+			res.StatementsNote = note
+		} else {
+			res.Statements = statementsPerStep(stmts0, stmts1, steps)
+		}
+	}
 
 	// Latency at half the drained rate.
 	if o.Paced > 0 {
 		rate := res.FlowsPerSec / 2
 		res.PacedRate = rate
 		lat.on.Store(true)
+		rt.timing.Store(true)
 		base := done.Load()
 		if workload == "children" {
 			base = isDone()
@@ -380,6 +463,8 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 			}
 		}
 		lat.on.Store(false)
+		rt.timing.Store(false)
+		res.Calls = rt.callTimes()
 		lat.mu.Lock()
 		slices.Sort(lat.got)
 		res.Samples = len(lat.got)
@@ -427,6 +512,114 @@ func sendSignals(ctx context.Context, pool *pgxpool.Pool, client *wharfflow.Clie
 	return ctx.Err()
 }
 
+// stmtKey is a pg_stat_statements entry: a statement is counted apart at
+// top level and inside functions.
+type stmtKey struct {
+	id       int64
+	topLevel bool
+}
+
+type stmtCalls struct {
+	query string
+	calls int64
+}
+
+// statementCalls reads this database's pg_stat_statements calls; nil and
+// a note when the server does not load the extension. The extension is
+// created in the database when the server loads its library.
+func statementCalls(ctx context.Context, pool *pgxpool.Pool) (map[stmtKey]stmtCalls, string) {
+	var loaded bool
+	if err := pool.QueryRow(ctx, "SELECT 'pg_stat_statements' = ANY (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))").
+		Scan(&loaded); err != nil {
+		return nil, "statements per step: reading shared_preload_libraries: " + oneLine(err)
+	}
+	if !loaded {
+		return nil, "statements per step: not measured: this server does not load pg_stat_statements (shared_preload_libraries); " +
+			"without --database-url the throwaway cluster loads it when installed"
+	}
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		return nil, "statements per step: not measured: CREATE EXTENSION pg_stat_statements: " + oneLine(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT queryid, toplevel, query, calls FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND queryid IS NOT NULL`)
+	if err != nil {
+		return nil, "statements per step: not measured: reading pg_stat_statements: " + oneLine(err)
+	}
+	defer rows.Close()
+	out := map[stmtKey]stmtCalls{}
+	for rows.Next() {
+		var k stmtKey
+		var c stmtCalls
+		if err := rows.Scan(&k.id, &k.topLevel, &c.query, &c.calls); err != nil {
+			return nil, "statements per step: not measured: reading pg_stat_statements: " + oneLine(err)
+		}
+		out[k] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "statements per step: not measured: reading pg_stat_statements: " + oneLine(err)
+	}
+	return out, ""
+}
+
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
+
+// stmtKinds name the top-level statements of a flow run by what they call.
+var stmtKinds = []struct{ match, kind string }{
+	{"claim_flow_steps(", "claim"},
+	{"complete_flow_steps(", "outcome"},
+	{"signal_flows(", "signal"},
+	{"wake_flows(", "wake"},
+	{"start_flows(", "start"},
+	{"renew_flow_leases(", "renew"},
+	{"release_flow_leases(", "release"},
+	{"enqueue", "enqueue"},
+	{"flow_instances WHERE status IN", "bench: awaiting lookup"},
+}
+
+// stmtKind classifies a statement; "" for the bench's own measuring.
+func stmtKind(query string, topLevel bool) string {
+	if !topLevel {
+		return "in functions"
+	}
+	for _, k := range stmtKinds {
+		if strings.Contains(query, k.match) {
+			return k.kind
+		}
+	}
+	q := strings.ToUpper(strings.TrimSpace(query))
+	switch {
+	case strings.Contains(q, "PG_STAT_"):
+		return ""
+	case strings.HasPrefix(q, "BEGIN"), strings.HasPrefix(q, "COMMIT"), strings.HasPrefix(q, "ROLLBACK"):
+		return "begin/commit"
+	case strings.HasPrefix(q, "LISTEN"), strings.HasPrefix(q, "UNLISTEN"):
+		return "listen"
+	}
+	return "other"
+}
+
+// statementsPerStep is the calls between two snapshots per step, by kind,
+// with "total" the top-level statements.
+func statementsPerStep(before, after map[stmtKey]stmtCalls, steps int64) map[string]float64 {
+	out := map[string]float64{}
+	if steps == 0 {
+		return out
+	}
+	for k, a := range after {
+		n := a.calls - before[k].calls
+		kind := stmtKind(a.query, k.topLevel)
+		if n <= 0 || kind == "" {
+			continue
+		}
+		per := float64(n) / float64(steps)
+		out[kind] += per
+		if k.topLevel {
+			out["total"] += per
+		}
+	}
+	return out
+}
+
 // WriteFlowSummary prints the flow workloads' figures.
 func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 	_, err := fmt.Fprintf(w, "%-9s %9s %10s %10s %9s %9s %10s %10s %s\n", "workload", "flows", "steps/s", "flows/s",
@@ -440,5 +633,53 @@ func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 			return err
 		}
 	}
+	for _, r := range rs {
+		if r.Statements == nil {
+			if r.StatementsNote != "" {
+				if _, err := fmt.Fprintf(w, "%s: %s\n", r.Workload, r.StatementsNote); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "%s: statements per step (pg_stat_statements): %s\n", r.Workload, formatStatements(r.Statements)); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if len(r.Calls) == 0 {
+			continue
+		}
+		kinds := slices.Sorted(maps.Keys(r.Calls))
+		parts := make([]string, len(kinds))
+		for i, k := range kinds {
+			c := r.Calls[k]
+			parts[i] = fmt.Sprintf("%s %.2f/%.2f/%.1f (%d)", k, c.P50Ms, c.P99Ms, c.MaxMs, c.Calls)
+		}
+		if _, err := fmt.Fprintf(w, "%s: paced calls, ms p50/p99/max (calls): %s\n", r.Workload, strings.Join(parts, ", ")); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// formatStatements lists the kinds by calls, then the top-level total and
+// the statements run inside functions.
+func formatStatements(m map[string]float64) string {
+	var kinds []string
+	for k := range m {
+		if k != "total" && k != "in functions" {
+			kinds = append(kinds, k)
+		}
+	}
+	slices.SortFunc(kinds, func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), strings.Compare(a, b)) })
+	parts := make([]string, 0, len(kinds)+2)
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s %.4f", k, m[k]))
+	}
+	parts = append(parts, fmt.Sprintf("total %.4f", m["total"]))
+	if v, ok := m["in functions"]; ok {
+		parts = append(parts, fmt.Sprintf("(+ %.3f inside functions)", v))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -72,8 +72,12 @@ Modes:
             3 steps awaiting one signal, sent by an application loop; children:
             a parent spawning 10 one-step children and joining them), --flows
             instances pre-started and drained by --runners runners (steps/s,
-            client round trips and commits per step), then --paced of flows
-            started at half the drained rate (step-to-step p50/p99)
+            client round trips and commits per step, and statements per step
+            by kind from pg_stat_statements when the server loads it: the
+            throwaway cluster does, when the library is installed), then
+            --paced of flows started at half the drained rate (step-to-step
+            p50/p99, and p50/p99/max of the claim, outcome, signal and start
+            calls: the parts of a step-to-step gap)
   soak      a long steady run (e.g. --rate at half the sustainable rate,
             --duration 30m) with the relay in this process; samples the process's
             resident memory, Go heap and goroutines, the p99 of each interval and
@@ -146,7 +150,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.StringArrayVar(&o.RelayArgs, "relay-arg", nil, "extra relay flag, repeatable, e.g. --relay-arg=--fetch-batch=8000 (applies to in-process and process relays)")
 	fl.StringVar(&f.jsonPath, "json", "", "write the result as JSON to this file")
 	fl.StringVar(&f.reportDir, "report", "", "write samples.csv and index.html (charts) into this directory")
-	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of this process over the run: the relay in this process, with the producers and the pre-fill; not with relay processes")
+	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile (go tool pprof) of this process over the run: the relay in this process, with the producers and the pre-fill; not with relay processes; in flow mode, the runners and the bench")
 	fl.BoolVar(&o.Keep, "keep", false, "keep the bench schema at the end")
 	fl.DurationVar(&o.SampleInterval, "sample-interval", 0, "fixed sampling period (0 = adapt: 100 ms, 250 ms with relay processes, doubling past 240 samples)")
 	fl.DurationVar(&o.TailWait, "tail-wait", 10*time.Second, "steady: after the producers stop, wait at most this long for the relays to catch up (0 = do not wait; a sweep always waits for an empty outbox, up to 2m)")

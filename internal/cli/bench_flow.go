@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/wharfhq/wharf/internal/bench"
+	"github.com/wharfhq/wharf/internal/pgembed"
 )
 
 func addFlowBenchFlags(fl *pflag.FlagSet, f *benchFlags) {
@@ -48,12 +49,26 @@ func runFlowBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Com
 	o.Keep = f.opts.Keep
 	o.Progress = g.stderr
 	o.Logger = g.log
-	_, stopDB, err := g.throwawayDatabase(ctx)
+	// A throwaway cluster loads pg_stat_statements when the server has it,
+	// for the statements per step.
+	_, stopDB, err := g.throwawayDatabaseWith(ctx, func(binDir string) map[string]string {
+		if !pgembed.HasLibrary(binDir, "pg_stat_statements") {
+			return nil
+		}
+		return map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"}
+	})
 	if err != nil {
 		return err
 	}
 	defer stopDB()
 	o.DatabaseURL = g.databaseURL
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	rs, err := bench.RunFlow(ctx, o)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -547,6 +547,12 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 // numbers) when no database URL was given, points g.databaseURL at it and
 // returns the function that removes it; with a URL it does nothing.
 func (g *globals) throwawayDatabase(ctx context.Context) (started bool, stop func(), err error) {
+	return g.throwawayDatabaseWith(ctx, nil)
+}
+
+// throwawayDatabaseWith is throwawayDatabase with extra server settings
+// (pgembed.Options.Settings), given those of the libraries to load.
+func (g *globals) throwawayDatabaseWith(ctx context.Context, settings func(binDir string) map[string]string) (started bool, stop func(), err error) {
 	if g.databaseURL != "" {
 		return false, func() {}, nil
 	}
@@ -556,7 +562,11 @@ func (g *globals) throwawayDatabase(ctx context.Context) (started bool, stop fun
 	}
 	fmt.Fprintf(g.stderr, "No database URL given: starting a throwaway PostgreSQL (fsync on) from %s ...\n", dir)
 	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	cluster, err := pgembed.Start(startCtx, pgembed.Options{Fsync: true, Logger: g.log})
+	opts := pgembed.Options{Fsync: true, Logger: g.log}
+	if settings != nil {
+		opts.Settings = settings(dir)
+	}
+	cluster, err := pgembed.Start(startCtx, opts)
 	cancel()
 	if err != nil {
 		return false, nil, err

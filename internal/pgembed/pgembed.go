@@ -100,6 +100,29 @@ func findBinaries(pathEnv, globPattern, fallback string) (string, error) {
 	return "", errors.New(notFoundMsg)
 }
 
+// HasLibrary reports whether the server in binDir (FindBinaries) has the
+// shared library name (e.g. "pg_stat_statements") in its package library
+// directory, so that a cluster may load it with shared_preload_libraries:
+// from pg_config --pkglibdir when binDir has pg_config, else ../lib beside
+// binDir (the Debian and source layouts). A binDir of symbolic links (such
+// as /usr/local/bin -> /usr/lib/postgresql/15/bin) is followed through
+// initdb's link.
+func HasLibrary(binDir, name string) bool {
+	if real, err := filepath.EvalSymlinks(filepath.Join(binDir, "initdb")); err == nil {
+		binDir = filepath.Dir(real)
+	}
+	libDir := filepath.Join(filepath.Dir(binDir), "lib")
+	if out, err := exec.Command(filepath.Join(binDir, "pg_config"), "--pkglibdir").Output(); err == nil {
+		libDir = strings.TrimSpace(string(out))
+	}
+	for _, ext := range []string{".so", ".dylib", ".dll"} {
+		if fi, err := os.Stat(filepath.Join(libDir, name+ext)); err == nil && fi.Mode().IsRegular() {
+			return true
+		}
+	}
+	return false
+}
+
 // compareVersions orders dotted versions numerically so 16 beats 9; a
 // non-numeric part sorts below any number.
 func compareVersions(a, b string) int {

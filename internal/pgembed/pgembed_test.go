@@ -211,3 +211,21 @@ func TestCompareVersions(t *testing.T) {
 	require.Negative(t, compareVersions("devel", "9"))
 	require.Negative(t, compareVersions("9", "9.1"))
 }
+
+func TestHasLibrary(t *testing.T) {
+	dir := t.TempDir()
+	bin, lib := filepath.Join(dir, "bin"), filepath.Join(dir, "lib")
+	require.NoError(t, os.MkdirAll(bin, 0o755))
+	require.NoError(t, os.MkdirAll(lib, 0o755))
+	require.False(t, HasLibrary(bin, "pg_stat_statements"), "no library in ../lib yet")
+	require.NoError(t, os.WriteFile(filepath.Join(lib, "pg_stat_statements.so"), nil, 0o644))
+	require.True(t, HasLibrary(bin, "pg_stat_statements"), "../lib beside a bin without pg_config")
+	require.False(t, HasLibrary(bin, "pgstattuple"))
+
+	// A directory of links to the binaries, as /usr/local/bin may be.
+	links := filepath.Join(dir, "links")
+	require.NoError(t, os.MkdirAll(links, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(bin, "initdb"), nil, 0o755))
+	require.NoError(t, os.Symlink(filepath.Join(bin, "initdb"), filepath.Join(links, "initdb")))
+	require.True(t, HasLibrary(links, "pg_stat_statements"), "followed through initdb's link")
+}

@@ -145,46 +145,62 @@ $$;
 -- name, payload, dedup_key) and returns each one's position and signal id,
 -- NULL when no active instance matches. A signal whose dedup_key the
 -- instance already has is not recorded again; its id is the first one's.
+-- Set-based: one statement finds the instances, one inserts the signals and
+-- wakes the instances that await them, whatever the batch's size.
 CREATE FUNCTION {{schema}}.signal_flows(p_signals jsonb) RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    e     record;
-    v_ins bigint;
-    v_sig bigint;
+    v_sids  bigint[];
+    v_ins   bigint[];
+    v_late  bigint[];
+    v_woken bigint;
 BEGIN
-    FOR e IN SELECT x.doc, x.n FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n) LOOP
-        IF e.doc ? 'instance' THEN
-            SELECT i.id INTO v_ins FROM {{schema}}.flow_instances i
-             WHERE i.id = (e.doc->>'instance')::bigint AND i.status NOT IN ('done', 'cancelled');
-        ELSE
-            SELECT i.id INTO v_ins FROM {{schema}}.flow_instances i
-             WHERE i.flow = e.doc->>'flow' AND i.correlation_key = e.doc->>'key'
-               AND i.status NOT IN ('done', 'cancelled');
-        END IF;
-        IF v_ins IS NULL THEN
-            ord := e.n; id := NULL; RETURN NEXT; CONTINUE;
-        END IF;
-        v_sig := NULL;
-        INSERT INTO {{schema}}.flow_signals AS s (instance_id, name, payload, dedup_key)
-        VALUES (v_ins, e.doc->>'name', e.doc->'payload', e.doc->>'dedup_key')
+    v_sids := ARRAY(SELECT nextval('{{schema}}.flow_signals_id_seq') FROM generate_series(1, jsonb_array_length(p_signals)));
+    v_ins := ARRAY(
+        SELECT CASE WHEN x.doc ? 'instance'
+                    THEN (SELECT i.id FROM {{schema}}.flow_instances i
+                           WHERE i.id = (x.doc->>'instance')::bigint AND i.status NOT IN ('done', 'cancelled'))
+                    ELSE (SELECT i.id FROM {{schema}}.flow_instances i
+                           WHERE i.flow = x.doc->>'flow' AND i.correlation_key = x.doc->>'key'
+                             AND i.status NOT IN ('done', 'cancelled')) END
+          FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n) ORDER BY x.n);
+    -- Wake the instances that await a signal now. One whose step is still
+    -- running (or that awaits other names) is not locked: the runner that
+    -- writes its await sees the signal, or, when this transaction commits
+    -- after that write, the notification carrying its id makes a runner
+    -- check it (wake_flows). Only those get their id notified.
+    WITH ins AS (
+        INSERT INTO {{schema}}.flow_signals AS s (id, instance_id, name, payload, dedup_key)
+        SELECT v_sids[x.n], v_ins[x.n], x.doc->>'name', x.doc->'payload', x.doc->>'dedup_key'
+          FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n)
+         WHERE v_ins[x.n] IS NOT NULL
+         ORDER BY x.n
         ON CONFLICT (instance_id, dedup_key) DO NOTHING
-        RETURNING s.id INTO v_sig;
-        IF v_sig IS NULL THEN
-            SELECT s.id INTO v_sig FROM {{schema}}.flow_signals s
-             WHERE s.instance_id = v_ins AND s.dedup_key = e.doc->>'dedup_key';
-        ELSE
-            -- Wake the instance if it awaits this signal now. If its step is
-            -- still running, the runner that writes the await sees the
-            -- signal, or, when this transaction commits after that write,
-            -- the notification makes a runner check (wake_flows).
-            UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
-             WHERE i.id = v_ins AND i.status = 'awaiting' AND (e.doc->>'name') = ANY (i.await_signals)
-               AND i.run_at > clock_timestamp();
-            PERFORM pg_notify('{{schema}}_flows', v_ins::text);
-        END IF;
-        ord := e.n; id := v_sig; RETURN NEXT;
-    END LOOP;
+        RETURNING s.instance_id, s.name
+    ), woken AS (
+        UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
+          FROM ins
+         WHERE i.id = ins.instance_id AND i.status = 'awaiting' AND ins.name = ANY (i.await_signals)
+           AND i.run_at > clock_timestamp()
+        RETURNING i.id
+    )
+    SELECT (SELECT array_agg(DISTINCT ins.instance_id) FROM ins
+             WHERE ins.instance_id NOT IN (SELECT w.id FROM woken w)),
+           (SELECT count(*) FROM woken)
+      INTO v_late, v_woken;
+    IF v_woken > 0 THEN
+        PERFORM pg_notify('{{schema}}_flows', '');
+    END IF;
+    IF v_late IS NOT NULL THEN
+        PERFORM pg_notify('{{schema}}_flows', l::text) FROM unnest(v_late) AS l;
+    END IF;
+    RETURN QUERY
+    SELECT x.n, CASE WHEN v_ins[x.n] IS NOT NULL THEN coalesce(
+               (SELECT s.id FROM {{schema}}.flow_signals s WHERE s.id = v_sids[x.n]),
+               (SELECT s.id FROM {{schema}}.flow_signals s
+                 WHERE s.instance_id = v_ins[x.n] AND s.dedup_key = x.doc->>'dedup_key')) END
+      FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n);
 END $$;
 
 -- signal sends one signal to the active instance of p_flow with correlation
@@ -341,19 +357,25 @@ BEGIN
         RETURN;
     END IF;
     -- An awaiting row claimed with no awaited signal pending has reached
-    -- its deadline: it runs its timeout step.
+    -- its deadline: it runs its timeout step. Checked once per row, in the
+    -- statement (a call of flow_signal_pending is not inlined: it ran as a
+    -- statement of its own, three times per row); the rows are locked, so
+    -- their await cannot change meanwhile.
     RETURN QUERY
-    WITH u AS (
+    WITH t AS (
+        SELECT x.id, x.await_signals IS NOT NULL AND NOT EXISTS (
+                   SELECT 1 FROM {{schema}}.flow_signals s
+                    WHERE s.instance_id = x.id AND s.consumed_at IS NULL AND s.name = ANY (x.await_signals)) AS timed_out
+          FROM {{schema}}.flow_instances x WHERE x.id = ANY (v_ids)
+    ), u AS (
         UPDATE {{schema}}.flow_instances i SET
             status = 'running', lease_owner = p_runner, lease_token = i.lease_token + 1,
             run_at = v_now + p_lease, updated_at = v_now,
-            step = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
-                        THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
-            await_signals = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
-                                 THEN NULL ELSE i.await_signals END,
-            timeout_step = CASE WHEN i.await_signals IS NOT NULL AND NOT {{schema}}.flow_signal_pending(i.id, i.await_signals)
-                                THEN NULL ELSE i.timeout_step END
-         WHERE i.id = ANY (v_ids)
+            step = CASE WHEN t.timed_out THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
+            await_signals = CASE WHEN t.timed_out THEN NULL ELSE i.await_signals END,
+            timeout_step = CASE WHEN t.timed_out THEN NULL ELSE i.timeout_step END
+          FROM t
+         WHERE i.id = t.id
         RETURNING i.*
     )
     SELECT u.id, u.flow, u.step, u.state, u.attempt, u.lease_token, u.run_at,
@@ -468,7 +490,8 @@ BEGIN
     IF v_awaits IS NOT NULL THEN
         UPDATE {{schema}}.flow_instances i SET run_at = v_now
          WHERE i.id = ANY (v_awaits) AND i.status = 'awaiting'
-           AND {{schema}}.flow_signal_pending(i.id, i.await_signals);
+           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
         GET DIAGNOSTICS v_n = ROW_COUNT;
         v_woken := v_woken + v_n;
     END IF;
@@ -538,20 +561,26 @@ BEGIN
 END $$;
 
 -- wake_flows makes awaiting instances with a pending awaited signal due now:
--- those in p_ids, or every one when p_ids is NULL. Returns how many.
+-- those in p_ids (by their primary key), or every one when p_ids is NULL
+-- (through the pending signals). Returns how many.
 CREATE FUNCTION {{schema}}.wake_flows(p_ids bigint[]) RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_n integer;
 BEGIN
-    UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
-     WHERE (p_ids IS NULL OR i.id = ANY (p_ids))
-       AND i.id IN (SELECT s.instance_id FROM {{schema}}.flow_signals s WHERE s.consumed_at IS NULL
-                       AND (p_ids IS NULL OR s.instance_id = ANY (p_ids)))
-       AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
-       AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
-                    WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
+    IF p_ids IS NULL THEN
+        UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
+         WHERE i.id IN (SELECT s.instance_id FROM {{schema}}.flow_signals s WHERE s.consumed_at IS NULL)
+           AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
+           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
+    ELSE
+        UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
+         WHERE i.id = ANY (p_ids) AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
+           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
+    END IF;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
