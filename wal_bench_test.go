@@ -1,7 +1,6 @@
 package wharf_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -20,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/procstat"
 )
 
 // BenchmarkRelayDrain drains a backlog (WHARF_BENCH_MESSAGES, default
@@ -110,10 +109,11 @@ func BenchmarkRelayDrain(b *testing.B) {
 				require.NoError(b, pprof.StartCPUProfile(f))
 				defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 			}
+			backends := map[int]time.Duration{} // the outbox's backends' CPU, by pid, when the relay started
+			noteBackends(ctx, b, bundle, backends, true)
 			cpu0 := processCPU(b)
 			start := time.Now()
 			require.NoError(b, relay.Start(ctx))
-			backends := map[int]time.Duration{} // the outbox's backends' CPU, by pid, first seen
 			var peakHeap, peakHeld uint64
 			tick := time.NewTicker(10 * time.Millisecond)
 			defer tick.Stop()
@@ -124,7 +124,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 				case <-done:
 					break wait
 				case <-tick.C:
-					noteBackends(ctx, b, bundle, backends)
+					noteBackends(ctx, b, bundle, backends, false)
 					metrics.Read(sample)
 					peakHeap = max(peakHeap, sample[0].Value.Uint64())
 					peakHeld = max(peakHeld, uint64(relay.Metrics().WALHeldBytes.Load()))
@@ -137,7 +137,9 @@ func BenchmarkRelayDrain(b *testing.B) {
 			pprof.StopCPUProfile()
 			var server time.Duration
 			for pid, first := range backends {
-				server += backendCPU(pid) - first
+				if now := backendCPU(pid); now > first { // 0 once it ended
+					server += now - first
+				}
 			}
 			b.StopTimer()
 			require.NoError(b, relay.Stop(ctx))
@@ -159,37 +161,32 @@ func processCPU(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// noteBackends records the CPU already used by each backend of the bench's
-// database that it sees for the first time, the walsender included
-// (pg_stat_activity lists walsenders of logical slots with their database).
-// A backend that ends between two samples loses what it used since the
-// last; the relay's stream and its connections live through the drain.
-func noteBackends(ctx context.Context, b *testing.B, bundle *testBundle, seen map[int]time.Duration) {
-	rows, err := bundle.pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+// noteBackends records each backend of the bench's database that it sees
+// for the first time (the walsender included: pg_stat_activity lists
+// walsenders of logical slots with their database) with the CPU it had
+// used before the relay started: none for one that started since, its
+// CPU at the first sample for one that was there before (the pool's, the
+// pre-fill's, the one asking). A backend that ends between two samples loses what it used
+// since the last; the relay's stream and connections live through the
+// drain.
+func noteBackends(ctx context.Context, b *testing.B, bundle *testBundle, seen map[int]time.Duration, before bool) {
+	rows, err := bundle.pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type IN ('client backend', 'walsender')")
 	require.NoError(b, err)
 	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 	require.NoError(b, err)
 	for _, pid := range pids {
 		if _, ok := seen[int(pid)]; !ok {
-			seen[int(pid)] = backendCPU(int(pid))
+			seen[int(pid)] = 0
+			if before {
+				seen[int(pid)] = backendCPU(int(pid))
+			}
 		}
 	}
 }
 
-// backendCPU is the user and system CPU a process of this machine has
-// used, from /proc (0 when it has ended or runs elsewhere).
+// backendCPU is the CPU a process of this machine has used (0 when it has
+// ended or runs elsewhere).
 func backendCPU(pid int) time.Duration {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the command's closing parenthesis: utime and stime are
-	// the 12th and 13th of them, in clock ticks (100 per second on Linux).
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	s, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+s) * 10 * time.Millisecond
+	used, _, _ := procstat.CPU(pid)
+	return used
 }

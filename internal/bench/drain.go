@@ -157,10 +157,10 @@ const walFillBatch = 1000
 
 // enqueueFill pre-fills an outbox through the enqueue path (in WAL mode
 // there is no table to COPY into) and returns its rate and the WAL end
-// after it. Each
-// Enqueue call of ProducerBatch messages is a transaction of its own that
-// writes one logical message in WAL mode (so 1 gives one message per transaction, the
-// shape of an application that sends one event per business transaction).
+// after it. Each Enqueue call of ProducerBatch messages is a transaction of
+// its own (in WAL mode writing one logical message), so 1 gives one
+// message per transaction, the shape of an application that sends one
+// event per business transaction.
 // Producers connections enqueue in parallel, without waiting for their
 // commits' flush (synchronous_commit off: the pre-fill is not measured
 // for durability, and the slot reads only flushed WAL, which the drain

@@ -1,16 +1,13 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wharfhq/wharf/internal/procstat"
 )
 
 // relayAppName is the application_name of the relays' connections (the
@@ -88,27 +85,9 @@ func (c *serverCPU) total() (time.Duration, bool) {
 	return d, true
 }
 
-// postgresCPU is the user and system CPU process pid used, when it is a
-// postgres process of this machine (Linux /proc; clock ticks at 100 Hz).
+// postgresCPU is the CPU process pid used, when it is a postgres process
+// of this machine.
 func postgresCPU(pid int32) (time.Duration, bool) {
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
-		return 0, false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// After the command's closing parenthesis, utime and stime are the
-	// 12th and 13th fields.
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	if len(f) < 13 {
-		return 0, false
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return time.Duration(u+s) * 10 * time.Millisecond, true
+	used, comm, ok := procstat.CPU(int(pid))
+	return used, ok && comm == "postgres"
 }
