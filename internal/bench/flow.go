@@ -134,10 +134,8 @@ func (r *roundTrips) callTimes() map[string]CallTime {
 	out := map[string]CallTime{}
 	for k, ds := range r.took {
 		slices.Sort(ds)
-		q := func(f float64) float64 {
-			return float64(ds[min(len(ds)-1, int(f*float64(len(ds))))].Microseconds()) / 1000
-		}
-		out[k] = CallTime{Calls: len(ds), P50Ms: q(0.5), P99Ms: q(0.99), MaxMs: float64(ds[len(ds)-1].Microseconds()) / 1000}
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		out[k] = CallTime{Calls: len(ds), P50Ms: ms(quantileOf(ds, 0.5)), P99Ms: ms(quantileOf(ds, 0.99)), MaxMs: ms(ds[len(ds)-1])}
 	}
 	return out
 }
@@ -173,11 +171,14 @@ func (l *latencies) add(prev int64) {
 	l.mu.Unlock()
 }
 
-func (l *latencies) quantile(q float64) time.Duration {
-	if len(l.got) == 0 {
+func (l *latencies) quantile(q float64) time.Duration { return quantileOf(l.got, q) }
+
+// quantileOf is the q-quantile of sorted durations (0 for none).
+func quantileOf(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	return l.got[min(len(l.got)-1, int(q*float64(len(l.got))))]
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
 }
 
 // RunFlow runs the flow workloads and returns their figures.
