@@ -36,7 +36,9 @@ func (r *relay) fetcher() {
 func (r *relay) completer() {
 	for ops := range r.opsReq {
 		ctx, cancel := context.WithTimeout(r.hardCtx, r.dbTimeout())
+		start := time.Now()
 		res := r.st.WriteResults(ctx, ops)
+		r.stats.ResultWriteSeconds.observe(time.Since(start).Seconds())
 		cancel()
 		select {
 		case r.opsRes <- res:

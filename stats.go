@@ -65,6 +65,9 @@ type Stats struct {
 	PublishSeconds Histogram // duration of one sink Publish call
 	LatencySeconds Histogram // commit (transaction start) to acknowledgement written
 	RemovalSize    Histogram // acknowledgements per result write
+	// ResultWriteSeconds is the duration of one write of delivery results
+	// (removals, retries, dead-letter moves: one transaction).
+	ResultWriteSeconds Histogram
 
 	topics  sync.Map // topic -> *TopicStats
 	ntopics atomic.Int32
@@ -115,6 +118,8 @@ func newStats() *Stats {
 		PublishSeconds: newHistogram(1e6, secs...),
 		LatencySeconds: newHistogram(1e6, append(secs, 60, 300, 900, 3600)...),
 		RemovalSize:    newHistogram(1, sizes...),
+
+		ResultWriteSeconds: newHistogram(1e6, secs...),
 	}
 }
 

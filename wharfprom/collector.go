@@ -110,17 +110,17 @@ type collector struct {
 	c    *wharf.Client
 	opts options
 
-	info                                      *prometheus.Desc
-	delivered, failures, dead                 *prometheus.Desc
-	duplicates, resent, failedPublishes       *prometheus.Desc
-	sinkFailed, sinkSeconds                   *prometheus.Desc
-	latency, fetchSeconds, fetchRows, removal *prometheus.Desc
-	inFlight, buffered, bufferedBytes, held   *prometheus.Desc
-	lanesOwned, uncovered                     *prometheus.Desc
-	walLag, walLagSeconds, walHeld            *prometheus.Desc
-	walSlotGone                               *prometheus.Desc
-	renewals, losses, dbErrors, rewinds       *prometheus.Desc
-	oldestDue, backlog, loopAge, dbSuccessAge *prometheus.Desc
+	info                                                   *prometheus.Desc
+	delivered, failures, dead                              *prometheus.Desc
+	duplicates, resent, failedPublishes                    *prometheus.Desc
+	sinkFailed, sinkSeconds                                *prometheus.Desc
+	latency, fetchSeconds, fetchRows, removal, resultWrite *prometheus.Desc
+	inFlight, buffered, bufferedBytes, held                *prometheus.Desc
+	lanesOwned, uncovered                                  *prometheus.Desc
+	walLag, walLagSeconds, walHeld                         *prometheus.Desc
+	walSlotGone                                            *prometheus.Desc
+	renewals, losses, dbErrors, rewinds                    *prometheus.Desc
+	oldestDue, backlog, loopAge, dbSuccessAge              *prometheus.Desc
 
 	backlogMu sync.Mutex // held while reading the estimate
 	cacheMu   sync.Mutex // guards the cached result below
@@ -156,6 +156,7 @@ func newCollector(c *wharf.Client, o options) *collector {
 
 		latency:      desc("wharf_commit_to_ack_seconds", "Time from the start of the enqueuing transaction to the acknowledgement being written, in seconds."),
 		fetchSeconds: desc("wharf_fetch_seconds", "Duration of one fetch from the outbox, in seconds."),
+		resultWrite:  desc("wharf_result_write_seconds", "Duration of one write of delivery results (removals, retries, dead-letter moves), in seconds."),
 		fetchRows:    desc("wharf_fetch_rows", "Rows read by one fetch."),
 		removal:      desc("wharf_removal_batch_size", "Acknowledgements written by one result write."),
 
@@ -185,7 +186,7 @@ func newCollector(c *wharf.Client, o options) *collector {
 func (k *collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{
 		k.info, k.delivered, k.failures, k.dead, k.duplicates, k.resent, k.failedPublishes,
-		k.sinkFailed, k.sinkSeconds, k.latency, k.fetchSeconds, k.fetchRows, k.removal,
+		k.sinkFailed, k.sinkSeconds, k.latency, k.fetchSeconds, k.fetchRows, k.removal, k.resultWrite,
 		k.inFlight, k.buffered, k.bufferedBytes, k.held, k.lanesOwned, k.uncovered, k.walLag, k.walLagSeconds, k.walHeld,
 		k.walSlotGone, k.renewals, k.losses, k.dbErrors, k.rewinds, k.oldestDue, k.backlog, k.loopAge, k.dbSuccessAge,
 	}
@@ -227,6 +228,7 @@ func (k *collector) Collect(ch chan<- prometheus.Metric) {
 
 	histogram(ch, k.latency, &s.LatencySeconds)
 	histogram(ch, k.fetchSeconds, &s.FetchSeconds)
+	histogram(ch, k.resultWrite, &s.ResultWriteSeconds)
 	histogram(ch, k.fetchRows, &s.FetchRows)
 	histogram(ch, k.removal, &s.RemovalSize)
 

@@ -37,6 +37,7 @@
 //	wharf_fetch_seconds                      histogram                    duration of one fetch from the outbox
 //	wharf_fetch_rows                         histogram                    rows per fetch
 //	wharf_removal_batch_size                 histogram                    acknowledgements per result write
+//	wharf_result_write_seconds               histogram                    duration of one write of delivery results
 //	wharf_messages_in_flight                 gauge                        messages at a sink now
 //	wharf_messages_buffered                  gauge                        messages loaded in memory
 //	wharf_buffered_payload_bytes             gauge                        payload bytes of the messages loaded in memory

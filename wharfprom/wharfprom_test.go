@@ -145,7 +145,7 @@ func TestCollectorExportsTheStats(t *testing.T) {
 	} {
 		require.Equal(t, want, value(name, nil), name)
 	}
-	for _, name := range []string{"wharf_commit_to_ack_seconds", "wharf_fetch_seconds", "wharf_fetch_rows", "wharf_removal_batch_size"} {
+	for _, name := range []string{"wharf_commit_to_ack_seconds", "wharf_fetch_seconds", "wharf_fetch_rows", "wharf_removal_batch_size", "wharf_result_write_seconds"} {
 		require.Equal(t, dto.MetricType_HISTOGRAM, got[name].GetType(), name)
 		h := got[name].GetMetric()[0].GetHistogram()
 		require.Zero(t, h.GetSampleCount())

@@ -34,7 +34,7 @@ func (e *env) baseline(ctx context.Context, schema string) (*Result, error) {
 	}
 
 	// 1. Wharf's enqueue, flat out, no relay running.
-	pool, err := connect(ctx, o.DatabaseURL, int32(o.Producers))
+	pool, err := e.producerPool(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -187,6 +187,12 @@ type Result struct {
 	// PoisonDeadLettered is how many poison messages (--poison-percent) the
 	// probe sink failed on their last attempt, i.e. the relay dead-lettered.
 	PoisonDeadLettered int64 `json:"poison_dead_lettered,omitempty"`
+	// SlowSeconds are the slowest seconds of a steady run's window below
+	// 80 % of the target rate (at most 10), each with what the relay, this
+	// process, the machine and the server did around it;
+	// SlowSecondsTotal counts them all. In-process relay only.
+	SlowSeconds      []SlowSecond `json:"slow_seconds,omitempty"`
+	SlowSecondsTotal int          `json:"slow_seconds_total"`
 	// Messages is how many messages the run enqueued.
 	Messages int64 `json:"messages"`
 	// Relays is how many relays ran.
@@ -310,6 +316,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.AsyncCommit {
+		res.note("the producers committed with synchronous_commit off (--async-commit): no commit waited for its WAL flush, as for an application that sets it; the relay's connections kept the server's setting")
+	}
 	environment.LoadAverageEnd = loadAverage()
 	res.Mode = o.Mode
 	res.Settings = o.settings()
@@ -326,13 +335,31 @@ func connect(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, er
 // connectAs is connect with the connections' application_name set to app
 // (unless the URL names one).
 func connectAs(ctx context.Context, url string, maxConns int32, app string) (*pgxpool.Pool, error) {
+	return connectWith(ctx, url, maxConns, func(cfg *pgxpool.Config) {
+		if _, named := cfg.ConnConfig.RuntimeParams["application_name"]; app != "" && !named {
+			cfg.ConnConfig.RuntimeParams["application_name"] = app
+		}
+	})
+}
+
+// producerPool connects the producers: Producers connections, committing
+// with synchronous_commit off under AsyncCommit.
+func (e *env) producerPool(ctx context.Context) (*pgxpool.Pool, error) {
+	return connectWith(ctx, e.o.DatabaseURL, int32(e.o.Producers), func(cfg *pgxpool.Config) {
+		if e.o.AsyncCommit {
+			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+		}
+	})
+}
+
+// connectWith is connect with the pool's configuration passed through
+// adjust first.
+func connectWith(ctx context.Context, url string, maxConns int32, adjust func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("--database-url is malformed: %w", err)
 	}
-	if _, named := cfg.ConnConfig.RuntimeParams["application_name"]; app != "" && !named {
-		cfg.ConnConfig.RuntimeParams["application_name"] = app
-	}
+	adjust(cfg)
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -40,7 +40,7 @@ type Setting struct {
 }
 
 // serverSettings are the PostgreSQL settings reported with every result.
-var serverSettings = []string{"autovacuum", "shared_buffers", "synchronous_commit", "fsync", "full_page_writes",
+var serverSettings = []string{"autovacuum", "autovacuum_naptime", "shared_buffers", "synchronous_commit", "fsync", "full_page_writes",
 	"max_wal_size", "checkpoint_timeout", "wal_compression", "jit"}
 
 func (e *env) environment(ctx context.Context) (Environment, error) {

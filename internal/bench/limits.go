@@ -88,7 +88,7 @@ func (e *env) insertLimit(ctx context.Context, schema string) (float64, error) {
 	if _, err := e.quiesce(ctx); err != nil {
 		return 0, err
 	}
-	pool, err := connect(ctx, o.DatabaseURL, int32(o.Producers))
+	pool, err := e.producerPool(ctx)
 	if err != nil {
 		return 0, err
 	}

@@ -114,6 +114,13 @@ type Options struct {
 	// of this many messages, each a transaction of its own holding one
 	// logical message; there it defaults to 1000.
 	ProducerBatch int
+	// AsyncCommit makes the producers of steady, sweep, soak and baseline
+	// runs (and the insert and emit limits beside them) commit with
+	// synchronous_commit off: a commit does not wait for its WAL to reach
+	// the disk, so producers committing one message per transaction are not
+	// held to the disk's flush rate. The relay's own connections are not
+	// affected.
+	AsyncCommit bool
 	// EnqueueFill makes a drain of a table outbox pre-fill through Enqueue
 	// calls of ProducerBatch messages, each a transaction of its own, as a
 	// WAL outbox's drain does, instead of one COPY: with ProducerBatch 1,
@@ -282,6 +289,9 @@ func (o Options) withDefaults() (Options, error) {
 			return o, fmt.Errorf("%s must be at least 1, got %d", c.name, c.v)
 		}
 	}
+	if o.AsyncCommit && o.Mode == ModeDrain {
+		return o, fmt.Errorf("--async-commit applies to the producers of steady, sweep, soak and baseline runs; a %s run has none (leave it out)", o.Mode)
+	}
 	if o.Keys < 0 {
 		return o, fmt.Errorf("--keys must not be negative, got %d", o.Keys)
 	}
@@ -364,6 +374,7 @@ type Settings struct {
 	Producers      int      `json:"producers"`
 	ProducerBatch  int      `json:"producer_batch"`
 	EnqueueFill    bool     `json:"enqueue_fill,omitempty"`
+	AsyncCommit    bool     `json:"async_commit,omitempty"`
 	RecordsPerKey  int      `json:"records_per_key"`
 	Keys           int      `json:"keys"`
 	PayloadBytes   int      `json:"payload_bytes"`
@@ -386,7 +397,7 @@ func (o Options) settings() Settings {
 		Mode: o.Mode, OutboxMode: o.OutboxMode, Schema: o.Schema, Messages: o.Messages, Duration: o.Duration.String(), Warmup: o.Warmup.String(),
 		Rate: o.Rate, Backlog: o.Backlog, MinRate: o.MinRate, MaxRate: o.MaxRate, SweepSteps: o.SweepSteps, Confirm: o.Confirm,
 		MaxP99: o.MaxP99.String(), P99Floor: o.P99Floor.String(), Limits: o.Limits || o.Mode == ModeBaseline,
-		Producers: o.Producers, ProducerBatch: o.ProducerBatch, EnqueueFill: o.EnqueueFill, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
+		Producers: o.Producers, ProducerBatch: o.ProducerBatch, EnqueueFill: o.EnqueueFill, AsyncCommit: o.AsyncCommit, RecordsPerKey: o.RecordsPerKey, Keys: o.Keys,
 		PayloadBytes: o.PayloadBytes, Relays: o.Relays, InProcess: o.InProcess, Sink: o.Sink, PoisonPercent: o.PoisonPercent,
 		RelayArgs: append([]string{}, o.RelayArgs...), SampleInterval: si, TailWait: o.TailWait.String(),
 		Timeout: o.Timeout.String(),
@@ -428,6 +439,7 @@ func (s Settings) Applicable() []Setting {
 	add(steady && s.MaxP99 != "0s", "max-p99", s.MaxP99)
 	add(loaded, "producers", s.Producers)
 	add(loaded || (drain && (s.OutboxMode == "wal" || s.EnqueueFill)), "producer-batch", s.ProducerBatch)
+	add(loaded && s.AsyncCommit, "async-commit", s.AsyncCommit)
 	add(true, "keys", keys)
 	add(true, "payload-bytes", s.PayloadBytes)
 	add(true, "relays", s.Relays)

@@ -152,6 +152,17 @@ func (r *Result) rows() []row {
 		add("latency commit→ack", fmt.Sprintf("p50 %.2f  p95 %.2f  p99 %.2f  max %.2f ms (%d msgs)", lat.P50, lat.P95, lat.P99, lat.Max, lat.Count))
 		if lat.WorstSecondAt >= 0 && lat.Seconds > 0 {
 			add("worst second", fmt.Sprintf("%d msgs acknowledged (second %d of the %d-second window)", lat.WorstSecond, lat.WorstSecondAt+1, lat.Seconds))
+			if r.Settings.InProcess && r.TargetRate > 0 {
+				n := r.SlowSecondsTotal
+				detail := fmt.Sprintf("%d below %.0f %% of the target rate", n, 100*slowFraction)
+				if n > len(r.SlowSeconds) {
+					detail += fmt.Sprintf(" (the %d slowest below)", len(r.SlowSeconds))
+				}
+				add("slow seconds", detail)
+				for _, s := range r.SlowSeconds {
+					add("", "  "+s.String())
+				}
+			}
 		}
 	} else {
 		add("latency commit→ack", r.LatencyNote)

@@ -98,7 +98,7 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{TargetRate: sp.rate, Relays: o.Relays, Start: &startState}
-	pool, err := connect(ctx, o.DatabaseURL, int32(o.Producers))
+	pool, err := e.producerPool(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -147,11 +147,18 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var sw *watch
 	if ip, ok := r.(*inProcessRelay); ok {
 		// The soak's readings of what the relay holds (WAL mode).
 		m := ip.client.Metrics()
 		e.heldBytes = m.WALHeldBytes.Load
 		defer func() { e.heldBytes = nil }()
+		sw = startWatch(ctx, start.Add(warmup), m, e.ctl, schema)
+		defer func() {
+			if sw != nil {
+				_, _ = sw.finish()
+			}
+		}()
 	}
 	relaysStopped := false
 	defer func() {
@@ -246,6 +253,15 @@ func (e *env) steady(ctx context.Context, sp steadySpec) (*Result, error) {
 	stop, _, err := sm.measure(ctx, "measure", false) // the window's last reading
 	if err != nil {
 		return nil, err
+	}
+	if sw != nil {
+		bounds := sw.stats.FetchSeconds.Bounds
+		readings, err := sw.finish()
+		sw = nil
+		if err != nil {
+			return nil, err
+		}
+		res.SlowSeconds, res.SlowSecondsTotal = slowSeconds(tr.secondsAcked(), float64(sp.rate), readings, bounds)
 	}
 	sm.recording = false
 	if err := sm.sample(ctx, "measure"); err != nil {

@@ -516,6 +516,20 @@ func (t *tracker) summary() (*Latency, int64) {
 	return l, t.dups
 }
 
+// secondsAcked returns the acknowledgements of each whole second of the
+// window (nil when it has none).
+func (t *tracker) secondsAcked() []int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	whole := int((t.windowEnd - t.warmup) / time.Second)
+	if whole < 1 {
+		return nil
+	}
+	out := make([]int64, whole)
+	copy(out, t.perSecondAcks)
+	return out
+}
+
 // worst is worstSecond under the lock.
 func (t *tracker) worst() (int64, int) {
 	t.mu.Lock()

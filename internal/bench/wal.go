@@ -111,7 +111,7 @@ func (e *env) emitLimit(ctx context.Context, schema string) (rate, walPerMsg flo
 	if _, err := e.quiesce(ctx); err != nil {
 		return 0, 0, err
 	}
-	pool, err := connect(ctx, o.DatabaseURL, int32(o.Producers))
+	pool, err := e.producerPool(ctx)
 	if err != nil {
 		return 0, 0, err
 	}

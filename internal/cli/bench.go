@@ -134,6 +134,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.BoolVar(&o.Limits, "limits", false, "drain, steady, sweep: also measure the physical limit in the same run (removal limit for drain, table outbox only; insert limit otherwise, plus the emit limit with --outbox-mode wal); baseline always does")
 	fl.IntVar(&o.Producers, "producers", 4, "producer connections")
 	fl.IntVar(&o.ProducerBatch, "producer-batch", 100, "messages per producer transaction (also --messages-per-tx); drain: messages per pre-fill transaction through Enqueue, in WAL mode each one logical message (default 1000 there; a table outbox is pre-filled with one COPY unless this is given; 1 = one message per transaction)")
+	fl.BoolVar(&o.AsyncCommit, "async-commit", false, "steady, sweep, soak, baseline: producers commit with synchronous_commit off (no wait for the WAL flush), so one message per transaction is not held to the disk's flush rate")
 	fl.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 		if name == "messages-per-tx" {
 			name = "producer-batch"
