@@ -259,6 +259,20 @@ func TestConfigValidateChecksTheDatabaseAndSinks(t *testing.T) {
 	require.Regexp(t, `sink file://\S+\s+ok: opened`, stdout)
 	require.Regexp(t, `sink stdout:\s+ok: opened`, stdout)
 	require.Contains(t, stdout, "the configuration is valid\n")
+	// The autovacuum line says what the server's settings mean for a busy
+	// table outbox: a note (not a failure) when they let it bloat.
+	var on bool
+	var naptime int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT current_setting('autovacuum')::bool,
+	    (SELECT setting::int FROM pg_settings WHERE name = 'autovacuum_naptime')`).Scan(&on, &naptime))
+	switch {
+	case !on:
+		require.Regexp(t, `autovacuum\s+note: autovacuum is off: `, stdout)
+	case naptime > 10:
+		require.Regexp(t, `autovacuum\s+note: autovacuum_naptime is \S+: .+set autovacuum_naptime = 5s`, stdout)
+	default:
+		require.Regexp(t, `autovacuum\s+ok: naptime \S+`, stdout)
+	}
 
 	code, stdout, errOut = run(b.cmd("config", "validate", "--sink", "nats://127.0.0.1:1", "--route", "a.*=redis://:REDISSECRET@127.0.0.1:1/0")...)
 	require.Equal(t, 1, code, stdout)

@@ -143,6 +143,17 @@ func validateConfig(cmd *cobra.Command, g *globals, f *relayFlags, offline bool)
 	}
 	dbOK, err := checkDatabase(ctx, g)
 	report("database", err, dbOK)
+	if err == nil {
+		ok, note, err := checkAutovacuum(ctx, g)
+		switch {
+		case err != nil:
+			report("autovacuum", err, "")
+		case note != "":
+			fmt.Fprintf(w, "  autovacuum\tnote: %s\n", note)
+		default:
+			report("autovacuum", nil, ok)
+		}
+	}
 	for _, u := range urls {
 		ok, err := checkSink(ctx, u)
 		report("sink "+redactURL(u), err, ok)
@@ -213,6 +224,37 @@ func checkDatabase(ctx context.Context, g *globals) (string, error) {
 		return "", err
 	}
 	return fmt.Sprintf("PostgreSQL %s, schema %s at version %d", version, g.schema, m.Latest()), nil
+}
+
+// maxNaptime is the longest autovacuum_naptime config validate accepts
+// without a note: a busy table outbox is vacuumed at most once per
+// naptime, over every row deleted since.
+const maxNaptime = 10 * time.Second
+
+// checkAutovacuum reads the server's autovacuum settings and returns a note
+// when they let a busy table outbox bloat between vacuums.
+func checkAutovacuum(ctx context.Context, g *globals) (ok, note string, err error) {
+	pool, err := g.connect(ctx, 1)
+	if err != nil {
+		return "", "", err
+	}
+	defer closeWithin(pool, 2*time.Second)
+	var on bool
+	var naptime int64 // seconds
+	var shown string
+	err = pool.QueryRow(ctx, `SELECT current_setting('autovacuum')::bool,
+    (SELECT setting::bigint FROM pg_settings WHERE name = 'autovacuum_naptime'),
+    current_setting('autovacuum_naptime')`).Scan(&on, &naptime, &shown)
+	if err != nil {
+		return "", "", err
+	}
+	switch {
+	case !on:
+		return "", "autovacuum is off: a table outbox's delivered rows stay as dead tuples and the table and its indexes grow until VACUUM runs (set autovacuum = on, or vacuum the outbox on a schedule)", nil
+	case time.Duration(naptime)*time.Second > maxNaptime:
+		return "", fmt.Sprintf("autovacuum_naptime is %s: a table outbox busy at thousands of messages per second is vacuumed at most once per naptime, over every row delivered since, and that vacuum slows the relay's removals for a second or so each time; set autovacuum_naptime = 5s (README: Operate, Autovacuum)", shown), nil
+	}
+	return "naptime " + shown, "", nil
 }
 
 // checkSink opens the sink as a relay would, pings it when it can, and dials
