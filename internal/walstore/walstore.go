@@ -1196,7 +1196,6 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 		return res
 	}
 	res.More = !s.caughtUp
-	res.Rows = make([]store.Row, 0, req.ExpectedRows()+len(table.Rows))
 	for i, lane := range req.Lanes {
 		l := &s.lanes[lane]
 		if l.fence != req.Fences[i] {
@@ -1219,6 +1218,16 @@ func (s *Store) Fetch(ctx context.Context, req store.FetchRequest) (res store.Fe
 	// the table since it read it, or the table came into use after this
 	// fetch looked (a stream that started, rows found at a lease round).
 	moved := writes != s.tableWrites || s.tableRows && !useTable
+	// The rows handed out are at most what the lanes' queues hold, and the
+	// queues are usually far shorter than the lanes' limits (a stream of
+	// small transactions is fetched as it arrives): sized by the limits,
+	// the slice cost more than the rows it carried.
+	queued := 0
+	for i, lane := range req.Lanes {
+		l := &s.lanes[lane]
+		queued += min(len(l.queue)-l.head, int(req.Limits[i]))
+	}
+	res.Rows = make([]store.Row, 0, queued+len(table.Rows))
 	upTo := s.addTableRows(&res, &table, useTable, moved, fetch)
 	for i, lane := range req.Lanes {
 		l := &s.lanes[lane]
