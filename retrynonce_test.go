@@ -67,3 +67,45 @@ VALUES ($1, hashtext($2) & 63, $3, $4, now() + $5::interval, 'an earlier failure
 		})
 	}
 }
+
+// The operators' views count a retry record only for its own message: a
+// message at whose seq another message's record lies (a late failure of the
+// history before a restore) is neither shown as retrying, nor as holding its
+// key's later messages, nor as blocking its key; its own record is.
+func TestAdminViewsCountARetryRecordOnlyForItsMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setupDB(t)
+	c := adminClient(t, b)
+	ids, err := c.Enqueue(ctx, wharf.Message{Topic: "t", Key: "k", Payload: []byte("first")},
+		wharf.Message{Topic: "t", Key: "k", Payload: []byte("second")})
+	require.NoError(t, err)
+	seq, nonce, err := wharf.ParseID(ids[0])
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO `+b.schema+`.retries (id, lane, nonce, attempts, next_attempt_at, last_error)
+SELECT id, lane, nonce # 1, 4, now() + interval '1 hour', 'another history' FROM `+b.schema+`.outbox WHERE id = $1`, seq)
+	require.NoError(t, err)
+
+	pending, err := c.PendingMessages(ctx, wharf.PendingFilter{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, pending, 2)
+	require.Zero(t, pending[0].Attempts, "another message's retry record counted")
+	require.Empty(t, pending[0].LastError)
+	require.True(t, pending[0].NextAttemptAt.IsZero())
+	require.Nil(t, pending[1].HeldBehind, "held behind a message that is not retrying")
+	blocked, err := c.BlockedKeys(ctx, 0)
+	require.NoError(t, err)
+	require.Empty(t, blocked.Keys, "a key blocked by another message's retry record")
+
+	_, err = b.pool.Exec(ctx, `UPDATE `+b.schema+`.retries SET nonce = $1`, nonce)
+	require.NoError(t, err)
+	pending, err = c.PendingMessages(ctx, wharf.PendingFilter{Limit: 10})
+	require.NoError(t, err)
+	require.Equal(t, 4, pending[0].Attempts)
+	require.Equal(t, "another history", pending[0].LastError)
+	require.NotNil(t, pending[1].HeldBehind)
+	blocked, err = c.BlockedKeys(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, blocked.Keys, 1)
+	require.Equal(t, 4, blocked.Keys[0].Attempts)
+}
