@@ -580,7 +580,8 @@ func WriteIsolated(ctx context.Context, ops []store.Op, write func(context.Conte
 // (SQLSTATE 21000). A write that failed is queued again ahead of newer
 // results, so a message that failed again meanwhile has two retry records;
 // the later one wins. A message acknowledged in the same write keeps no
-// retry record. Retry records and their removals carry the message's nonce:
+// retry record (an acknowledgement of another message with its seq, a late
+// one of the history before a restore, does not count). Retry records and their removals carry the message's nonce:
 // a record is one message's, not its seq's.
 type Groups struct {
 	Lanes                              []int16 // every lane of the write, with its fence
@@ -601,14 +602,14 @@ func GroupOps(ops []store.Op) *Groups {
 	fences := map[int16]int64{}
 	// The maps cost only writes that hold failures: a write of
 	// acknowledgements alone (the hot path) builds none.
-	var acked map[int64]bool
+	var acked map[[2]int64]bool // seq and nonce
 	var retryAtIdx, deadAtIdx map[int64]int
 	for _, o := range ops {
 		if o.Kind != store.OpAck {
-			acked, retryAtIdx, deadAtIdx = map[int64]bool{}, map[int64]int{}, map[int64]int{}
+			acked, retryAtIdx, deadAtIdx = map[[2]int64]bool{}, map[int64]int{}, map[int64]int{}
 			for _, a := range ops {
 				if a.Kind == store.OpAck {
-					acked[a.Seq] = true
+					acked[[2]int64{a.Seq, a.Nonce}] = true
 				}
 			}
 			break
@@ -627,7 +628,7 @@ func GroupOps(ops []store.Op) *Groups {
 				g.ClearNonce = append(g.ClearNonce, o.Nonce)
 			}
 		case store.OpRetry:
-			if acked[o.Seq] {
+			if acked[[2]int64{o.Seq, o.Nonce}] {
 				continue
 			}
 			if i, ok := retryAtIdx[o.Seq]; ok {

@@ -234,6 +234,11 @@ func TestRetryRecordsBelongToOneMessage(t *testing.T) {
 	require.Equal(t, want, records(), "a result of another message with the same seq changed the new one's retry record")
 	write(retry(dead, dead.Nonce+1, 9, "old history"))
 	require.Equal(t, want, records(), "a failure of another message with the same seq changed the new one's retry record")
+	// A failure written with such a late acknowledgement is recorded.
+	write(retry(acked, acked.Nonce, 3, "refused again"),
+		store.Op{Kind: store.OpAck, At: acked.At, Lane: acked.Lane, Fence: fences[acked.Lane], Seq: acked.Seq, Nonce: acked.Nonce + 1, Attempts: 9})
+	want[acked.Seq] = record{Nonce: &acked.Nonce, Attempts: 3, Err: "refused again"}
+	require.Equal(t, want, records(), "an acknowledgement of another message with the same seq dropped the failure written with it")
 
 	// The messages' own results remove their records; a record without a
 	// nonce (written before schema version 9) is the message's at its seq.
