@@ -113,15 +113,17 @@ func (c *Client) BlockedKeys(ctx context.Context, limit int) (*Blocked, error) {
     SELECT DISTINCT ON (lane, `+winScope+`) lane, id, deliver_at FROM win
     WHERE key IS NOT NULL ORDER BY lane, `+winScope+`, id
 ), cand AS (
-    SELECT lane, id FROM heads WHERE deliver_at > now()
+    SELECT lane, id, NULL::bigint AS nonce FROM heads WHERE deliver_at > now()
     UNION
-    SELECT lane, id FROM `+sc+`.retries
+    SELECT lane, id, nonce FROM `+sc+`.retries
 ), blocked AS (
     SELECT DISTINCT ON (c.lane, `+scope+`) c.*
     FROM (SELECT o.lane, o.id, o.nonce, o.topic, o.key, o.deliver_at, o.created_at
           FROM cand CROSS JOIN LATERAL (
               SELECT * FROM `+sc+`.outbox o WHERE o.lane = cand.lane AND o.id = cand.id LIMIT 1) o
-          WHERE o.key IS NOT NULL) c
+          -- A retry record is one message's (its nonce; none: written
+          -- before schema version 9, the message at its seq's).
+          WHERE o.key IS NOT NULL AND (cand.nonce IS NULL OR cand.nonce = o.nonce)) c
     ORDER BY c.lane, `+scope+`, c.id
 ), top AS (
     SELECT * FROM blocked ORDER BY id LIMIT $2
@@ -132,7 +134,7 @@ SELECT h.lane, h.id, h.nonce, h.topic, h.key, h.deliver_at, h.created_at,
     (SELECT count(*) FROM blocked) > $3,
     ARRAY(SELECT lane FROM win GROUP BY lane HAVING count(*) >= $1 ORDER BY lane)
 FROM top h
-LEFT JOIN `+sc+`.retries r ON r.id = h.id
+LEFT JOIN `+sc+`.retries r ON r.id = h.id AND (r.nonce = h.nonce OR r.nonce IS NULL)
 CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE `+wscope+`) AS waiting, count(*) AS scanned
     FROM (SELECT w.topic, w.key FROM `+sc+`.outbox w WHERE w.lane = h.lane AND w.id > h.id ORDER BY w.id LIMIT $1) w

@@ -179,14 +179,16 @@ func (c *Client) PendingMessages(ctx context.Context, f PendingFilter) ([]Pendin
 		// of a keyed message is looked for through the (lane, id) index:
 		// the first BlockedScanBound rows of its lane before it, plus the lane's
 		// retrying messages (the retries table holds one row per message
-		// waiting for a retry, indexed by lane).
+		// waiting for a retry, indexed by lane). A retry record is one
+		// message's: it counts only for the message with its nonce (or
+		// for the message at its seq, written before schema version 9).
 		rows, err := tx.Query(ctx, `SELECT o.id, o.nonce, o.lane, o.topic, o.key, o.payload, o.headers, o.deliver_at, o.dedup_key, o.created_at,
     coalesce(o.deliver_at > now(), false), coalesce(r.attempts, 0), coalesce(r.last_error, ''), r.next_attempt_at,
     b.id, b.nonce, b.deliver_at, b.next_attempt_at, coalesce(b.attempts, 0)
 FROM generate_series(0, 63) AS l(lane)
 CROSS JOIN LATERAL (
     SELECT * FROM `+sc+`.outbox o WHERE o.lane = l.lane AND `+where+` ORDER BY o.id LIMIT `+lim+`) o
-LEFT JOIN `+sc+`.retries r ON r.id = o.id
+LEFT JOIN `+sc+`.retries r ON r.id = o.id AND (r.nonce = o.nonce OR r.nonce IS NULL)
 LEFT JOIN LATERAL (
     SELECT h.id, h.nonce, h.deliver_at, hr.next_attempt_at, hr.attempts
     FROM (
@@ -199,9 +201,9 @@ LEFT JOIN LATERAL (
         CROSS JOIN LATERAL (
             SELECT w.id, w.nonce, w.deliver_at, w.topic, w.key FROM `+sc+`.outbox w
             WHERE w.lane = rr.lane AND w.id = rr.id LIMIT 1) w
-        WHERE rr.lane = o.lane AND rr.id < o.id AND `+sameKey+`
+        WHERE rr.lane = o.lane AND rr.id < o.id AND (rr.nonce = w.nonce OR rr.nonce IS NULL) AND `+sameKey+`
     ) h
-    LEFT JOIN `+sc+`.retries hr ON hr.id = h.id
+    LEFT JOIN `+sc+`.retries hr ON hr.id = h.id AND (hr.nonce = h.nonce OR hr.nonce IS NULL)
     WHERE h.deliver_at > now() OR hr.id IS NOT NULL
     ORDER BY h.id LIMIT 1
 ) b ON o.key IS NOT NULL
@@ -342,8 +344,8 @@ func (c *Client) RescheduleMessages(ctx context.Context, f PendingFilter, at tim
     DELETE FROM `+sc+`.outbox o WHERE `+where+`
     RETURNING o.id, o.nonce, o.topic, o.key, o.payload, o.headers, o.dedup_key, o.created_at
 ), r AS (
-    UPDATE `+sc+`.retries SET next_attempt_at = coalesce(`+p+`, now()), updated_at = now()
-    WHERE id IN (SELECT id FROM moved)
+    UPDATE `+sc+`.retries x SET next_attempt_at = coalesce(`+p+`, now()), updated_at = now()
+    FROM moved m WHERE x.id = m.id AND (x.nonce = m.nonce OR x.nonce IS NULL)
 ), ins AS (
     INSERT INTO `+sc+`.outbox (id, nonce, topic, key, payload, headers, deliver_at, dedup_key, created_at)
     OVERRIDING SYSTEM VALUE

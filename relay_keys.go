@@ -107,9 +107,15 @@ func (r *relay) newMsg(l *laneState, row *store.Row, okey string) *msg {
 	}, lane: l, at: row.At, nonce: row.Nonce}
 	m.orderKey = okey
 	if ri, ok := l.retries[m.Seq]; ok {
-		m.attempts = ri.Attempts
-		m.due = r.toLocal(ri.Next)
 		delete(l.retries, m.Seq) // hold keeps it again if the message waits
+		// A record is one message's: one of another message that had this
+		// seq (a database put back in time hands seqs out again, and a
+		// relay of the old history may have written a failure late) is
+		// not this one's attempts or backoff. Its first failure replaces it.
+		if ri.Of(row.Nonce) {
+			m.attempts = ri.Attempts
+			m.due = r.toLocal(ri.Next)
+		}
 	}
 	if !m.DeliverAt.IsZero() {
 		if at := r.toLocal(m.DeliverAt); at.After(m.due) {
@@ -148,7 +154,7 @@ func (r *relay) insert(l *laneState, row *store.Row, now time.Time, loaded bool)
 			return
 		}
 		if old.attempts > 0 {
-			l.retries[seq] = store.RetryInfo{Attempts: old.attempts}
+			l.retries[seq] = store.RetryInfo{Attempts: old.attempts, Nonce: old.nonce}
 			r.reread(l, row, now)
 		}
 		m := r.newMsg(l, row, ok)
@@ -222,7 +228,7 @@ func (r *relay) reread(l *laneState, row *store.Row, now time.Time) time.Time {
 	if at := r.toLocal(row.DeliverAt); !row.DeliverAt.IsZero() && at.After(due) {
 		due = at
 	}
-	if ri, ok := l.retries[row.Seq]; ok {
+	if ri, ok := l.retries[row.Seq]; ok && ri.Of(row.Nonce) {
 		ri.Next = r.toDB(due)
 		l.retries[row.Seq] = ri
 	}
@@ -323,7 +329,7 @@ func (r *relay) hold(kq *keyQ, until time.Time) {
 	stubs := make([]int64, 0, len(kq.msgs)+len(kq.stubs))
 	for _, m := range kq.msgs {
 		if m.attempts > 0 {
-			l.retries[m.Seq] = store.RetryInfo{Attempts: m.attempts, Next: r.toDB(m.due)}
+			l.retries[m.Seq] = store.RetryInfo{Attempts: m.attempts, Next: r.toDB(m.due), Nonce: m.nonce}
 		}
 		stubs = append(stubs, m.Seq)
 		r.unload(m)
@@ -384,7 +390,7 @@ func (r *relay) insertUnkeyed(l *laneState, m *msg, now time.Time) {
 	delete(l.held, m.Seq)
 	if m.due.After(now) {
 		if m.attempts > 0 {
-			l.retries[m.Seq] = store.RetryInfo{Attempts: m.attempts, Next: r.toDB(m.due)}
+			l.retries[m.Seq] = store.RetryInfo{Attempts: m.attempts, Next: r.toDB(m.due), Nonce: m.nonce}
 		}
 		h := &heldMsg{seq: m.Seq, due: m.due, retry: m.attempts > 0, created: dueSince(&m.Message)}
 		l.held[m.Seq] = h

@@ -306,23 +306,23 @@ func TestMigrateDown(t *testing.T) {
 	_, err := b.client.Enqueue(ctx, wharf.Message{Topic: "t", Payload: []byte("x")})
 	require.NoError(t, err)
 
-	// Reverting versions 8, 7, 6, 5, 4 and 3 keeps messages; reverting 2 or 1 would not.
-	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "6")...)
+	// Reverting versions 9, 8, 7, 6, 5, 4 and 3 keeps messages; reverting 2 or 1 would not.
+	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "7")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "would revert 008_flow_roles\nwould revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 8 to 2\n"+
+	require.Equal(t, "would revert 009_retry_nonce\nwould revert 008_flow_roles\nwould revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nschema "+b.schema+" would go from version 9 to 2\n"+
 		"the outbox holds 1 pending message and 0 dead letters: these reverts keep them\n", out)
-	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "7")...)
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "8")...)
 	require.Equal(t, 1, code, "a dry run that would be refused fails")
 	requireOneLineError(t, errOut, "dry run: this migrate down would be refused: the outbox is not empty")
-	require.Equal(t, "would revert 008_flow_roles\nwould revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 8 to 1\n"+
+	require.Equal(t, "would revert 009_retry_nonce\nwould revert 008_flow_roles\nwould revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nschema "+b.schema+" would go from version 9 to 1\n"+
 		"the outbox holds 1 pending message and 0 dead letters: it would be refused: pass --force to revert anyway and lose them\n", out)
-	code, _, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "7", "--force")...)
+	code, _, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "8", "--force")...)
 	require.Equal(t, 0, code, "with --force the dry run would not be refused: %s", errOut)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--target-version", "0")...)
 	require.Equal(t, 1, code, errOut)
-	require.Contains(t, out, "would revert 008_flow_roles\nwould revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
+	require.Contains(t, out, "would revert 009_retry_nonce\nwould revert 008_flow_roles\nwould revert 007_flows\nwould revert 006_nonce_62_bits\nwould revert 005_late_commit_index\nwould revert 004_xid_statistics\nwould revert 003_relay_leases\nwould revert 002_message_ids\nwould revert 001_outbox\n")
 
-	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "7")...)
+	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "8")...)
 	require.Equal(t, 1, code)
 	requireOneLineError(t, errOut, "refusing to migrate down: the outbox is not empty: schema "+b.schema+" holds 1 pending message and 0 dead letters; reverting would drop them or change their ids (deliver, cancel or purge them first, or pass --force)")
 	require.Equal(t, 1, b.count(t, "outbox"), "a refused down changes nothing")
@@ -332,8 +332,8 @@ func TestMigrateDown(t *testing.T) {
 		want string
 	}{
 		{[]string{"--steps", "0"}, "--steps must be at least 1 (got 0); to revert everything use --target-version 0"},
-		{[]string{"--target-version", "9"}, "--target-version must be between 0 and 8 (got 9)"},
-		{[]string{"--target-version", "-1"}, "--target-version must be between 0 and 8 (got -1)"},
+		{[]string{"--target-version", "10"}, "--target-version must be between 0 and 9 (got 10)"},
+		{[]string{"--target-version", "-1"}, "--target-version must be between 0 and 9 (got -1)"},
 		{[]string{"--steps", "1", "--target-version", "0"}, "give --steps or --target-version, not both"},
 	} {
 		code, _, errOut = s.run(b.cmd(append([]string{"migrate", "down"}, c.args...)...)...)
@@ -341,11 +341,11 @@ func TestMigrateDown(t *testing.T) {
 		requireOneLineError(t, errOut, c.want)
 	}
 
-	// The refused run reverted nothing: versions 8, 7, 6, 5, 4 and 3 are still
+	// The refused run reverted nothing: versions 9, 8, 7, 6, 5, 4 and 3 are still
 	// there to revert, without --force, keeping the message.
-	code, out, errOut = s.run(b.cmd("migrate", "down", "--steps", "6")...)
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--steps", "7")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "schema "+b.schema+" migrated down: reverted [8 7 6 5 4 3], now at version 2\n", out)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [9 8 7 6 5 4 3], now at version 2\n", out)
 	require.Equal(t, 1, b.count(t, "outbox"))
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--force")...)
 	require.Equal(t, 0, code, errOut)
@@ -356,7 +356,7 @@ func TestMigrateDown(t *testing.T) {
 	require.NoError(t, err)
 	code, out, errOut = s.run(b.cmd("migrate", "down", "--target-version", "0")...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "schema "+b.schema+" migrated down: reverted [8 7 6 5 4 3 2 1], now at version 0\n", out)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [9 8 7 6 5 4 3 2 1], now at version 0\n", out)
 	code, out, errOut = s.run(b.cmd("migrate", "down")...)
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "schema "+b.schema+" is at version 0: nothing to revert\n", out)

@@ -97,7 +97,7 @@ func TestVersionAndPrint(t *testing.T) {
 	t.Parallel()
 	code, out, _ := run("version")
 	require.Equal(t, 0, code)
-	require.Regexp(t, `^wharf \S+ \(go[^,]*, schema version 8\)\n$`, out)
+	require.Regexp(t, `^wharf \S+ \(go[^,]*, schema version 9\)\n$`, out)
 
 	code, out, _ = run("--schema", "shop", "migrate", "print", "--down")
 	require.Equal(t, 0, code)
@@ -255,7 +255,7 @@ func TestConfigValidateChecksTheDatabaseAndSinks(t *testing.T) {
 	b := newSchema(t)
 	code, stdout, errOut := run(b.cmd("config", "validate", "--sink", "file://"+out, "--route", "orders.*=stdout:")...)
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, `database\s+ok: PostgreSQL .+, schema `+b.schema+` at version 8`, stdout)
+	require.Regexp(t, `database\s+ok: PostgreSQL .+, schema `+b.schema+` at version 9`, stdout)
 	require.Regexp(t, `sink file://\S+\s+ok: opened`, stdout)
 	require.Regexp(t, `sink stdout:\s+ok: opened`, stdout)
 	require.Contains(t, stdout, "the configuration is valid\n")
@@ -300,9 +300,9 @@ func TestVersionLine(t *testing.T) {
 	t.Parallel()
 	bi := &debug.BuildInfo{GoVersion: "go1.99", Main: debug.Module{Path: "github.com/wharfhq/wharf", Version: "v1.2.3"},
 		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.time", Value: "2026-11-22T20:03:44Z"}, {Key: "vcs.modified", Value: "true"}}}
-	require.Equal(t, "wharf v1.2.3 (revision 0123456789ab 2026-11-22T20:03:44Z (modified), go1.99 "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 8)", versionLine(bi, true))
-	require.Equal(t, "wharf (devel) ("+runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 8)", versionLine(nil, false))
+	require.Equal(t, "wharf v1.2.3 (revision 0123456789ab 2026-11-22T20:03:44Z (modified), go1.99 "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 9)", versionLine(bi, true))
+	require.Equal(t, "wharf (devel) ("+runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 9)", versionLine(nil, false))
 	bi.Main.Version = "(devel)"
 	bi.Settings = nil
-	require.Equal(t, "wharf (devel) (go1.99 "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 8)", versionLine(bi, true))
+	require.Equal(t, "wharf (devel) (go1.99 "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 9)", versionLine(bi, true))
 }

@@ -91,7 +91,7 @@ func TestReleaseBinaryRunsVersion(t *testing.T) {
 	bin := releaseBinary(t)
 	out, err := exec.Command(bin, "version").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	require.Regexp(t, `^wharf \S+ \(.*go1\.\S+ \S+/\S+, schema version 8\)\n$`, string(out))
+	require.Regexp(t, `^wharf \S+ \(.*go1\.\S+ \S+/\S+, schema version 9\)\n$`, string(out))
 	require.Contains(t, releaseOut, strings.TrimSpace(string(out)), "the script runs the binary it built")
 	if _, err := exec.LookPath("git"); err == nil {
 		if exec.Command("git", "-C", repoRoot(t), "rev-parse", "--git-dir").Run() == nil {

@@ -35,7 +35,8 @@ type Store interface {
 	Release(ctx context.Context, rel LaneRelease) error
 	ReleaseAll(ctx context.Context, lanes []int16) error
 	Unregister(ctx context.Context) error
-	// LoadRetries returns the attempts of failing messages of the lanes.
+	// LoadRetries returns the attempts of failing messages of the lanes, by
+	// seq, each with the nonce of the message it belongs to.
 	LoadRetries(ctx context.Context, lanes []int16) (map[int16]map[int64]RetryInfo, error)
 
 	Fetch(ctx context.Context, req FetchRequest) FetchResult
@@ -72,10 +73,21 @@ type LaneRelease struct {
 }
 
 // RetryInfo is a failing message's attempts so far and when it is due again.
+// It belongs to one message, the one with its seq and nonce: a database put
+// back in time hands out the same seqs again, and a failure of the old
+// history's message, written late, must not count for the new message that
+// took its seq.
 type RetryInfo struct {
 	Attempts int
 	Next     time.Time // database clock
+	Nonce    int64
+	// AnyNonce marks a record written before schema version 9 recorded
+	// nonces: it belongs to whichever message has its seq, as it did then.
+	AnyNonce bool
 }
+
+// Of reports whether the record is the message's with this nonce (at its seq).
+func (ri RetryInfo) Of(nonce int64) bool { return ri.AnyNonce || ri.Nonce == nonce }
 
 // Pos is the store's read position: what the next fetch needs to read
 // exactly what the previous ones did not (for the table store, the previous snapshot).

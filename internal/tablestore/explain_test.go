@@ -218,7 +218,7 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 	}
 	require.NoError(t, rows.Err())
 	require.Len(t, nextIDs, explainBatch+20)
-	retryLanes, retryIDs := nextLanes[explainBatch:explainBatch+10], nextIDs[explainBatch:explainBatch+10]
+	retryLanes, retryIDs, retryNonces := nextLanes[explainBatch:explainBatch+10], nextIDs[explainBatch:explainBatch+10], nextNonces[explainBatch:explainBatch+10]
 	deadLanes, deadIDs, deadNonces := nextLanes[explainBatch+10:], nextIDs[explainBatch+10:], nextNonces[explainBatch+10:]
 	attempts := make([]int32, 10)
 	nextAt := make([]time.Time, 10)
@@ -258,15 +258,15 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 		},
 		{
 			title: "ack", sql: q.ack, outbox: true, bound: explainBatch,
-			args: []any{lanes, fences, explainOwner, nextLanes[:explainBatch], nextIDs[:explainBatch], []int64{}, nextAts[:explainBatch], nextNonces[:explainBatch]},
+			args: []any{lanes, fences, explainOwner, nextLanes[:explainBatch], nextIDs[:explainBatch], []int64{}, nextAts[:explainBatch], nextNonces[:explainBatch], []int64{}},
 			params: fmt.Sprintf("64 lanes with fence 1, owner `%s`; deletes the %d rows after the cursors (ids %d..%d) "+
 				"with their lanes and the ctids the fetch read them at; no retries to clear (`{}`). Rolled back.",
 				explainOwner, explainBatch, nextIDs[0], nextIDs[explainBatch-1]),
 		},
 		{
-			title: "retry", sql: q.retry, outbox: false, bound: 10,
-			args: []any{lanes, fences, explainOwner, retryLanes, retryIDs, attempts, nextAt, errs},
-			params: fmt.Sprintf("64 lanes with fence 1; 10 rows (ids %d..%d), attempts 3, next attempt in a minute. Rolled back.",
+			title: "retry", sql: q.retry, outbox: true, bound: 10,
+			args: []any{lanes, fences, explainOwner, retryLanes, retryIDs, attempts, nextAt, errs, retryNonces},
+			params: fmt.Sprintf("64 lanes with fence 1; 10 rows (ids %d..%d, each checked in the outbox with its nonce), attempts 3, next attempt in a minute. Rolled back.",
 				retryIDs[0], retryIDs[9]),
 		},
 		{

@@ -99,7 +99,7 @@ func TestFencedWritesAndRenewalsDoNotDeadlock(t *testing.T) {
 		go func() { // the completer
 			defer wg.Done()
 			for time.Now().Before(deadline) {
-				_, err := pool.Exec(ctx, q.ack, lanes, fences, "r1", []int16{}, []int64{}, []int64{}, []pgtype.TID{}, []int64{})
+				_, err := pool.Exec(ctx, q.ack, lanes, fences, "r1", []int16{}, []int64{}, []int64{}, []pgtype.TID{}, []int64{}, []int64{})
 				count(err)
 			}
 		}()

@@ -11,7 +11,10 @@ type queries struct {
 	refill string
 	ack    string
 	retry  string
-	dead   string
+	// retryHeld is retry for messages that are not rows of the outbox
+	// table (the WAL outbox's held messages): it cannot check them there.
+	retryHeld string
+	dead      string
 
 	register       string
 	heartbeat      string
@@ -125,7 +128,10 @@ CROSS JOIN LATERAL (
 		// its own LATERAL ... LIMIT 1, and the rows go by ctid: the planner
 		// has no join order to choose, so wrong statistics (a queue table
 		// vacuumed while nearly empty) cannot turn the removal into a scan of
-		// whole lanes.
+		// whole lanes. A message that failed before leaves a retry record
+		// (ClearRetry, $6 and $9): the record goes with it, if it is this
+		// message's (its nonce, or none: written before schema version 9),
+		// never the record of another message with the same seq.
 		ack: q(`WITH ` + Fenced + `, hit AS (
     SELECT x.ctid FROM unnest($4::smallint[], $5::bigint[], $7::tid[], $8::bigint[]) AS d(lane, id, at, nonce)
     CROSS JOIN LATERAL (
@@ -138,18 +144,37 @@ CROSS JOIN LATERAL (
     DELETE FROM S.outbox WHERE ctid = ANY (ARRAY(SELECT ctid FROM hit))
     RETURNING id
 ), r AS (
-    DELETE FROM S.retries WHERE id = ANY($6::bigint[]) AND lane IN (SELECT lane FROM f)
+    DELETE FROM S.retries x WHERE x.id = ANY($6::bigint[]) AND x.lane IN (SELECT lane FROM f)
+        AND (x.nonce IS NULL OR (x.id, x.nonce) IN (SELECT * FROM unnest($6::bigint[], $9::bigint[])))
 )
 SELECT lane FROM f`),
 
-		retry: q(`WITH ` + Fenced + `
-INSERT INTO S.retries AS r (id, lane, attempts, next_attempt_at, last_error)
-SELECT d.id, d.lane, d.attempts, d.next_at, d.err
-FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::timestamptz[], $8::text[]) AS d(lane, id, attempts, next_at, err)
+		// A retry record is its message's: it carries the nonce, and the
+		// message's next failure replaces it, as does a failure of another
+		// message that took its seq (the engine applies a loaded record only
+		// to the message with its nonce). A failure is recorded only while
+		// its message (seq and nonce) is in the outbox: a late one of the
+		// old history, after a restore, must not replace the record of the
+		// new message that took its seq.
+		retry: q(`WITH ` + Fenced + `, up AS (
+INSERT INTO S.retries AS r (id, lane, nonce, attempts, next_attempt_at, last_error)
+SELECT d.id, d.lane, d.nonce, d.attempts, d.next_at, d.err
+FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::timestamptz[], $8::text[], $9::bigint[]) AS d(lane, id, attempts, next_at, err, nonce)
 WHERE d.lane IN (SELECT lane FROM f)
-ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, next_attempt_at = excluded.next_attempt_at,
+    AND EXISTS (SELECT 1 FROM S.outbox o WHERE o.lane = d.lane AND o.id = d.id AND o.nonce = d.nonce)
+ON CONFLICT (id) DO UPDATE SET nonce = excluded.nonce, attempts = excluded.attempts, next_attempt_at = excluded.next_attempt_at,
     last_error = excluded.last_error, updated_at = now()
-RETURNING lane`),
+)
+SELECT lane FROM f`),
+		retryHeld: q(`WITH ` + Fenced + `, up AS (
+INSERT INTO S.retries AS r (id, lane, nonce, attempts, next_attempt_at, last_error)
+SELECT d.id, d.lane, d.nonce, d.attempts, d.next_at, d.err
+FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::timestamptz[], $8::text[], $9::bigint[]) AS d(lane, id, attempts, next_at, err, nonce)
+WHERE d.lane IN (SELECT lane FROM f)
+ON CONFLICT (id) DO UPDATE SET nonce = excluded.nonce, attempts = excluded.attempts, next_attempt_at = excluded.next_attempt_at,
+    last_error = excluded.last_error, updated_at = now()
+)
+SELECT lane FROM f`),
 
 		dead: q(`WITH ` + Fenced + `, hit AS (
     SELECT x.ctid, d.attempts, d.err FROM unnest($4::smallint[], $5::bigint[], $6::int[], $7::text[], $8::bigint[]) AS d(lane, id, attempts, err, nonce)
@@ -163,7 +188,7 @@ RETURNING lane`),
     SELECT * FROM moved
     ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, last_error = excluded.last_error, failed_at = now()
 ), r AS (
-    DELETE FROM S.retries WHERE id IN (SELECT id FROM moved)
+    DELETE FROM S.retries x USING moved m WHERE x.id = m.id AND (x.nonce = m.nonce OR x.nonce IS NULL)
 )
 SELECT lane FROM f`),
 
@@ -240,7 +265,7 @@ RETURNING l.lane, l.fence`),
 FROM (SELECT lane FROM S.lanes WHERE owner = $1 AND lane = ANY($2::smallint[]) ORDER BY lane FOR UPDATE) mine
 WHERE l.lane = mine.lane`),
 		unregister:  q(`DELETE FROM S.relays WHERE relay_id = $1 AND incarnation = $2`),
-		loadRetries: q(`SELECT id, attempts, next_attempt_at, lane FROM S.retries WHERE lane = ANY($1::smallint[])`),
+		loadRetries: q(`SELECT id, attempts, next_attempt_at, lane, nonce FROM S.retries WHERE lane = ANY($1::smallint[])`),
 		laneOwners: q(`SELECT count(*) FILTER (WHERE owner IS NULL OR owner NOT IN (
     SELECT relay_id FROM S.relays WHERE heartbeat_at > now() - $1::interval AND lease_until > now())) FROM S.lanes`),
 	}

@@ -76,8 +76,10 @@ func New(c Config) *Store {
 }
 
 // RetrySQL is the fenced upsert of retry records, for a layout that keeps
-// its retries in the same table (its arguments are those of Groups).
-func (s *Store) RetrySQL() string { return s.q.retry }
+// its retries in the same table but its messages elsewhere: unlike the
+// table outbox's, it cannot check that each message is in the outbox (its
+// arguments are those of Groups).
+func (s *Store) RetrySQL() string { return s.q.retryHeld }
 
 // pgPos is the table outbox's read position: the previous fetch's snapshot.
 type pgPos struct {
@@ -246,8 +248,11 @@ func (s *Store) LoadRetries(ctx context.Context, lanes []int16) (map[int16]map[i
 	var attempts int
 	var next time.Time
 	var lane int16
-	_, err = pgx.ForEachRow(rows, []any{&id, &attempts, &next, &lane}, func() error {
-		out[lane][id] = store.RetryInfo{Attempts: attempts, Next: next}
+	var nonce pgtype.Int8
+	_, err = pgx.ForEachRow(rows, []any{&id, &attempts, &next, &lane, &nonce}, func() error {
+		// A record without a nonce was written before schema version 9:
+		// it is the record of the message at its seq, as it was then.
+		out[lane][id] = store.RetryInfo{Attempts: attempts, Next: next, Nonce: nonce.Int64, AnyNonce: !nonce.Valid}
 		return nil
 	})
 	if err != nil {
@@ -575,13 +580,16 @@ func WriteIsolated(ctx context.Context, ops []store.Op, write func(context.Conte
 // (SQLSTATE 21000). A write that failed is queued again ahead of newer
 // results, so a message that failed again meanwhile has two retry records;
 // the later one wins. A message acknowledged in the same write keeps no
-// retry record.
+// retry record (an acknowledgement of another message with its seq, a late
+// one of the history before a restore, does not count). Retry records and their removals carry the message's nonce:
+// a record is one message's, not its seq's.
 type Groups struct {
 	Lanes                              []int16 // every lane of the write, with its fence
 	Fences                             []int64
 	AckLane, RetryLane, DeadLane       []int16
 	AckID, RetryID, DeadID, ClearRetry []int64
 	AckNonce, DeadNonce                []int64
+	RetryNonce, ClearNonce             []int64
 	RetryAtt, DeadAtt                  []int32
 	RetryAt                            []time.Time
 	RetryErr, DeadErr                  []string
@@ -594,14 +602,14 @@ func GroupOps(ops []store.Op) *Groups {
 	fences := map[int16]int64{}
 	// The maps cost only writes that hold failures: a write of
 	// acknowledgements alone (the hot path) builds none.
-	var acked map[int64]bool
+	var acked map[[2]int64]bool // seq and nonce
 	var retryAtIdx, deadAtIdx map[int64]int
 	for _, o := range ops {
 		if o.Kind != store.OpAck {
-			acked, retryAtIdx, deadAtIdx = map[int64]bool{}, map[int64]int{}, map[int64]int{}
+			acked, retryAtIdx, deadAtIdx = map[[2]int64]bool{}, map[int64]int{}, map[int64]int{}
 			for _, a := range ops {
 				if a.Kind == store.OpAck {
-					acked[a.Seq] = true
+					acked[[2]int64{a.Seq, a.Nonce}] = true
 				}
 			}
 			break
@@ -617,18 +625,20 @@ func GroupOps(ops []store.Op) *Groups {
 			g.AckAt = append(g.AckAt, o.At)
 			if o.Attempts > 0 {
 				g.ClearRetry = append(g.ClearRetry, o.Seq)
+				g.ClearNonce = append(g.ClearNonce, o.Nonce)
 			}
 		case store.OpRetry:
-			if acked[o.Seq] {
+			if acked[[2]int64{o.Seq, o.Nonce}] {
 				continue
 			}
 			if i, ok := retryAtIdx[o.Seq]; ok {
-				g.RetryLane[i], g.RetryAtt[i], g.RetryAt[i], g.RetryErr[i] = o.Lane, int32(o.Attempts), o.NextAt, o.Err
+				g.RetryLane[i], g.RetryNonce[i], g.RetryAtt[i], g.RetryAt[i], g.RetryErr[i] = o.Lane, o.Nonce, int32(o.Attempts), o.NextAt, o.Err
 				continue
 			}
 			retryAtIdx[o.Seq] = len(g.RetryID)
 			g.RetryLane = append(g.RetryLane, o.Lane)
 			g.RetryID = append(g.RetryID, o.Seq)
+			g.RetryNonce = append(g.RetryNonce, o.Nonce)
 			g.RetryAtt = append(g.RetryAtt, int32(o.Attempts))
 			g.RetryAt = append(g.RetryAt, o.NextAt)
 			g.RetryErr = append(g.RetryErr, o.Err)
@@ -658,10 +668,10 @@ func (s *Store) writeTx(ctx context.Context, ops []store.Op, valid map[int16]boo
 	b.Queue("BEGIN")
 	b.Queue(hotPathSettings)
 	if len(g.AckID) > 0 {
-		b.Queue(s.q.ack, g.Lanes, g.Fences, s.owner, g.AckLane, g.AckID, g.ClearRetry, g.AckAt, g.AckNonce)
+		b.Queue(s.q.ack, g.Lanes, g.Fences, s.owner, g.AckLane, g.AckID, g.ClearRetry, g.AckAt, g.AckNonce, g.ClearNonce)
 	}
 	if len(g.RetryID) > 0 {
-		b.Queue(s.q.retry, g.Lanes, g.Fences, s.owner, g.RetryLane, g.RetryID, g.RetryAtt, g.RetryAt, g.RetryErr)
+		b.Queue(s.q.retry, g.Lanes, g.Fences, s.owner, g.RetryLane, g.RetryID, g.RetryAtt, g.RetryAt, g.RetryErr, g.RetryNonce)
 	}
 	if len(g.DeadID) > 0 {
 		b.Queue(s.q.dead, g.Lanes, g.Fences, s.owner, g.DeadLane, g.DeadID, g.DeadAtt, g.DeadErr, g.DeadNonce)

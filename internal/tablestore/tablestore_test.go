@@ -148,3 +148,107 @@ func TestResultsOfAnotherHistoryLeaveANewMessageAlone(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".dead_letters").Scan(&deadN))
 	require.Equal(t, 1, deadN)
 }
+
+// A retry record belongs to the message that failed, not to its seq: it
+// carries the message's nonce, and only that message's results change or
+// remove it. After a restore the outbox hands out the same seqs again, and a
+// relay of the old history may write a result late: a failure, an
+// acknowledgement or a dead-letter move of the old message must leave the
+// record of the new, failing message that took its seq (its attempts and
+// backoff) as it is. A record written before schema version 9 (no nonce)
+// belongs to whichever message has its seq, as before.
+func TestRetryRecordsBelongToOneMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := scratchOutbox(t, "retrynonce")
+	ps := New(Config{Pool: pool, Schema: schema, RelayID: "r1",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now})
+	require.NoError(t, ps.Register(ctx, time.Minute))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	req := store.FetchRequest{}
+	fences := map[int16]int64{}
+	for _, l := range leases {
+		fences[l.Lane] = l.Fence
+		req.Lanes = append(req.Lanes, l.Lane)
+		req.Cursors = append(req.Cursors, 0)
+		req.Limits = append(req.Limits, 100)
+		req.Bytes = append(req.Bytes, 1<<20)
+		req.Fences = append(req.Fences, l.Fence)
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, key, payload) VALUES ('t', 'a', 'p'), ('t', 'b', 'p'), ('t', 'c', 'p')")
+	require.NoError(t, err)
+	res := ps.Fetch(ctx, req)
+	require.NoError(t, res.Err)
+	require.Len(t, res.Rows, 3)
+	slices.SortFunc(res.Rows, func(x, y store.Row) int { return int(x.Seq - y.Seq) })
+	acked, dead, legacy := res.Rows[0], res.Rows[1], res.Rows[2]
+	type record struct {
+		Nonce    *int64
+		Attempts int
+		Err      string
+	}
+	records := func() map[int64]record {
+		t.Helper()
+		rows, err := pool.Query(ctx, "SELECT id, nonce, attempts, last_error FROM "+schema+".retries")
+		require.NoError(t, err)
+		out := map[int64]record{}
+		var id int64
+		var r record
+		_, err = pgx.ForEachRow(rows, []any{&id, &r.Nonce, &r.Attempts, &r.Err}, func() error {
+			rec := r
+			if r.Nonce != nil {
+				nonce := *r.Nonce
+				rec.Nonce = &nonce
+			}
+			out[id] = rec
+			return nil
+		})
+		require.NoError(t, err)
+		return out
+	}
+	write := func(ops ...store.Op) {
+		t.Helper()
+		w := ps.WriteResults(ctx, ops)
+		require.NoError(t, w.Err)
+		require.False(t, w.Isolated, "the write was refused and split")
+		for _, o := range ops {
+			require.True(t, w.Valid[o.Lane], "lane %d reported lost", o.Lane)
+		}
+	}
+	retry := func(r store.Row, nonce int64, attempts int, text string) store.Op {
+		return store.Op{Kind: store.OpRetry, Lane: r.Lane, Fence: fences[r.Lane], Seq: r.Seq, Nonce: nonce,
+			Attempts: attempts, NextAt: time.Now().Add(time.Hour), Err: text}
+	}
+
+	write(retry(acked, acked.Nonce, 2, "refused"), retry(dead, dead.Nonce, 2, "refused"))
+	want := map[int64]record{
+		acked.Seq: {Nonce: &acked.Nonce, Attempts: 2, Err: "refused"},
+		dead.Seq:  {Nonce: &dead.Nonce, Attempts: 2, Err: "refused"},
+	}
+	require.Equal(t, want, records(), "each record carries its message's nonce")
+
+	// Late results of another history's messages with these seqs.
+	write(store.Op{Kind: store.OpAck, At: acked.At, Lane: acked.Lane, Fence: fences[acked.Lane], Seq: acked.Seq, Nonce: acked.Nonce + 1, Attempts: 9},
+		store.Op{Kind: store.OpDead, Lane: dead.Lane, Fence: fences[dead.Lane], Seq: dead.Seq, Nonce: dead.Nonce + 1, Attempts: 9, Err: "old history"})
+	require.Equal(t, want, records(), "a result of another message with the same seq changed the new one's retry record")
+	write(retry(dead, dead.Nonce+1, 9, "old history"))
+	require.Equal(t, want, records(), "a failure of another message with the same seq changed the new one's retry record")
+	// A failure written with such a late acknowledgement is recorded.
+	write(retry(acked, acked.Nonce, 3, "refused again"),
+		store.Op{Kind: store.OpAck, At: acked.At, Lane: acked.Lane, Fence: fences[acked.Lane], Seq: acked.Seq, Nonce: acked.Nonce + 1, Attempts: 9})
+	want[acked.Seq] = record{Nonce: &acked.Nonce, Attempts: 3, Err: "refused again"}
+	require.Equal(t, want, records(), "an acknowledgement of another message with the same seq dropped the failure written with it")
+
+	// The messages' own results remove their records; a record without a
+	// nonce (written before schema version 9) is the message's at its seq.
+	_, err = pool.Exec(ctx, "INSERT INTO "+schema+".retries (id, lane, attempts, next_attempt_at, last_error) VALUES ($1, $2, 4, now(), 'before version 9')", legacy.Seq, legacy.Lane)
+	require.NoError(t, err)
+	write(store.Op{Kind: store.OpAck, At: acked.At, Lane: acked.Lane, Fence: fences[acked.Lane], Seq: acked.Seq, Nonce: acked.Nonce, Attempts: 2},
+		store.Op{Kind: store.OpDead, Lane: dead.Lane, Fence: fences[dead.Lane], Seq: dead.Seq, Nonce: dead.Nonce, Attempts: 3, Err: "refused"},
+		store.Op{Kind: store.OpAck, At: legacy.At, Lane: legacy.Lane, Fence: fences[legacy.Lane], Seq: legacy.Seq, Nonce: legacy.Nonce, Attempts: 5})
+	require.Empty(t, records())
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
+	require.Zero(t, n)
+}

@@ -1516,6 +1516,11 @@ func (s *Store) WriteResults(ctx context.Context, all []store.Op) store.OpsResul
 			}
 			continue
 		}
+		if r.Nonce != o.Nonce {
+			// Another message with this seq: a result of the history
+			// before a restore, written late. It settles nothing here.
+			continue
+		}
 		delete(l.rows, o.Seq)
 		r.settled = true
 		s.held -= r.size()
@@ -1557,7 +1562,9 @@ func (s *Store) writeTables(ctx context.Context, ops []store.Op, valid map[int16
 	s.mu.Lock()
 	for i, seq := range g.DeadID {
 		r := s.lanes[g.DeadLane[i]].rows[seq]
-		if r == nil {
+		if r == nil || r.Nonce != g.DeadNonce[i] {
+			// Not held, or another message with this seq (a late result
+			// of the history before a restore): nothing to move.
 			continue
 		}
 		deadLane = append(deadLane, g.DeadLane[i])
@@ -1588,10 +1595,10 @@ func (s *Store) writeTables(ctx context.Context, ops []store.Op, valid map[int16
 	// A dead letter's message is confirmed past once this commits.
 	b.Queue("SET LOCAL synchronous_commit = on")
 	if len(g.ClearRetry) > 0 {
-		b.Queue(s.wq.clear, g.Lanes, g.Fences, s.owner, g.ClearRetry)
+		b.Queue(s.wq.clear, g.Lanes, g.Fences, s.owner, g.ClearRetry, g.ClearNonce)
 	}
 	if len(g.RetryID) > 0 {
-		b.Queue(s.RetrySQL(), g.Lanes, g.Fences, s.owner, g.RetryLane, g.RetryID, g.RetryAtt, g.RetryAt, g.RetryErr)
+		b.Queue(s.RetrySQL(), g.Lanes, g.Fences, s.owner, g.RetryLane, g.RetryID, g.RetryAtt, g.RetryAt, g.RetryErr, g.RetryNonce)
 	}
 	if len(deadID) > 0 {
 		b.Queue(s.wq.dead, g.Lanes, g.Fences, s.owner, deadLane, deadID, deadNonce, deadTopic, deadKey, deadPayload, deadHeaders, deadDeliver, deadCreated, deadAtt, deadErr)
@@ -1621,8 +1628,14 @@ func walQueries(schema string) walQ {
 	r := func(s string) string { return strings.ReplaceAll(s, "S.", schema+".") }
 	return walQ{
 		fence: r(`WITH ` + tablestore.Fenced + ` SELECT lane FROM f`),
+		// A retry record goes with its message's acknowledgement or
+		// dead-letter move only if it is that message's (its nonce, or
+		// none: written before schema version 9), never the record of
+		// another message with the same seq (a late result of the
+		// history before a restore).
 		clear: r(`WITH ` + tablestore.Fenced + `, c AS (
-    DELETE FROM S.retries WHERE id = ANY($4::bigint[]) AND lane IN (SELECT lane FROM f)
+    DELETE FROM S.retries x WHERE x.id = ANY($4::bigint[]) AND x.lane IN (SELECT lane FROM f)
+        AND (x.nonce IS NULL OR (x.id, x.nonce) IN (SELECT * FROM unnest($4::bigint[], $5::bigint[])))
 )
 SELECT lane FROM f`),
 		dead: r(`WITH ` + tablestore.Fenced + `, ins AS (
@@ -1634,7 +1647,8 @@ SELECT lane FROM f`),
     ON CONFLICT (id) DO UPDATE SET attempts = excluded.attempts, last_error = excluded.last_error, failed_at = now()
     RETURNING id
 ), c AS (
-    DELETE FROM S.retries WHERE id IN (SELECT id FROM ins)
+    DELETE FROM S.retries x USING unnest($5::bigint[], $6::bigint[]) AS d(id, nonce)
+    WHERE x.id = d.id AND (x.nonce = d.nonce OR x.nonce IS NULL) AND d.id IN (SELECT id FROM ins)
 )
 SELECT lane FROM f`),
 		// The update writes WAL, so the commit (synchronous_commit on)

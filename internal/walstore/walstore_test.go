@@ -61,8 +61,8 @@ func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 	require.Equal(t, "second", last)
 
 	res = ws.WriteResults(ctx, []store.Op{
-		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 43, Attempts: 3, Err: "dead once"},
-		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 43, Attempts: 4, Err: "dead twice"},
+		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 43, Nonce: 7, Attempts: 3, Err: "dead once"},
+		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 43, Nonce: 7, Attempts: 4, Err: "dead twice"},
 	})
 	require.NoError(t, res.Err)
 	require.False(t, res.Isolated)
@@ -72,6 +72,121 @@ func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 	require.Zero(t, ws.progress.Pending(), "the dead-lettered message was not settled")
 	require.Equal(t, walstream.LSN(100), ws.progress.Confirmable())
 	require.Zero(t, ws.held)
+}
+
+// The WAL outbox's retry records belong to one message too (see
+// tablestore.TestRetryRecordsBelongToOneMessage): each carries its
+// message's nonce, and a late acknowledgement of another history's message
+// with the same seq leaves the record of the message that has it now alone;
+// the message's own acknowledgement and dead-letter move remove it.
+func TestWALRetryRecordsBelongToOneMessage(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := walOutbox(t, "wrn", nil)
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	require.NoError(t, ps.Register(ctx, 10*time.Second))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	require.Len(t, leases, wharfmigrate.Lanes)
+	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	dead := &walRow{Row: store.Row{Lane: 5, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}
+	takeAll(t, ws, 100, []*walRow{dead})
+	fence := leases[5].Fence
+	require.Equal(t, int16(5), leases[5].Lane)
+	ws.lanes[5].fence = fence
+
+	type record struct {
+		Nonce    int64
+		Attempts int
+	}
+	records := func() map[int64]record {
+		t.Helper()
+		rows, err := pool.Query(ctx, "SELECT id, coalesce(nonce, -1), attempts FROM "+schema+".retries")
+		require.NoError(t, err)
+		out := map[int64]record{}
+		var id int64
+		var r record
+		_, err = pgx.ForEachRow(rows, []any{&id, &r.Nonce, &r.Attempts}, func() error {
+			out[id] = r
+			return nil
+		})
+		require.NoError(t, err)
+		return out
+	}
+	write := func(ops ...store.Op) {
+		t.Helper()
+		res := ws.WriteResults(ctx, ops)
+		require.NoError(t, res.Err)
+		require.False(t, res.Isolated, "the write was refused and split")
+		require.True(t, res.Valid[5])
+	}
+	next := time.Now().Add(time.Hour)
+	write(store.Op{Kind: store.OpRetry, Lane: 5, Fence: fence, Seq: 42, Nonce: 6, Attempts: 2, NextAt: next, Err: "refused"},
+		store.Op{Kind: store.OpRetry, Lane: 5, Fence: fence, Seq: 43, Nonce: 7, Attempts: 2, NextAt: next, Err: "refused"})
+	want := map[int64]record{42: {Nonce: 6, Attempts: 2}, 43: {Nonce: 7, Attempts: 2}}
+	require.Equal(t, want, records(), "each record carries its message's nonce")
+
+	write(store.Op{Kind: store.OpAck, Lane: 5, Fence: fence, Seq: 42, Nonce: 5, Attempts: 9})
+	require.Equal(t, want, records(), "an acknowledgement of another message with the same seq removed the retry record")
+
+	write(store.Op{Kind: store.OpAck, Lane: 5, Fence: fence, Seq: 42, Nonce: 6, Attempts: 2},
+		store.Op{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 43, Nonce: 7, Attempts: 3, Err: "refused"})
+	require.Empty(t, records())
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".dead_letters WHERE id = 43 AND nonce = 7").Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+// A database put back in time hands out the same seqs again. In WAL mode a
+// late result of the old history's message (an acknowledgement or a
+// dead-letter move written after the restore) carries that message's nonce:
+// it must neither settle nor dead-letter the new message the store holds
+// with its seq, which would then never be delivered. The new message's own
+// results do.
+func TestWALResultsOfAnotherHistoryLeaveAHeldMessageAlone(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := walOutbox(t, "wah", nil)
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	require.NoError(t, ps.Register(ctx, 10*time.Second))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	require.Len(t, leases, wharfmigrate.Lanes)
+	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	takeAll(t, ws, 100, []*walRow{{Row: store.Row{Lane: 5, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("acked"), CreatedAt: time.Now()}}})
+	takeAll(t, ws, 200, []*walRow{{Row: store.Row{Lane: 5, Seq: 44, Nonce: 9, Topic: "t", Key: "k", Payload: []byte("dead"), CreatedAt: time.Now()}}})
+	fence := leases[5].Fence
+	require.Equal(t, int16(5), leases[5].Lane)
+	ws.lanes[5].fence = fence
+	ws.stopRun = func() {} // the lanes are the stream's
+	deadLetters := func() (n int) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".dead_letters").Scan(&n))
+		return n
+	}
+	held := ws.held
+	require.Equal(t, 2, ws.progress.Pending())
+
+	res := ws.WriteResults(ctx, []store.Op{
+		{Kind: store.OpAck, Lane: 5, Fence: fence, Seq: 43, Nonce: 8},
+		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 44, Nonce: 10, Attempts: 3, Err: "old history"},
+	})
+	require.NoError(t, res.Err)
+	require.Equal(t, held, ws.held, "a result of another message with the same seq settled a held one")
+	require.Equal(t, 2, ws.progress.Pending())
+	require.Zero(t, deadLetters(), "a dead-letter move of another message with the same seq moved a held one")
+
+	res = ws.WriteResults(ctx, []store.Op{
+		{Kind: store.OpAck, Lane: 5, Fence: fence, Seq: 43, Nonce: 7},
+		{Kind: store.OpDead, Lane: 5, Fence: fence, Seq: 44, Nonce: 9, Attempts: 3, Err: "refused"},
+	})
+	require.NoError(t, res.Err)
+	require.True(t, res.Valid[5])
+	require.Zero(t, ws.held)
+	require.Zero(t, ws.progress.Pending())
+	require.Equal(t, 1, deadLetters())
 }
 
 // The store reads ahead of the engine's fetches by at most a quarter of its

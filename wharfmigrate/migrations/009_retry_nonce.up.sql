@@ -1,0 +1,11 @@
+-- A retry record belongs to one message, not to a seq. A database put back in
+-- time (a point-in-time restore, a failover to a standby that lost commits)
+-- hands out the same seqs again, and a relay still holding results of the old
+-- history may write them late: a failure of the old message would give the new
+-- message that took its seq its attempts and backoff, and an acknowledgement
+-- would delete the new message's record. Relays now write the message's nonce
+-- with its record, delete only the record of the message they settle, and
+-- apply a record only to the message with the same seq and nonce. Records
+-- written before (nonce NULL) belong to the message at their seq, as they did.
+-- A nullable column without a default: adding it rewrites nothing.
+ALTER TABLE {{schema}}.retries ADD COLUMN nonce bigint;
