@@ -279,5 +279,11 @@ func (d *decoder) uint64(what string) uint64 {
 }
 
 func (d *decoder) short(what string) string {
-	return string(d.bytes(int(d.uint16(what+" length")), what))
+	if d.err != nil || len(d.b) < 2 {
+		d.need(2, what+" length") // the error names the field; only built when there is one
+		return ""
+	}
+	n := binary.BigEndian.Uint16(d.b)
+	d.b = d.b[2:]
+	return string(d.bytes(int(n), what))
 }
