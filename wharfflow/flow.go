@@ -334,6 +334,9 @@ type wireChild struct {
 	ConcurrencyKey   string          `json:"concurrency_key,omitempty"`
 	ConcurrencyLimit int             `json:"concurrency_limit,omitempty"`
 	RateKey          string          `json:"rate_key,omitempty"`
+	// Lease asks the write to insert the child leased to the runner, which
+	// runs it without a claim (Runner.write decides, by its free slots).
+	Lease bool `json:"lease,omitempty"`
 }
 
 // ptrTime is t for the database, rounded up to its microseconds so that

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -155,6 +156,10 @@ type Runner struct {
 
 	mu       sync.Mutex
 	inflight map[int64]*running
+	// reserved counts free slots promised to a claim in flight (as many as
+	// it asked for) and to the children an outcome write in flight may
+	// lease: neither takes the other's, so at most MaxInFlight steps run.
+	reserved int
 	wakeIDs  []int64
 	started  bool
 	cancel   context.CancelFunc
@@ -172,6 +177,12 @@ type running struct {
 // without a claim (Next without a time continues on the same lease), so
 // that a long chain does not keep its slot from other instances for ever.
 const continueChain = 16
+
+// claimShare is the share of MaxInFlight one claim asks for at most (it
+// claims again at once when it got all it asked): the other slots stay free
+// for the children that an outcome write in flight meanwhile leases to the
+// runner.
+const claimShare = 2
 
 // errLeaseLost is the cause of a step's context when its lease was lost.
 var errLeaseLost = errors.New("wharfflow: the step's lease was lost")
@@ -295,6 +306,7 @@ type claimed struct {
 	Signals  []ReceivedSignal
 	Children []ChildResult
 	Trace    map[string]string // the start's trace context, with a Tracer
+	parent   int64             // a child leased by its spawn's write: the spawning instance
 }
 
 type result struct {
@@ -320,10 +332,14 @@ func (r *Runner) claimLoop(ctx context.Context) {
 	backoffDelay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		r.mu.Lock()
-		free := r.cfg.MaxInFlight - len(r.inflight)
+		free := r.cfg.MaxInFlight - len(r.inflight) - r.reserved
 		// Under mu, with the slots counted: a release that frees one after
 		// this sees it set.
 		r.starved.Store(free <= 0)
+		ask := min(free, max(1, r.cfg.MaxInFlight/claimShare))
+		if ask > 0 {
+			r.reserved += ask
+		}
 		ids := r.wakeIDs
 		r.wakeIDs = nil
 		r.mu.Unlock()
@@ -336,16 +352,19 @@ func (r *Runner) claimLoop(ctx context.Context) {
 			}
 		}
 		var sleep time.Duration = -1 // until woken
-		if free > 0 {
+		if ask > 0 {
 			// A claim that Stop cancelled mid-statement may have committed
 			// its leases without the rows reaching the runner: they would
 			// wait out their leases. The claim ends on its own (bounded by
 			// the lease it takes), and what it got is handed back if the
 			// runner is stopping.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
-			rows, next, err := r.claim(cctx, free)
+			rows, next, err := r.claim(cctx, ask)
 			cancel()
 			if ctx.Err() != nil {
+				r.mu.Lock()
+				r.reserved -= ask
+				r.mu.Unlock()
 				r.handBack(ctx, rows)
 				return
 			}
@@ -354,20 +373,27 @@ func (r *Runner) claimLoop(ctx context.Context) {
 				r.cfg.Logger.Warn("wharfflow: claiming steps", "err", err)
 				sleep = backoffDelay
 				backoffDelay = min(2*backoffDelay, 5*time.Second)
-			case len(rows) == free:
+			case len(rows) == ask:
 				backoffDelay = 100 * time.Millisecond
 				sleep = 0 // more may be due; claim again when a slot frees
 			default:
 				backoffDelay = 100 * time.Millisecond
+				// Rows leased by another runner's write (continued steps,
+				// children, joins) are not notified: looking again after
+				// LeaseTTL at the latest, an idle runner learns their lease
+				// ends and takes them over if their runner died.
+				sleep = r.cfg.LeaseTTL
 				if next != nil {
-					sleep = max(time.Until(*next), time.Millisecond)
+					sleep = min(max(time.Until(*next), time.Millisecond), r.cfg.LeaseTTL)
 				}
 			}
+			r.stats.claimed.Add(int64(len(rows)))
+			r.mu.Lock()
 			for _, c := range rows {
-				r.mu.Lock()
 				r.run(ctx, c, 0)
-				r.mu.Unlock()
 			}
+			r.reserved -= ask
+			r.mu.Unlock()
 			if sleep == 0 {
 				continue
 			}
@@ -517,7 +543,9 @@ func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
 
 // write applies one batch of outcomes: one statement, or a transaction of
 // two when outcomes emit outbox messages. Outcomes of steps whose lease was
-// lost are not applied, and their messages are not enqueued.
+// lost are not applied, and their messages are not enqueued. The write may
+// lease to the runner the children its spawns start and the joins of the
+// parents whose last child it ends (planLeases); release runs them.
 func (r *Runner) write(runCtx context.Context, batch []result) {
 	ctx := context.WithoutCancel(runCtx)
 	ws := make([]wireOutcome, len(batch))
@@ -526,26 +554,28 @@ func (r *Runner) write(runCtx context.Context, batch []result) {
 		ws[i] = batch[i].w
 		emits = emits || len(batch[i].emit) > 0
 	}
+	flows, reserve := r.planLeases(runCtx, ws)
 	doc, err := json.Marshal(ws)
 	if err != nil {
 		r.cfg.Logger.Error("wharfflow: encoding outcomes", "err", err)
-		r.release(runCtx, batch, nil)
+		r.release(runCtx, batch, writeResult{}, reserve)
 		return
 	}
-	q := "SELECT id, token FROM " + r.cfg.Schema + ".complete_flow_steps($1, $2::jsonb, $3)"
-	var applied map[int64]int64
+	q := "SELECT id, token, flow, step, state, attempt, parent_id, children FROM " + r.cfg.Schema +
+		".complete_flow_steps($1, $2::jsonb, $3, $4)"
+	var wr writeResult
 	for attempt := 0; ; attempt++ {
-		applied = map[int64]int64{}
+		wr = writeResult{applied: map[int64]int64{}}
 		if !emits {
-			err = r.scanApplied(ctx, r.pool, q, string(doc), applied)
+			err = r.scanApplied(ctx, r.pool, q, string(doc), flows, &wr)
 		} else {
 			err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-				if err := r.scanApplied(ctx, tx, q, string(doc), applied); err != nil {
+				if err := r.scanApplied(ctx, tx, q, string(doc), flows, &wr); err != nil {
 					return err
 				}
 				var msgs []wharf.Message
 				for i := range batch {
-					if _, ok := applied[batch[i].c.ID]; ok {
+					if _, ok := wr.applied[batch[i].c.ID]; ok {
 						msgs = append(msgs, batch[i].emit...)
 					}
 				}
@@ -561,40 +591,179 @@ func (r *Runner) write(runCtx context.Context, batch []result) {
 	}
 	if err != nil {
 		r.cfg.Logger.Error("wharfflow: writing outcomes failed; the steps run again after their leases", "err", err, "steps", len(batch))
-		applied = nil
+		wr = writeResult{}
 	}
-	r.release(runCtx, batch, applied)
+	if len(wr.leased) > 0 {
+		r.leasedTraces(ctx, batch, wr.leased)
+	}
+	r.release(runCtx, batch, wr, reserve)
+}
+
+// writeResult is what complete_flow_steps answered.
+type writeResult struct {
+	// applied are the applied outcomes' ids, with the new token of those
+	// that continue on their lease (0 for the others).
+	applied map[int64]int64
+	// leased are the instances the write leased to the runner: spawned
+	// children, and parents at their join step.
+	leased []claimed
+	// due is how many steps the write made due for any runner's claim.
+	due int64
+}
+
+// planLeases decides which spawned children the write asks to lease to the
+// runner, marking them in ws, and returns the flows to pass (nil: lease
+// nothing, the runner is stopping) and the slots it reserved for them.
+//
+// A child qualifies when the runner runs its flow and it has no keys (a
+// keyed child goes through the claim, which applies its keys). Every
+// outcome but a continued Next frees its slot with the write; a done or
+// failed one may lease its parent's join in it, the others' slots go to
+// children, and beyond those the write reserves free slots (not those of a
+// claim in flight). Children left over are inserted runnable, for any
+// runner's claim.
+func (r *Runner) planLeases(ctx context.Context, ws []wireOutcome) (flows []string, reserve int) {
+	freed, joins, want := 0, 0, 0
+	for i := range ws {
+		if !ws[i].Cont {
+			freed++
+		}
+		switch ws[i].Kind {
+		case "done", "fail":
+			joins++
+		case "spawn":
+			for _, ch := range ws[i].Children {
+				if r.leasable(ch) {
+					want++
+				}
+			}
+		}
+	}
+	r.mu.Lock()
+	if r.closing || ctx.Err() != nil {
+		r.mu.Unlock()
+		return nil, 0
+	}
+	budget := freed - joins
+	if want > budget {
+		reserve = max(0, min(want-budget, r.cfg.MaxInFlight-len(r.inflight)-r.reserved))
+		r.reserved += reserve
+		budget += reserve
+	}
+	r.mu.Unlock()
+	for i := range ws {
+		if ws[i].Kind != "spawn" || budget <= 0 {
+			continue
+		}
+		kids := slices.Clone(ws[i].Children)
+		for j := range kids {
+			if budget > 0 && r.leasable(kids[j]) {
+				kids[j].Lease = true
+				budget--
+			}
+		}
+		ws[i].Children = kids
+	}
+	return r.names, reserve
+}
+
+// leasable: a child the write may lease to this runner.
+func (r *Runner) leasable(ch wireChild) bool {
+	_, ok := r.flows[ch.Flow]
+	return ok && ch.ConcurrencyKey == "" && ch.RateKey == ""
+}
+
+// leasedTraces gives the instances a write leased their trace context: a
+// child its spawning step's (a child has none of its own, its nearest
+// ancestor's is its parent's), a join its own, read as a claim's are.
+func (r *Runner) leasedTraces(ctx context.Context, batch []result, leased []claimed) {
+	if r.cfg.Tracer == nil {
+		return
+	}
+	spawners := map[int64]map[string]string{}
+	for i := range batch {
+		spawners[batch[i].c.ID] = batch[i].c.Trace
+	}
+	var joins []claimed
+	var at []int
+	for i := range leased {
+		if t, ok := spawners[leased[i].parent]; ok && leased[i].Children == nil {
+			leased[i].Trace = t
+			continue
+		}
+		joins = append(joins, leased[i])
+		at = append(at, i)
+	}
+	if err := r.loadTraces(ctx, joins); err != nil {
+		r.cfg.Logger.Warn("wharfflow: reading the leased joins' trace context", "err", err)
+		return
+	}
+	for k, i := range at {
+		leased[i].Trace = joins[k].Trace
+	}
 }
 
 type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// scanApplied reads complete_flow_steps's answer: the applied ids, with
-// the new token of those that continue on their lease (0 for the others).
-func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, applied map[int64]int64) error {
-	rows, err := q.Query(ctx, sql, r.cfg.RunnerID, doc, r.cfg.LeaseTTL)
+// scanApplied reads complete_flow_steps's answer into wr.
+func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, flows []string, wr *writeResult) error {
+	rows, err := q.Query(ctx, sql, r.cfg.RunnerID, doc, r.cfg.LeaseTTL, flows)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var id int64
-		var token *int64
-		if err := rows.Scan(&id, &token); err != nil {
+		var token, parent *int64
+		var flow, step *string
+		var state, children []byte
+		var attempt *int
+		if err := rows.Scan(&id, &token, &flow, &step, &state, &attempt, &parent, &children); err != nil {
 			return err
 		}
-		applied[id] = 0
-		if token != nil {
-			applied[id] = *token
+		switch {
+		case id == 0: // the steps made due
+			if token != nil {
+				wr.due = *token
+			}
+		case flow == nil: // an applied outcome
+			wr.applied[id] = 0
+			if token != nil {
+				wr.applied[id] = *token
+			}
+		default: // an instance leased to the runner
+			c := claimed{ID: id, Flow: *flow, State: state}
+			if token != nil {
+				c.Token = *token
+			}
+			if step != nil {
+				c.Step = *step
+			}
+			if attempt != nil {
+				c.Attempt = *attempt
+			}
+			if parent != nil {
+				c.parent = *parent
+			}
+			if len(children) > 0 {
+				if err := json.Unmarshal(children, &c.Children); err != nil {
+					return err
+				}
+			}
+			wr.leased = append(wr.leased, c)
 		}
 	}
 	return rows.Err()
 }
 
-// release frees the batch's slots, or runs the next step of those that
-// continue on their lease, counts the batch and wakes the claim loop.
-func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]int64) {
+// release frees the batch's slots, runs the next step of those that
+// continue on their lease and the instances the write leased to the runner
+// (or hands them back when it is stopping), returns the write's reserved
+// slots, counts the batch and wakes the claim loop when a claim may find
+// something.
+func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, reserve int) {
 	var backIDs, backTokens []int64
 	r.mu.Lock()
 	for i := range batch {
@@ -604,17 +773,32 @@ func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]
 			s.cancel(nil)
 			delete(r.inflight, id)
 		}
-		token := applied[id]
+	}
+	stopping := r.closing || ctx.Err() != nil
+	for i := range batch {
+		res := &batch[i]
+		id := res.c.ID
+		token := wr.applied[id]
 		if token == 0 {
 			continue
 		}
-		if r.closing || ctx.Err() != nil {
+		if stopping {
 			backIDs = append(backIDs, id)
 			backTokens = append(backTokens, token)
 			continue
 		}
 		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token, Trace: res.c.Trace}, res.chain+1)
 	}
+	for _, c := range wr.leased {
+		if stopping {
+			backIDs = append(backIDs, c.ID)
+			backTokens = append(backTokens, c.Token)
+			continue
+		}
+		r.stats.leased.Add(1) // before the step starts, for whoever it tells
+		r.run(ctx, c, 0)
+	}
+	r.reserved -= reserve
 	r.mu.Unlock()
 	if len(backIDs) > 0 {
 		if _, err := r.pool.Exec(context.WithoutCancel(ctx), "SELECT "+r.cfg.Schema+".release_flow_leases($1, $2, $3)",
@@ -622,9 +806,17 @@ func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]
 			r.cfg.Logger.Warn("wharfflow: handing back steps; they run after their lease", "err", err)
 		}
 	}
-	wake := r.starved.Load()
+	// A claim may find something when the write made steps due (children
+	// it did not lease, joins and keys' next steps, awaits whose signal
+	// came first: complete_flow_steps notifies them too, but the
+	// listener's round trip is slower than this), when an outcome
+	// scheduled its own instance (NextAt, Retry, RateLimited, an Await's
+	// deadline: the claim sets the timer), or a slot freed while the claim
+	// loop waited for one. Steps continued on their lease, and children
+	// and joins leased to the runner, need no claim.
+	wake := r.starved.Load() || wr.due > 0
 	for i := range batch {
-		token, ok := applied[batch[i].c.ID]
+		token, ok := wr.applied[batch[i].c.ID]
 		r.stats.observe(batch[i], ok)
 		r.cfg.Metrics.observe(batch[i], ok)
 		if !ok {
@@ -634,13 +826,11 @@ func (r *Runner) release(ctx context.Context, batch []result, applied map[int64]
 			wake = true
 			continue
 		}
-		// A step continued on its lease needs no claim. Any other outcome
-		// wakes the claim loop: it may have scheduled its instance (the
-		// claim sets the timer), spawned children, or made a parent's join
-		// or a key's next step due; complete_flow_steps notifies the
-		// latter too, but the listener's round trip is slower than this.
-		if token == 0 {
-			wake = true
+		switch w := batch[i].w; w.Kind {
+		case "next", "retry", "paused":
+			wake = wake || token == 0
+		case "await":
+			wake = wake || w.Deadline != nil
 		}
 	}
 	if wake {

@@ -9,6 +9,8 @@ import (
 // methods; they are safe for concurrent use.
 type Stats struct {
 	steps     atomic.Int64
+	claimed   atomic.Int64
+	leased    atomic.Int64
 	lost      atomic.Int64
 	failed    atomic.Int64
 	stepNanos atomic.Int64
@@ -36,6 +38,16 @@ func (s *Stats) observe(res result, applied bool) {
 
 // Steps is how many step outcomes the runner committed.
 func (s *Stats) Steps() int64 { return s.steps.Load() }
+
+// Claimed is how many steps the runner's claims leased. Steps continued on
+// their lease, and children and joins its outcome writes leased to it
+// (Leased), ran without a claim and are not counted.
+func (s *Stats) Claimed() int64 { return s.claimed.Load() }
+
+// Leased is how many instances the runner's outcome writes leased to it:
+// children of its spawns, and parents at their join step whose last child
+// it ended. Each ran without a claim.
+func (s *Stats) Leased() int64 { return s.leased.Load() }
 
 // Lost is how many outcomes were not committed because the step's lease was
 // lost, its instance was cancelled, or the write failed.

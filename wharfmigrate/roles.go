@@ -160,7 +160,7 @@ END IF; END $wharf$`,
 		// takes tokens) and pauses (RateLimited outcomes).
 		`GRANT SELECT, INSERT, UPDATE ON {S}.flow_keys TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.claim_flow_steps(text, text[], integer, interval) TO {R}`,
-		`GRANT EXECUTE ON FUNCTION {S}.complete_flow_steps(text, jsonb, interval) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.complete_flow_steps(text, jsonb, interval, text[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.flow_outcomes(jsonb) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.flow_signal_pending(bigint, text[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.next_flow_due(timestamptz) TO {R}`,

@@ -5,7 +5,7 @@ DROP FUNCTION {{schema}}.cancel_flow(bigint);
 DROP FUNCTION {{schema}}.wake_flows(bigint[]);
 DROP FUNCTION {{schema}}.release_flow_leases(text, bigint[], bigint[]);
 DROP FUNCTION {{schema}}.renew_flow_leases(text, bigint[], bigint[], interval);
-DROP FUNCTION {{schema}}.complete_flow_steps(text, jsonb, interval);
+DROP FUNCTION {{schema}}.complete_flow_steps(text, jsonb, interval, text[]);
 DROP FUNCTION {{schema}}.next_flow_due(timestamptz);
 DROP FUNCTION {{schema}}.flow_outcomes(jsonb);
 DROP FUNCTION {{schema}}.flow_signal_pending(bigint, text[]);

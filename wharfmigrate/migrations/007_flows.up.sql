@@ -394,26 +394,42 @@ END $$;
 
 
 -- complete_flow_steps writes a batch of step outcomes (a JSON array, see
--- wharfflow's outcome encoding) for p_runner and returns the ids it applied:
--- only rows p_runner still holds, with the claim's token and an unexpired
--- lease. Everything else an outcome carries (consumed signals, children,
--- history, the parent's join, pauses) follows in the same transaction.
+-- wharfflow's outcome encoding) for p_runner: only rows p_runner still
+-- holds, with the claim's token and an unexpired lease. Everything else an
+-- outcome carries (consumed signals, children, history, the parent's join,
+-- pauses) follows in the same transaction.
 -- A "next" outcome marked cont, of an instance without concurrency or rate
--- key, keeps its lease for the next step (a new token, returned): the
--- runner runs it at once, without a claim.
-CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval)
-RETURNS TABLE (id bigint, token bigint)
+-- key, keeps its lease for the next step (a new token): the runner runs it
+-- at once, without a claim. Likewise, with p_flows (the flows p_runner
+-- runs; NULL: none of this), a spawned child marked lease, without keys, of
+-- one of p_flows is inserted leased to p_runner, and a parent whose last
+-- child of the round this write ended, without keys, of one of p_flows, is
+-- leased to p_runner at its join step.
+-- Rows returned: one per applied outcome (id, and token when it continued
+-- on its lease; flow NULL); one per instance leased by the write (id,
+-- token, flow, step, state, attempt, parent_id, and for a join its
+-- children's outcomes as the claim returns them); last, id 0 with token
+-- the number of steps the write made due for any runner's claim (and
+-- notified). Nothing when no outcome was applied.
+CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval, p_flows text[] DEFAULT NULL)
+RETURNS TABLE (id bigint, token bigint, flow text, step text, state jsonb, attempt integer, parent_id bigint, children jsonb)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := clock_timestamp();
-    v_applied bigint[];
-    v_parents bigint[];
-    v_keys    text[];
-    v_awaits  bigint[];
-    v_tokens  bigint[];
-    v_woken   integer := 0;
-    v_n       integer;
+    v_now      timestamptz := clock_timestamp();
+    v_applied  bigint[];
+    v_parents  bigint[];
+    v_keys     text[];
+    v_awaits   bigint[];
+    v_tokens   bigint[];
+    v_kids     bigint[];
+    v_kflows   text[];
+    v_ksteps   text[];
+    v_kstates  jsonb[];
+    v_kparents bigint[];
+    v_joins    bigint[];
+    v_woken    integer := 0;
+    v_n        integer;
 BEGIN
     WITH o AS (
         SELECT * FROM {{schema}}.flow_outcomes(p_outcomes)
@@ -462,25 +478,45 @@ BEGIN
         INSERT INTO {{schema}}.flow_steps (instance_id, step, attempt, outcome, error, runner, started_at, finished_at)
         SELECT o.id, o.ran_step, coalesce(o.attempt, 0), o.kind, o.error, p_runner, coalesce(o.started_at, v_now), v_now FROM a AS o
     ), children AS (
-        INSERT INTO {{schema}}.flow_instances (flow, step, state, priority, concurrency_key, concurrency_limit,
-                                               rate_key, parent_id, spawn_round, run_at, not_before)
-        SELECT ch.flow, ch.step, coalesce(ch.state, '{}'), coalesce(ch.priority, 0), ch.concurrency_key,
-               coalesce(ch.concurrency_limit, 1), ch.rate_key, o.id, o.spawn_round, v_now, v_now
-          FROM a AS o,
-               jsonb_to_recordset(o.children) AS ch(flow text, step text, state jsonb, priority integer,
-                                                    concurrency_key text, concurrency_limit integer, rate_key text)
-         WHERE o.kind = 'spawn'
+        -- A child the runner asked for (lease), without keys and of a flow
+        -- it runs, starts leased to it: the runner runs it without a claim.
+        INSERT INTO {{schema}}.flow_instances AS n (flow, step, state, priority, concurrency_key, concurrency_limit,
+                                                    rate_key, parent_id, spawn_round, run_at, not_before,
+                                                    status, lease_owner, lease_token)
+        SELECT c.flow, c.step, c.state, c.priority, c.concurrency_key, c.concurrency_limit, c.rate_key,
+               c.parent_id, c.spawn_round, CASE WHEN c.leased THEN v_now + p_lease ELSE v_now END, v_now,
+               CASE WHEN c.leased THEN 'running' ELSE 'ready' END,
+               CASE WHEN c.leased THEN p_runner END, CASE WHEN c.leased THEN 1 ELSE 0 END
+          FROM (SELECT ch.flow, ch.step, coalesce(ch.state, '{}') AS state, coalesce(ch.priority, 0) AS priority,
+                       ch.concurrency_key, coalesce(ch.concurrency_limit, 1) AS concurrency_limit, ch.rate_key,
+                       o.id AS parent_id, o.spawn_round,
+                       coalesce(ch.lease AND ch.concurrency_key IS NULL AND ch.rate_key IS NULL
+                                AND ch.flow = ANY (p_flows), false) AS leased
+                  FROM a AS o,
+                       jsonb_to_recordset(o.children) AS ch(flow text, step text, state jsonb, priority integer,
+                                                            concurrency_key text, concurrency_limit integer,
+                                                            rate_key text, lease boolean)
+                 WHERE o.kind = 'spawn') AS c
+        RETURNING n.id, n.flow, n.step, n.state, n.parent_id, n.status = 'running' AS leased
     ), pauses AS (
         INSERT INTO {{schema}}.flow_keys AS k (key, paused_until)
         SELECT o.pause_key, max(o.pause_until) FROM a AS o WHERE o.kind = 'paused' AND o.pause_key IS NOT NULL GROUP BY o.pause_key
         ON CONFLICT (key) DO UPDATE SET paused_until = greatest(k.paused_until, excluded.paused_until)
+    ), kids AS (
+        SELECT array_agg(ch.id) FILTER (WHERE ch.leased) AS ids, array_agg(ch.flow) FILTER (WHERE ch.leased) AS flows,
+               array_agg(ch.step) FILTER (WHERE ch.leased) AS steps, array_agg(ch.state) FILTER (WHERE ch.leased) AS states,
+               array_agg(ch.parent_id) FILTER (WHERE ch.leased) AS parents, count(*) FILTER (WHERE NOT ch.leased) AS due
+          FROM children ch
     )
     SELECT array_agg(a.id), array_agg(CASE WHEN a.continued THEN a.lease_token END),
-           count(*) FILTER (WHERE a.kind = 'spawn' OR (a.kind = 'next' AND NOT a.continued)),
+           count(*) FILTER (WHERE a.kind = 'next' AND NOT a.continued) + (SELECT kids.due FROM kids),
            array_agg(a.id) FILTER (WHERE a.kind = 'await'),
            array_agg(DISTINCT a.parent_id) FILTER (WHERE a.parent_id IS NOT NULL AND a.kind IN ('done', 'fail')),
-           array_agg(DISTINCT a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL)
-      INTO v_applied, v_tokens, v_n, v_awaits, v_parents, v_keys FROM a;
+           array_agg(DISTINCT a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL),
+           (SELECT kids.ids FROM kids), (SELECT kids.flows FROM kids), (SELECT kids.steps FROM kids),
+           (SELECT kids.states FROM kids), (SELECT kids.parents FROM kids)
+      INTO v_applied, v_tokens, v_n, v_awaits, v_parents, v_keys, v_kids, v_kflows, v_ksteps, v_kstates, v_kparents
+      FROM a;
     IF v_applied IS NULL THEN
         RETURN;
     END IF;
@@ -497,17 +533,30 @@ BEGIN
     END IF;
 
     -- Joins: a parent whose children of this round have all ended runs its
-    -- join step. Parents are locked first (in id order), so of two batches
-    -- ending a parent's last two children the second sees the first's.
+    -- join step: leased to p_runner (no claim) when it has no keys and is
+    -- of one of p_flows, otherwise due for any runner's claim. Parents are
+    -- locked first (in id order), so of two batches ending a parent's last
+    -- two children the second sees the first's.
     IF v_parents IS NOT NULL THEN
         PERFORM 1 FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_parents) ORDER BY p.id FOR UPDATE;
-        UPDATE {{schema}}.flow_instances p SET status = 'ready', run_at = v_now, not_before = v_now,
-                                              joined = true, updated_at = v_now
-         WHERE p.id = ANY (v_parents) AND p.status = 'joining' AND NOT EXISTS (
-               SELECT 1 FROM {{schema}}.flow_instances ch
-                WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round
-                  AND ch.status NOT IN ('done', 'failed', 'cancelled'));
-        GET DIAGNOSTICS v_n = ROW_COUNT;
+        WITH j AS (
+            UPDATE {{schema}}.flow_instances p SET
+                status = CASE WHEN p.concurrency_key IS NULL AND p.rate_key IS NULL AND p.flow = ANY (p_flows)
+                              THEN 'running' ELSE 'ready' END,
+                run_at = CASE WHEN p.concurrency_key IS NULL AND p.rate_key IS NULL AND p.flow = ANY (p_flows)
+                              THEN v_now + p_lease ELSE v_now END,
+                lease_owner = CASE WHEN p.concurrency_key IS NULL AND p.rate_key IS NULL AND p.flow = ANY (p_flows)
+                                   THEN p_runner ELSE p.lease_owner END,
+                lease_token = p.lease_token + 1,
+                not_before = v_now, joined = true, updated_at = v_now
+             WHERE p.id = ANY (v_parents) AND p.status = 'joining' AND NOT EXISTS (
+                   SELECT 1 FROM {{schema}}.flow_instances ch
+                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round
+                      AND ch.status NOT IN ('done', 'failed', 'cancelled'))
+            RETURNING p.id, p.status = 'running' AS leased
+        )
+        SELECT array_agg(j.id) FILTER (WHERE j.leased), count(*) FILTER (WHERE NOT j.leased)
+          INTO v_joins, v_n FROM j;
         v_woken := v_woken + v_n;
     END IF;
 
@@ -528,7 +577,22 @@ BEGIN
     IF v_woken > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
-    RETURN QUERY SELECT * FROM unnest(v_applied, v_tokens);
+    RETURN QUERY SELECT x.id, x.token, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb
+                   FROM unnest(v_applied, v_tokens) AS x(id, token);
+    IF v_kids IS NOT NULL THEN
+        RETURN QUERY SELECT x.id, 1::bigint, x.flow, x.step, x.state, 0, x.parent_id, NULL::jsonb
+                       FROM unnest(v_kids, v_kflows, v_ksteps, v_kstates, v_kparents) AS x(id, flow, step, state, parent_id);
+    END IF;
+    IF v_joins IS NOT NULL THEN
+        RETURN QUERY
+        SELECT p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, p.parent_id, (
+                   SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'flow', ch.flow, 'status', ch.status,
+                                                       'result', ch.result, 'error', ch.error) ORDER BY ch.id)
+                     FROM {{schema}}.flow_instances ch
+                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round)
+          FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_joins);
+    END IF;
+    RETURN QUERY SELECT 0::bigint, v_woken::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb;
 END $$;
 
 -- renew_flow_leases extends the leases p_runner still holds and returns
