@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf/internal/store"
@@ -24,22 +25,7 @@ func TestAckFindsRowsThatMovedSinceTheFetch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := scratchOutbox(t, "ackmv")
-	ps := New(Config{Pool: pool, Schema: schema, RelayID: "r1",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now})
-	require.NoError(t, ps.Register(ctx, time.Minute))
-	leases, err := ps.ClaimAlone(ctx)
-	require.NoError(t, err)
-	require.Len(t, leases, wharfmigrate.Lanes)
-	fences := map[int16]int64{}
-	req := store.FetchRequest{}
-	for _, l := range leases {
-		fences[l.Lane] = l.Fence
-		req.Lanes = append(req.Lanes, l.Lane)
-		req.Cursors = append(req.Cursors, 0)
-		req.Limits = append(req.Limits, 100)
-		req.Bytes = append(req.Bytes, 1<<20)
-		req.Fences = append(req.Fences, l.Fence)
-	}
+	ps, req, fences := claimAllLanes(t, pool, schema)
 	insert := func(n int) []int64 {
 		t.Helper()
 		rows, err := pool.Query(ctx, "INSERT INTO "+schema+".outbox (topic, payload) SELECT 't', 'p' FROM generate_series(1, $1::int) RETURNING id", n)
@@ -65,7 +51,7 @@ func TestAckFindsRowsThatMovedSinceTheFetch(t *testing.T) {
 	// place now holds a dead version; for two, a new row sits there (after a
 	// vacuum the table would reuse it; here the ctids are swapped in, as
 	// vacuum depends on what other sessions still see).
-	_, err = pool.Exec(ctx, "UPDATE "+schema+".outbox SET topic = topic WHERE id = ANY($1)", a[5:])
+	_, err := pool.Exec(ctx, "UPDATE "+schema+".outbox SET topic = topic WHERE id = ANY($1)", a[5:])
 	require.NoError(t, err)
 	b := insert(5)
 	rows, err := pool.Query(ctx, "SELECT ctid FROM "+schema+".outbox WHERE id = ANY($1) ORDER BY id", b)
@@ -101,22 +87,8 @@ func TestResultsOfAnotherHistoryLeaveANewMessageAlone(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := scratchOutbox(t, "acknonce")
-	ps := New(Config{Pool: pool, Schema: schema, RelayID: "r1",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now})
-	require.NoError(t, ps.Register(ctx, time.Minute))
-	leases, err := ps.ClaimAlone(ctx)
-	require.NoError(t, err)
-	req := store.FetchRequest{}
-	fences := map[int16]int64{}
-	for _, l := range leases {
-		fences[l.Lane] = l.Fence
-		req.Lanes = append(req.Lanes, l.Lane)
-		req.Cursors = append(req.Cursors, 0)
-		req.Limits = append(req.Limits, 100)
-		req.Bytes = append(req.Bytes, 1<<20)
-		req.Fences = append(req.Fences, l.Fence)
-	}
-	_, err = pool.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, key, payload) VALUES ('t', 'a', 'p'), ('t', 'b', 'p')")
+	ps, req, fences := claimAllLanes(t, pool, schema)
+	_, err := pool.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, key, payload) VALUES ('t', 'a', 'p'), ('t', 'b', 'p')")
 	require.NoError(t, err)
 	res := ps.Fetch(ctx, req)
 	require.NoError(t, res.Err)
@@ -161,22 +133,8 @@ func TestRetryRecordsBelongToOneMessage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := scratchOutbox(t, "retrynonce")
-	ps := New(Config{Pool: pool, Schema: schema, RelayID: "r1",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now})
-	require.NoError(t, ps.Register(ctx, time.Minute))
-	leases, err := ps.ClaimAlone(ctx)
-	require.NoError(t, err)
-	req := store.FetchRequest{}
-	fences := map[int16]int64{}
-	for _, l := range leases {
-		fences[l.Lane] = l.Fence
-		req.Lanes = append(req.Lanes, l.Lane)
-		req.Cursors = append(req.Cursors, 0)
-		req.Limits = append(req.Limits, 100)
-		req.Bytes = append(req.Bytes, 1<<20)
-		req.Fences = append(req.Fences, l.Fence)
-	}
-	_, err = pool.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, key, payload) VALUES ('t', 'a', 'p'), ('t', 'b', 'p'), ('t', 'c', 'p')")
+	ps, req, fences := claimAllLanes(t, pool, schema)
+	_, err := pool.Exec(ctx, "INSERT INTO "+schema+".outbox (topic, key, payload) VALUES ('t', 'a', 'p'), ('t', 'b', 'p'), ('t', 'c', 'p')")
 	require.NoError(t, err)
 	res := ps.Fetch(ctx, req)
 	require.NoError(t, res.Err)
@@ -251,4 +209,29 @@ func TestRetryRecordsBelongToOneMessage(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".outbox").Scan(&n))
 	require.Zero(t, n)
+}
+
+// claimAllLanes registers relay r1 on the outbox in schema, claims every
+// lane and returns the store, a fetch request over all of them from
+// cursor 0 (100 rows and 1 MiB a lane) and each lane's fence.
+func claimAllLanes(t *testing.T, pool *pgxpool.Pool, schema string) (*Store, store.FetchRequest, map[int16]int64) {
+	t.Helper()
+	ctx := context.Background()
+	ps := New(Config{Pool: pool, Schema: schema, RelayID: "r1",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: time.Now})
+	require.NoError(t, ps.Register(ctx, time.Minute))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	require.Len(t, leases, wharfmigrate.Lanes)
+	req := store.FetchRequest{}
+	fences := map[int16]int64{}
+	for _, l := range leases {
+		fences[l.Lane] = l.Fence
+		req.Lanes = append(req.Lanes, l.Lane)
+		req.Cursors = append(req.Cursors, 0)
+		req.Limits = append(req.Limits, 100)
+		req.Bytes = append(req.Bytes, 1<<20)
+		req.Fences = append(req.Fences, l.Fence)
+	}
+	return ps, req, fences
 }

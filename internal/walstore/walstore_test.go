@@ -32,14 +32,7 @@ import (
 func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := walOutbox(t, "wi", nil)
-
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
-	require.NoError(t, ps.Register(ctx, 10*time.Second))
-	leases, err := ps.ClaimAlone(ctx)
-	require.NoError(t, err)
-	require.Len(t, leases, wharfmigrate.Lanes)
-	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	ws, leases := storeOnAllLanes(t, pool, schema)
 	row := &walRow{Row: store.Row{Lane: 5, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}
 	takeAll(t, ws, 100, []*walRow{row})
 	fence := leases[5].Fence
@@ -82,14 +75,7 @@ func TestWALWriteOfTwoResultsOfOneMessage(t *testing.T) {
 func TestWALRetryRecordsBelongToOneMessage(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := walOutbox(t, "wrn", nil)
-
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
-	require.NoError(t, ps.Register(ctx, 10*time.Second))
-	leases, err := ps.ClaimAlone(ctx)
-	require.NoError(t, err)
-	require.Len(t, leases, wharfmigrate.Lanes)
-	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	ws, leases := storeOnAllLanes(t, pool, schema)
 	dead := &walRow{Row: store.Row{Lane: 5, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("p"), CreatedAt: time.Now()}}
 	takeAll(t, ws, 100, []*walRow{dead})
 	fence := leases[5].Fence
@@ -147,14 +133,7 @@ func TestWALRetryRecordsBelongToOneMessage(t *testing.T) {
 func TestWALResultsOfAnotherHistoryLeaveAHeldMessageAlone(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := walOutbox(t, "wah", nil)
-
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
-	require.NoError(t, ps.Register(ctx, 10*time.Second))
-	leases, err := ps.ClaimAlone(ctx)
-	require.NoError(t, err)
-	require.Len(t, leases, wharfmigrate.Lanes)
-	ws := New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()})
+	ws, leases := storeOnAllLanes(t, pool, schema)
 	takeAll(t, ws, 100, []*walRow{{Row: store.Row{Lane: 5, Seq: 43, Nonce: 7, Topic: "t", Key: "k", Payload: []byte("acked"), CreatedAt: time.Now()}}})
 	takeAll(t, ws, 200, []*walRow{{Row: store.Row{Lane: 5, Seq: 44, Nonce: 9, Topic: "t", Key: "k", Payload: []byte("dead"), CreatedAt: time.Now()}}})
 	fence := leases[5].Fence
@@ -649,4 +628,19 @@ func walOutbox(t *testing.T, prefix string, params map[string]string) (*pgxpool.
 		pool.Close()
 	})
 	return pool, schema
+}
+
+// storeOnAllLanes is a WAL store of relay r1 over the outbox in schema,
+// with a table store that registered r1 and claimed every lane (the
+// leases, in lane order, are returned).
+func storeOnAllLanes(t *testing.T, pool *pgxpool.Pool, schema string) (*Store, []store.LaneLease) {
+	t.Helper()
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ps := tablestore.New(tablestore.Config{Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now})
+	require.NoError(t, ps.Register(ctx, 10*time.Second))
+	leases, err := ps.ClaimAlone(ctx)
+	require.NoError(t, err)
+	require.Len(t, leases, wharfmigrate.Lanes)
+	return New(Config{Table: ps, Pool: pool, Schema: schema, RelayID: "r1", Logger: log, Now: time.Now, Budget: 1 << 20, Gauges: testGauges()}), leases
 }
