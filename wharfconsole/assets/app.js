@@ -128,11 +128,15 @@ function route() {
   pages[page](main, () => seq === renderSeq);
 }
 
-// poll runs f now and every ms while the page stays the same.
+// poll runs f now and every ms while the page stays the same; a tick that
+// comes while the previous run still waits for its answers is skipped, so
+// runs never overlap (an overlapping one could render after a later one).
 function poll(current, f, ms) {
+  let busy = false;
   const run = async () => {
-    if (!current()) return;
-    try { await f(); } catch (e) { if (current()) showError(e); }
+    if (!current() || busy) return;
+    busy = true;
+    try { await f(); } catch (e) { if (current()) showError(e); } finally { busy = false; }
     if (current()) document.body.dataset.loaded = "1";
   };
   run();
@@ -563,12 +567,17 @@ function flows(main, current) {
   };
   const formHost = el("div");
   const bulk = el("div", { class: "actions" });
+  // Only the latest list request renders: a slower earlier one (the page's
+  // first load, answered after a filter's) would otherwise replace the
+  // filtered list and any confirmation the user is about to click.
+  let listSeq = 0;
   const loadList = async () => {
+    const seq = ++listSeq;
     const q = new URLSearchParams(query(flowFilter));
     const before = cursors[cursors.length - 1];
     if (before) q.set("before", before);
     const r = await get("api/flows/instances?" + q.toString());
-    if (!current()) return;
+    if (!current() || seq !== listSeq) return;
     const now = Date.now();
     const rows = r.instances.map((i) => el("tr", { class: "clickable", "data-id": i.id, onclick: () => { location.hash = "#/flow?id=" + i.id; } },
       el("td", { class: "mono" }, el("a", { href: "#/flow?id=" + i.id }, String(i.id))), el("td", {}, i.flow), el("td", { class: "mono" }, i.key || "–"),
