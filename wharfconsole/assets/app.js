@@ -515,6 +515,9 @@ function dead(main, current) {
 // ---- flows ---------------------------------------------------------------
 
 let flowFilter = { flow: "", status: "", key: "" };
+// flowListRenders counts the Flows page's list renders (body's
+// data-flow-list): a render that answers a click is told from the one before.
+let flowListRenders = 0;
 function flowStatusKind(s) {
   return { running: "ok", done: "ok", failed: "bad", cancelled: "warn" }[s] || "info";
 }
@@ -587,6 +590,7 @@ function flows(main, current) {
       el("thead", {}, el("tr", {}, ["Id", "Flow", "Key", "Status", "Step", "Attempt", "Next", "Started", "Error"].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No instance matches.")))));
     replace(bulk);
+    document.body.dataset.flowList = String(++flowListRenders);
     const failedIDs = r.instances.filter((i) => i.status === "failed").map((i) => i.id);
     if (!cfg.read_only && failedIDs.length) {
       append(bulk, [el("button", { type: "button", id: "flow-retry-all", onclick: () => confirmBox(bulk, "Retry the " + failedIDs.length + " failed instance(s) listed? Each runs its failed step again, from attempt 0.", "Yes, retry " + failedIDs.length, "flow-retry-all-confirm", async () => {
