@@ -838,7 +838,12 @@ func (s *Store) checkHistory(ctx context.Context, sys walstream.System, w walSta
 	case sys.WALEnd < max(s.lastEnd, s.confirmed):
 		changed = fmt.Sprintf("the server's WAL ends at %s, below %s that this relay streamed (a restore, or a failover to a standby that lost commits)",
 			sys.WALEnd, max(s.lastEnd, s.confirmed))
-	case stamped && w.settled < w.recorded:
+	case (stamped || w.sysID == nil) && w.settled < w.recorded:
+		// This relay wrote w.recorded there, with the cluster's identity:
+		// a lower position, or a row without the identity (a copy taken
+		// before the first stamp), is the row of an earlier state. The WAL
+		// end cannot tell when the new history has already written past
+		// what this relay streamed before it reconnected.
 		changed = fmt.Sprintf("wal_progress went back from %s, which this relay wrote, to %s (a restore)", w.recorded, w.settled)
 	case s.doubt:
 		changed = "the outbox table's transaction ids went back (a restore, or a failover to a standby that lost commits)"
