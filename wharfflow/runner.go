@@ -1,6 +1,7 @@
 package wharfflow
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -555,6 +556,9 @@ func (r *Runner) write(runCtx context.Context, batch []result) {
 		emits = emits || len(batch[i].emit) > 0
 	}
 	flows, reserve := r.planLeases(runCtx, ws)
+	// In id order, the order the write then locks the instances in, as
+	// wake_flows does: the two never wait on each other in a cycle.
+	slices.SortFunc(ws, func(a, b wireOutcome) int { return cmp.Compare(a.ID, b.ID) })
 	doc, err := json.Marshal(ws)
 	if err != nil {
 		r.cfg.Logger.Error("wharfflow: encoding outcomes", "err", err)

@@ -640,6 +640,16 @@ BEGIN
            AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
                         WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
     ELSE
+        -- A signal that committed while a runner's write of the await was in
+        -- flight (after the write looked for pending signals, before it
+        -- committed) found the row still running, and the update below
+        -- would too: it reads the row as of its start, skips it without
+        -- waiting, and the instance would await a signal it already has.
+        -- So first wait for the writes in flight on the running rows (a
+        -- row lock, in id order, as the runner writes outcomes); the update
+        -- then sees what they committed.
+        PERFORM 1 FROM {{schema}}.flow_instances i
+         WHERE i.id = ANY (p_ids) AND i.status = 'running' ORDER BY i.id FOR UPDATE;
         UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
          WHERE i.id = ANY (p_ids) AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
            AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
