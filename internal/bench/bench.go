@@ -584,7 +584,7 @@ func (e *env) outboxEmpty(ctx context.Context, schema string) (bool, error) {
 }
 
 func (e *env) startRelays(ctx context.Context, schema string, tr *tracker, withProducers bool) (relays, error) {
-	e.server = newServerCPU(ctx, e.ctl)
+	e.server = newServerCPU(ctx, e.ctl, relayAppName)
 	if e.o.InProcess {
 		return startInProcess(ctx, e.o, schema, tr, withProducers)
 	}

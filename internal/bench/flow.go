@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wharfhq/wharf/internal/procstat"
 	"github.com/wharfhq/wharf/wharfflow"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
@@ -63,6 +65,13 @@ type FlowResult struct {
 	// (runners and, for signal, the signal sender) included.
 	RoundTripsPerStep float64 `json:"round_trips_per_step"`
 	CommitsPerStep    float64 `json:"commits_per_step"`
+	// CPU per step during the drain, in microseconds: this process's (the
+	// runners, and for signal the signal sender's client side), and the
+	// server processes' serving the workload's connections (when the server
+	// runs on this machine; 0 otherwise). On a shared machine these are
+	// steadier than steps/s, which the machine's other work moves.
+	ProcessCPUPerStepUs float64 `json:"process_cpu_us_per_step"`
+	ServerCPUPerStepUs  float64 `json:"server_cpu_us_per_step,omitempty"`
 	// Step-to-step latency while flows start at PacedRate flows/s: from a
 	// step's start to the next step's start of the same instance (for
 	// signal, from the signal's send to the resumed step's start).
@@ -235,6 +244,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	}
 	rt := &roundTrips{}
 	cfg.ConnConfig.Tracer = rt
+	cfg.ConnConfig.RuntimeParams["application_name"] = flowAppName
 	cfg.MaxConns = int32(8 + 4*o.Runners)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -257,6 +267,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	}
 
 	lat := &latencies{}
+	awaiting := &idQueue{ready: make(chan struct{}, 1)}
 	var done atomic.Int64
 	step := func(next string) wharfflow.StepFunc[benchState] {
 		return func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
@@ -289,6 +300,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	case "signal":
 		f := wharfflow.New[benchState]("signal", nil).
 			Step("a", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
+				awaiting.add(in.Instance)
 				lat.add(s.Prev)
 				s.Prev = time.Now().UnixNano()
 				return wharfflow.Await("b", "go")
@@ -355,6 +367,8 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	stmts0, note := statementCalls(ctx, pool)
 	res.StatementsNote = note
 	rt0 := rt.n.Load()
+	server := newServerCPU(ctx, pool, flowAppName)
+	cpu0, _, _ := procstat.CPU(os.Getpid())
 	t0 := time.Now()
 	for range o.Runners {
 		r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: defs, MaxInFlight: o.MaxInFlight, Logger: o.Logger})
@@ -369,7 +383,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	senderCtx, stopSender := context.WithCancel(ctx)
 	senderDone := make(chan error, 1)
 	if workload == "signal" {
-		go func() { senderDone <- sendSignals(senderCtx, pool, client, schema) }()
+		go func() { senderDone <- sendSignals(senderCtx, client, awaiting) }()
 	} else {
 		close(senderDone)
 	}
@@ -381,18 +395,26 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		return nil
 	}
 	target := int64(o.Instances)
-	tick := time.NewTicker(100 * time.Millisecond)
+	// The end is looked for every 2 ms (a drain of a few seconds is timed
+	// to within a fraction of a percent); progress and the server's CPU
+	// every 100 ms.
+	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
-	for isDone() < target {
+	for n := 0; isDone() < target; n++ {
 		select {
 		case <-ctx.Done():
 			_ = stopSenderWait()
 			return res, ctx.Err()
 		case <-tick.C:
-			fmt.Fprintf(o.Progress, "\r%s: %d/%d flows done", workload, isDone(), target)
+			if n%50 == 0 {
+				fmt.Fprintf(o.Progress, "\r%s: %d/%d flows done", workload, isDone(), target)
+				server.note(ctx, pool)
+			}
 		}
 	}
 	elapsed := time.Since(t0)
+	cpu1, _, _ := procstat.CPU(os.Getpid())
+	server.note(ctx, pool)
 	rt1 := rt.n.Load()
 	_, _ = pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
 	c1, err := commits()
@@ -410,6 +432,10 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	res.FlowsPerSec = float64(target) / elapsed.Seconds()
 	res.RoundTripsPerStep = float64(rt1-rt0) / float64(steps)
 	res.CommitsPerStep = float64(c1-c0) / float64(steps)
+	res.ProcessCPUPerStepUs = float64((cpu1 - cpu0).Microseconds()) / float64(steps)
+	if d, ok := server.total(); ok {
+		res.ServerCPUPerStepUs = float64(d.Microseconds()) / float64(steps)
+	}
 	if stmts0 != nil {
 		stmts1, note := statementCalls(ctx, pool)
 		if stmts1 == nil {
@@ -479,25 +505,51 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	return res, nil
 }
 
-// sendSignals signals awaiting instances as an application would, in
-// batches of up to 500 per transaction, the payload carrying the send time.
-func sendSignals(ctx context.Context, pool *pgxpool.Pool, client *wharfflow.Client, schema string) error {
+// idQueue hands the instances whose step "a" ran (and returns Await) to
+// the signal sender.
+type idQueue struct {
+	mu    sync.Mutex
+	ids   []int64
+	ready chan struct{}
+}
+
+func (q *idQueue) add(id int64) {
+	q.mu.Lock()
+	q.ids = append(q.ids, id)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take returns up to n queued ids.
+func (q *idQueue) take(n int) []int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	k := min(n, len(q.ids))
+	out := slices.Clone(q.ids[:k])
+	q.ids = q.ids[k:]
+	return out
+}
+
+// sendSignals signals the instances whose first step ran, as an
+// application that learns of them would (DBOS's harness sends to a
+// workflow once it started, likewise), in batches of up to 500 per
+// transaction, the payload carrying the send time. A signal may so commit
+// before its await does (it is kept, and the await's write makes the
+// instance due) or after (the signal wakes it): both are the product's
+// paths. It looked the instances up in the database before, and that
+// scan of the claim index, a cost of the bench and not of flows, was up to
+// a third of the server's time in this workload.
+func sendSignals(ctx context.Context, client *wharfflow.Client, q *idQueue) error {
 	for ctx.Err() == nil {
-		// Awaits without a deadline wait at run_at infinity, on the claim's index.
-		rows, err := pool.Query(ctx, "SELECT id FROM "+schema+".flow_instances WHERE status IN ('ready', 'running', 'awaiting') "+
-			"AND priority = 0 AND run_at = 'infinity' AND status = 'awaiting' LIMIT 500")
-		if err != nil {
-			return err
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return err
-		}
+		ids := q.take(500)
 		if len(ids) == 0 {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(time.Millisecond):
+			case <-q.ready:
 			}
 			continue
 		}
@@ -623,14 +675,19 @@ func statementsPerStep(before, after map[stmtKey]stmtCalls, steps int64) map[str
 
 // WriteFlowSummary prints the flow workloads' figures.
 func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
-	_, err := fmt.Fprintf(w, "%-9s %9s %10s %10s %9s %9s %10s %10s %s\n", "workload", "flows", "steps/s", "flows/s",
-		"rt/step", "tx/step", "p50 ms", "p99 ms", "(latency at flows/s)")
+	_, err := fmt.Fprintf(w, "%-9s %9s %10s %10s %9s %9s %10s %10s %10s %10s %s\n", "workload", "flows", "steps/s", "flows/s",
+		"rt/step", "tx/step", "cpu µs/st", "server µs", "p50 ms", "p99 ms", "(latency at flows/s)")
 	if err != nil {
 		return err
 	}
 	for _, r := range rs {
-		if _, err := fmt.Fprintf(w, "%-9s %9d %10.0f %10.0f %9.3f %9.3f %10.2f %10.2f %.0f\n", r.Workload, r.Instances,
-			r.StepsPerSec, r.FlowsPerSec, r.RoundTripsPerStep, r.CommitsPerStep, r.P50Ms, r.P99Ms, r.PacedRate); err != nil {
+		server := "-"
+		if r.ServerCPUPerStepUs > 0 {
+			server = fmt.Sprintf("%.1f", r.ServerCPUPerStepUs)
+		}
+		if _, err := fmt.Fprintf(w, "%-9s %9d %10.0f %10.0f %9.3f %9.3f %10.1f %10s %10.2f %10.2f %.0f\n", r.Workload, r.Instances,
+			r.StepsPerSec, r.FlowsPerSec, r.RoundTripsPerStep, r.CommitsPerStep, r.ProcessCPUPerStepUs, server,
+			r.P50Ms, r.P99Ms, r.PacedRate); err != nil {
 			return err
 		}
 	}

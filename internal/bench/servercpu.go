@@ -15,23 +15,29 @@ import (
 // their work can be told from the producers'.
 const relayAppName = "wharf-bench-relay"
 
-// serverCPU adds up the CPU the server's processes serving the relays
-// used while they ran, when the server runs on this machine: each sample
+// flowAppName is the application_name of a flow workload's connections
+// (its runners', and the signal sender's).
+const flowAppName = "wharf-bench-flow"
+
+// serverCPU adds up the CPU the server's processes serving the relays (or
+// a flow workload's connections: app) used while they ran, when the server runs on this machine: each sample
 // lists the backends with the relays' application_name and reads their
 // CPU from /proc. A backend that started with the relays counts whole; one
 // that was there before them (an earlier run's, ending) counts from then.
 // A backend counts up to its last sample (one that ends between two samples
 // loses what it used since the last).
 type serverCPU struct {
+	app     string
 	mu      sync.Mutex
 	first   map[int32]time.Duration
 	last    map[int32]time.Duration
 	foreign bool // a listed backend is not a postgres process here
 }
 
-// newServerCPU starts counting, before the relays start.
-func newServerCPU(ctx context.Context, ctl *pgxpool.Pool) *serverCPU {
-	c := &serverCPU{first: map[int32]time.Duration{}, last: map[int32]time.Duration{}}
+// newServerCPU starts counting the backends of application_name app,
+// before they start working.
+func newServerCPU(ctx context.Context, ctl *pgxpool.Pool, app string) *serverCPU {
+	c := &serverCPU{app: app, first: map[int32]time.Duration{}, last: map[int32]time.Duration{}}
 	c.sample(ctx, ctl, true)
 	return c
 }
@@ -40,7 +46,7 @@ func newServerCPU(ctx context.Context, ctl *pgxpool.Pool) *serverCPU {
 func (c *serverCPU) note(ctx context.Context, ctl *pgxpool.Pool) { c.sample(ctx, ctl, false) }
 
 func (c *serverCPU) sample(ctx context.Context, ctl *pgxpool.Pool, before bool) {
-	rows, err := ctl.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", relayAppName)
+	rows, err := ctl.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", c.app)
 	if err != nil {
 		return
 	}
