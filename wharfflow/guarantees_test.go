@@ -366,6 +366,11 @@ func TestRetentionCleanupInBatches(t *testing.T) {
 	b.waitStatus(t, ids[6], "done")
 	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET finished_at = now() - interval '2 days' WHERE id <> $1", ids[6])
 	require.NoError(t, err)
+	// A signal for every instance, children included (signals of ended
+	// instances, as if sent while they ran): the tables have no foreign
+	// keys, so cleanup must delete them itself.
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_signals (instance_id, name) SELECT id, 'late' FROM "+b.schema+".flow_instances")
+	require.NoError(t, err)
 	n, err := wharfflow.Cleanup(ctx, b.pool, b.schema, time.Now().Add(-24*time.Hour), 2)
 	require.NoError(t, err)
 	require.Equal(t, 5, n)
@@ -376,6 +381,15 @@ func TestRetentionCleanupInBatches(t *testing.T) {
 	require.Equal(t, 3, left, "children went with their parents")
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_steps WHERE instance_id = ANY($1)", ids[:5]).Scan(&steps))
 	require.Zero(t, steps)
+	var orphans, kept int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_steps s WHERE NOT EXISTS (SELECT 1 FROM "+
+		b.schema+".flow_instances i WHERE i.id = s.instance_id)").Scan(&orphans))
+	require.Zero(t, orphans, "the children's history went with them")
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_signals s WHERE NOT EXISTS (SELECT 1 FROM "+
+		b.schema+".flow_instances i WHERE i.id = s.instance_id)").Scan(&orphans))
+	require.Zero(t, orphans, "signals went with their instances")
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_signals").Scan(&kept))
+	require.Equal(t, 3, kept, "the signals of the instances that stay are kept")
 }
 
 type paid struct {

@@ -168,7 +168,11 @@ type Runner struct {
 }
 
 type running struct {
-	token  int64
+	token int64
+	// claim is when the runner took the lease the step runs on (a step
+	// continued on its lease keeps its predecessor's: the outcome write
+	// keeps the lease's end while half of it is left, so that the row's
+	// update is HOT; see complete_flow_steps). renewLoop renews from it.
 	claim  time.Time
 	chain  int // steps run in a row on this lease (continueChain)
 	cancel context.CancelCauseFunc
@@ -308,6 +312,10 @@ type claimed struct {
 	Children []ChildResult
 	Trace    map[string]string // the start's trace context, with a Tracer
 	parent   int64             // a child leased by its spawn's write: the spawning instance
+	// leased is when the runner took the lease this step runs on, for a
+	// step continued on its predecessor's lease (zero: the step starts a
+	// lease of its own).
+	leased time.Time
 }
 
 type result struct {
@@ -484,7 +492,12 @@ func (r *Runner) claim(ctx context.Context, n int) (out []claimed, next *time.Ti
 // completer. r.mu is held.
 func (r *Runner) run(ctx context.Context, c claimed, chain int) {
 	stepCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	r.inflight[c.ID] = &running{token: c.Token, claim: time.Now(), chain: chain, cancel: cancel}
+	leased := c.leased
+	if leased.IsZero() {
+		leased = time.Now()
+	}
+	r.inflight[c.ID] = &running{token: c.Token, claim: leased, chain: chain, cancel: cancel}
+	c.leased = leased
 	r.steps.Add(1)
 	go func() {
 		defer r.steps.Done()
@@ -791,7 +804,8 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 			backTokens = append(backTokens, token)
 			continue
 		}
-		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token, Trace: res.c.Trace}, res.chain+1)
+		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token, Trace: res.c.Trace,
+			leased: res.c.leased}, res.chain+1)
 	}
 	for _, c := range wr.leased {
 		if stopping {

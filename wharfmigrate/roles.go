@@ -148,12 +148,11 @@ END IF; END $wharf$`,
 		`GRANT SELECT ON {S}.schema_migrations TO {R}`,
 		// claim_flow_steps leases rows, complete_flow_steps writes outcomes
 		// and inserts children, renew, release and wake_flows move run_at,
-		// cleanup_flows deletes finished instances (their signals go by
-		// the foreign key's cascade).
+		// cleanup_flows deletes finished instances with their children.
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.flow_instances TO {R}`,
 		// Signals a step receives are read with the claim and marked
-		// consumed by the outcome.
-		`GRANT SELECT, UPDATE ON {S}.flow_signals TO {R}`,
+		// consumed by the outcome; cleanup_flows deletes an instance's.
+		`GRANT SELECT, UPDATE, DELETE ON {S}.flow_signals TO {R}`,
 		// One history row per outcome; cleanup deletes an instance's.
 		`GRANT SELECT, INSERT, DELETE ON {S}.flow_steps TO {R}`,
 		// Token buckets (the runner writes Config.RateLimits; the claim

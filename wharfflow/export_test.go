@@ -1,0 +1,15 @@
+package wharfflow
+
+import "time"
+
+// LeaseStart is when r took the lease that instance id's running step runs
+// on, as its lease renewals count from it (false: no step of id is running).
+func LeaseStart(r *Runner, id int64) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.inflight[id]
+	if !ok {
+		return time.Time{}, false
+	}
+	return s.claim, true
+}
