@@ -161,7 +161,8 @@ type Runner struct {
 	// it asked for) and to the children an outcome write in flight may
 	// lease: neither takes the other's, so at most MaxInFlight steps run.
 	reserved int
-	wakeIDs  []int64
+	wakeIDs  []int64       // notified instances for wakeLoop
+	wakeSig  chan struct{} // wakeLoop has ids
 	started  bool
 	cancel   context.CancelFunc
 	stopped  chan struct{}
@@ -206,7 +207,7 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: c, pool: pool, outbox: outbox, flows: map[string]Definition{}, stats: newStats(),
-		wake: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
+		wake: make(chan struct{}, 1), wakeSig: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
 		inflight: map[int64]*running{}, stopped: make(chan struct{})}
 	for _, f := range c.Flows {
 		r.flows[f.Name()] = f
@@ -246,8 +247,9 @@ tokens = least(k.tokens, excluded.burst)`, k, rl.PerSecond, rl.Burst); err != ni
 	r.mu.Unlock()
 
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
 	go func() { defer wg.Done(); r.listen(runCtx) }()
+	go func() { defer wg.Done(); r.wakeLoop(runCtx) }()
 	go func() { defer wg.Done(); r.renewLoop(runCtx) }()
 	go func() { defer wg.Done(); r.cleanupLoop(runCtx) }()
 	completerDone := make(chan struct{})
@@ -349,17 +351,7 @@ func (r *Runner) claimLoop(ctx context.Context) {
 		if ask > 0 {
 			r.reserved += ask
 		}
-		ids := r.wakeIDs
-		r.wakeIDs = nil
 		r.mu.Unlock()
-		if len(ids) > 0 {
-			if _, err := r.pool.Exec(ctx, "SELECT "+r.cfg.Schema+".wake_flows($1)", ids); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("wharfflow: waking awaiting instances", "err", err)
-				r.mu.Lock()
-				r.wakeIDs = append(r.wakeIDs, ids...)
-				r.mu.Unlock()
-			}
-		}
 		var sleep time.Duration = -1 // until woken
 		if ask > 0 {
 			// A claim that Stop cancelled mid-statement may have committed
@@ -953,9 +945,58 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 				r.mu.Lock()
 				r.wakeIDs = append(r.wakeIDs, id)
 				r.mu.Unlock()
+				select {
+				case r.wakeSig <- struct{}{}:
+				default:
+				}
+				continue
 			}
 		}
 		r.poke()
+	}
+}
+
+// wakeLoop runs wake_flows for the instances notified by signals that
+// could not wake them, then wakes the claim loop. It is a loop of its own:
+// wake_flows waits for the outcome writes in flight on those instances,
+// and the claim loop must not wait with it.
+func (r *Runner) wakeLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wakeSig:
+		}
+		r.mu.Lock()
+		ids := r.wakeIDs
+		r.wakeIDs = nil
+		r.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		var n int
+		if err := r.pool.QueryRow(ctx, "SELECT "+r.cfg.Schema+".wake_flows($1)", ids).Scan(&n); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.cfg.Logger.Warn("wharfflow: waking awaiting instances", "err", err)
+			r.mu.Lock()
+			r.wakeIDs = append(ids, r.wakeIDs...)
+			r.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			select {
+			case r.wakeSig <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		if n > 0 {
+			r.poke()
+		}
 	}
 }
 
