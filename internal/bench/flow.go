@@ -46,9 +46,14 @@ type FlowOptions struct {
 	MaxInFlight int
 	// Paced is how long the latency phase starts flows at half the drained
 	// rate (0 = no latency phase). Defaults to 5s.
-	Paced    time.Duration
-	Progress io.Writer
-	Logger   *slog.Logger
+	Paced time.Duration
+	// SignalAfter is how long after an instance's first step ran the
+	// signal workload signals it (0: at once, so that most signals race
+	// the write of the await and take the path of a signal that came
+	// first).
+	SignalAfter time.Duration
+	Progress    io.Writer
+	Logger      *slog.Logger
 }
 
 // FlowResult is one workload's figures.
@@ -267,7 +272,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	}
 
 	lat := &latencies{}
-	awaiting := &idQueue{ready: make(chan struct{}, 1)}
+	awaiting := &idQueue{ready: make(chan struct{}, 1), after: o.SignalAfter}
 	var done atomic.Int64
 	step := func(next string) wharfflow.StepFunc[benchState] {
 		return func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
@@ -506,16 +511,19 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 }
 
 // idQueue hands the instances whose step "a" ran (and returns Await) to
-// the signal sender.
+// the signal sender, each once after has passed since.
 type idQueue struct {
+	after time.Duration
 	mu    sync.Mutex
 	ids   []int64
+	at    []time.Time // when each id is due
 	ready chan struct{}
 }
 
 func (q *idQueue) add(id int64) {
 	q.mu.Lock()
 	q.ids = append(q.ids, id)
+	q.at = append(q.at, time.Now().Add(q.after))
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:
@@ -523,34 +531,51 @@ func (q *idQueue) add(id int64) {
 	}
 }
 
-// take returns up to n queued ids.
-func (q *idQueue) take(n int) []int64 {
+// take returns up to n ids that are due, and when the next one is (zero
+// when none is queued).
+func (q *idQueue) take(n int) ([]int64, time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	k := min(n, len(q.ids))
+	now := time.Now()
+	k := 0
+	for k < min(n, len(q.ids)) && !q.at[k].After(now) {
+		k++
+	}
 	out := slices.Clone(q.ids[:k])
-	q.ids = q.ids[k:]
-	return out
+	q.ids, q.at = q.ids[k:], q.at[k:]
+	var next time.Time
+	if len(q.at) > 0 {
+		next = q.at[0]
+	}
+	return out, next
 }
 
-// sendSignals signals the instances whose first step ran, as an
-// application that learns of them would (DBOS's harness sends to a
-// workflow once it started, likewise), in batches of up to 500 per
-// transaction, the payload carrying the send time. A signal may so commit
-// before its await does (it is kept, and the await's write makes the
-// instance due) or after (the signal wakes it): both are the product's
-// paths. It looked the instances up in the database before, and that
-// scan of the claim index, a cost of the bench and not of flows, was up to
-// a third of the server's time in this workload.
+// sendSignals signals the instances whose first step ran, SignalAfter
+// later, as an application that learns of them would (DBOS's harness sends
+// to a workflow once it started), in batches of up to 500 per transaction,
+// the payload carrying the send time. A signal may commit before its await
+// does (it is kept, and the await's write makes the instance due) or after
+// (the signal wakes it); with SignalAfter 0 most race the await's write.
+// It looked the instances up in the database before, and that scan of the
+// claim index, a cost of the bench and not of flows, was up to a third of
+// the server's time in this workload.
 func sendSignals(ctx context.Context, client *wharfflow.Client, q *idQueue) error {
 	for ctx.Err() == nil {
-		ids := q.take(500)
+		ids, next := q.take(500)
 		if len(ids) == 0 {
+			wait := time.Hour
+			if !next.IsZero() {
+				wait = time.Until(next)
+			}
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return ctx.Err()
 			case <-q.ready:
+			case <-t.C:
 			}
+			t.Stop()
 			continue
 		}
 		sigs := make([]wharfflow.Signal, len(ids))

@@ -69,7 +69,7 @@ Modes:
             Reports the highest rate sustainable in every run, with the evidence
             of each run
   flow      durable flows (wharfflow): per --workload (steps: 3 empty steps; signal:
-            3 steps awaiting one signal, sent by an application loop; children:
+            3 steps awaiting one signal, sent --signal-after the first step ran; children:
             a parent spawning 10 one-step children and joining them), --flows
             instances pre-started and drained by --runners runners (steps/s,
             client round trips and commits per step, and statements per step

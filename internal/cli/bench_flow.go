@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -21,6 +22,8 @@ func addFlowBenchFlags(fl *pflag.FlagSet, f *benchFlags) {
 	fl.IntVar(&f.flow.Runners, "runners", 1, "flow: runners in this process")
 	fl.IntVar(&f.flow.MaxInFlight, "max-in-flight", 512, "flow: steps each runner runs at once")
 	fl.DurationVar(&f.flow.Paced, "paced", 0, "flow: how long to start flows at half the drained rate for step-to-step latency (default 5s; negative = skip)")
+	fl.DurationVar(&f.flow.SignalAfter, "signal-after", 20*time.Millisecond,
+		"flow: signal workload: how long after an instance's first step ran it is signalled (0: at once, racing the write of its await)")
 }
 
 // runFlowBench is `wharf bench --mode flow`.
@@ -34,6 +37,8 @@ func runFlowBench(ctx context.Context, g *globals, f *benchFlags, cmd *cobra.Com
 		return usageError{fmt.Errorf("--runners must be at least 1, got %d", o.Runners)}
 	case o.MaxInFlight < 1:
 		return usageError{fmt.Errorf("--max-in-flight must be at least 1, got %d", o.MaxInFlight)}
+	case o.SignalAfter < 0:
+		return usageError{fmt.Errorf("--signal-after must not be negative, got %s", o.SignalAfter)}
 	}
 	for _, w := range o.Workloads {
 		if !slices.Contains(bench.FlowWorkloads, w) {
