@@ -2,11 +2,14 @@ package wharfflow_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/wharfflow"
 )
 
 // A signal that commits while a runner's write of the await is in flight
@@ -72,4 +75,57 @@ func TestSignalCommittedDuringTheAwaitWriteWakesTheInstance(t *testing.T) {
 	var due bool
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT status = 'awaiting' AND run_at <= clock_timestamp() FROM "+S+".flow_instances WHERE id = $1", id).Scan(&due))
 	require.True(t, due)
+}
+
+// Signals sent while the steps that await them run, hundreds at a time,
+// every one racing the write of its await: each instance gets its signal,
+// whichever path it takes (kept and seen by the await's write, waking an
+// awaiting instance, or notified by id, in lists, and woken by wake_flows).
+// The narrow race of the test above is rarely hit here: this one checks the
+// paths together, that one the race.
+func TestSignalsRacingTheirAwaitsAreAllDelivered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const n = 600
+	ran := make(chan int64, n)
+	f := wharfflow.New[counter]("race", nil).
+		Step("a", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			ran <- in.Instance
+			return wharfflow.Await("b", "go")
+		}).
+		Step("b", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			if len(in.Signals) != 1 {
+				return wharfflow.Fail(fmt.Errorf("got %d signals", len(in.Signals)))
+			}
+			return wharfflow.Done(nil)
+		})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}})
+	starts := make([]wharfflow.Start, n)
+	for i := range starts {
+		starts[i] = f.Start(counter{}, wharfflow.StartOptions{})
+	}
+	_, err := b.client.Start(ctx, starts...)
+	require.NoError(t, err)
+	for sent := 0; sent < n; {
+		batch := []wharfflow.Signal{{Instance: <-ran, Name: "go", DedupKey: "go"}}
+		for more := true; more && sent+len(batch) < n; {
+			select {
+			case id := <-ran:
+				batch = append(batch, wharfflow.Signal{Instance: id, Name: "go", DedupKey: "go"})
+			default:
+				more = false
+			}
+		}
+		_, err := b.client.Send(ctx, batch...)
+		require.NoError(t, err)
+		sent += len(batch)
+	}
+	count := func(status string) int {
+		var c int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE status = $1", status).Scan(&c))
+		return c
+	}
+	require.Eventually(t, func() bool { return count("done") == n }, time.Minute, 20*time.Millisecond,
+		"every instance got its signal: %d done, %d awaiting, %d failed", count("done"), count("awaiting"), count("failed"))
 }
