@@ -80,7 +80,7 @@ func TestSignalCommittedDuringTheAwaitWriteWakesTheInstance(t *testing.T) {
 // Signals sent while the steps that await them run, hundreds at a time,
 // every one racing the write of its await: each instance gets its signal,
 // whichever path it takes (kept and seen by the await's write, waking an
-// awaiting instance, or notified by id, in lists, and woken by wake_flows).
+// awaiting instance, or notified by id and woken by wake_flows).
 // The narrow race of the test above is rarely hit here: this one checks the
 // paths together, that one the race.
 func TestSignalsRacingTheirAwaitsAreAllDelivered(t *testing.T) {
