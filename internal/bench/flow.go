@@ -79,11 +79,18 @@ type FlowResult struct {
 	ServerCPUPerStepUs  float64 `json:"server_cpu_us_per_step,omitempty"`
 	// Step-to-step latency while flows start at PacedRate flows/s: from a
 	// step's start to the next step's start of the same instance (for
-	// signal, from the signal's send to the resumed step's start).
+	// signal, from the signal's send to the resumed step's start; for
+	// children, from the spawning step's start to each child's, and from
+	// the last child's start to the join's).
 	PacedRate float64 `json:"paced_flows_per_sec"`
 	P50Ms     float64 `json:"step_to_step_p50_ms"`
 	P99Ms     float64 `json:"step_to_step_p99_ms"`
 	Samples   int     `json:"latency_samples"`
+	// Children: from the spawning step's start to the join's (two
+	// step-to-step gaps and the children's steps).
+	SpanP50Ms   float64 `json:"spawn_to_join_p50_ms,omitempty"`
+	SpanP99Ms   float64 `json:"spawn_to_join_p99_ms,omitempty"`
+	SpanSamples int     `json:"spawn_to_join_samples,omitempty"`
 	// Statements per step during the drain, from pg_stat_statements, by
 	// kind (stmtKind): top-level statements sent by the clients, and
 	// "in functions" for those the flow functions run (with
@@ -271,7 +278,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		return res, err
 	}
 
-	lat := &latencies{}
+	lat, span := &latencies{}, &latencies{}
 	awaiting := &idQueue{ready: make(chan struct{}, 1), after: o.SignalAfter}
 	var done atomic.Int64
 	step := func(next string) wharfflow.StepFunc[benchState] {
@@ -317,20 +324,33 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		isDone = done.Load
 	case "children":
 		var parentsDone atomic.Int64
+		// Two step-to-step gaps: the spawning step's start to each child's
+		// start (the child's state carries it), and the last child's start
+		// to the join's (each child's result carries its start); spawn →
+		// join, the two together, apart.
 		child := wharfflow.New[benchState]("child", nil).Step("work", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
-			return wharfflow.Done(nil)
+			now := time.Now().UnixNano()
+			lat.add(s.Prev)
+			return wharfflow.Done(now)
 		})
 		parent := wharfflow.New[benchState]("parent", nil).
 			Step("fan", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
 				s.Prev = time.Now().UnixNano()
 				kids := make([]wharfflow.Child, 10)
 				for i := range kids {
-					kids[i] = child.Child(benchState{}, wharfflow.Options{})
+					kids[i] = child.Child(benchState{Prev: s.Prev}, wharfflow.Options{})
 				}
 				return wharfflow.Spawn("join", kids...)
 			}).
 			Step("join", func(_ context.Context, s *benchState, in wharfflow.Input) wharfflow.Outcome {
-				lat.add(s.Prev) // spawn → all ten children done → join
+				var last int64
+				for _, ch := range in.Children {
+					var started int64
+					_ = json.Unmarshal(ch.Result, &started)
+					last = max(last, started)
+				}
+				lat.add(last)
+				span.add(s.Prev) // spawn → all ten children done → join
 				parentsDone.Add(1)
 				return wharfflow.Done(nil)
 			})
@@ -455,6 +475,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		rate := res.FlowsPerSec / 2
 		res.PacedRate = rate
 		lat.on.Store(true)
+		span.on.Store(true)
 		rt.timing.Store(true)
 		base := done.Load()
 		if workload == "children" {
@@ -495,6 +516,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 			}
 		}
 		lat.on.Store(false)
+		span.on.Store(false)
 		rt.timing.Store(false)
 		res.Calls = rt.callTimes()
 		lat.mu.Lock()
@@ -503,6 +525,12 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		res.P50Ms = float64(lat.quantile(0.5).Microseconds()) / 1000
 		res.P99Ms = float64(lat.quantile(0.99).Microseconds()) / 1000
 		lat.mu.Unlock()
+		span.mu.Lock()
+		slices.Sort(span.got)
+		res.SpanSamples = len(span.got)
+		res.SpanP50Ms = float64(span.quantile(0.5).Microseconds()) / 1000
+		res.SpanP99Ms = float64(span.quantile(0.99).Microseconds()) / 1000
+		span.mu.Unlock()
 	}
 	if err := stopSenderWait(); err != nil {
 		return res, err
@@ -726,6 +754,14 @@ func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 			continue
 		}
 		if _, err := fmt.Fprintf(w, "%s: statements per step (pg_stat_statements): %s\n", r.Workload, formatStatements(r.Statements)); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if r.SpanP99Ms == 0 {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "%s: spawn → join (two step-to-step gaps), ms p50/p99: %.2f/%.2f\n", r.Workload, r.SpanP50Ms, r.SpanP99Ms); err != nil {
 			return err
 		}
 	}

@@ -61,6 +61,15 @@ func TestFlowStatementsPerStep(t *testing.T) {
 		if r.Workload == "signal" {
 			require.Greater(t, r.Statements["signal"], 0.0)
 		}
+		if r.Workload == "children" {
+			// Every paced parent gives eleven step-to-step gaps (to each
+			// of its ten children, and from the last one to the join),
+			// each within its spawn → join.
+			require.Positive(t, r.SpanSamples)
+			require.Equal(t, 11*r.SpanSamples, r.Samples)
+			require.LessOrEqual(t, r.P50Ms, r.SpanP50Ms)
+			require.LessOrEqual(t, r.P99Ms, r.SpanP99Ms)
+		}
 		// The paced phase times the claims and outcome writes.
 		for _, k := range []string{"claim", "outcome"} {
 			c := r.Calls[k]
@@ -73,6 +82,7 @@ func TestFlowStatementsPerStep(t *testing.T) {
 	require.NoError(t, WriteFlowSummary(&out, rs))
 	require.Contains(t, out.String(), "steps: statements per step (pg_stat_statements): ")
 	require.Contains(t, out.String(), "signal: paced calls, ms p50/p99/max (calls): claim ")
+	require.Contains(t, out.String(), "children: spawn → join (two step-to-step gaps), ms p50/p99: ")
 }
 
 // On a server that does not load pg_stat_statements, the flow bench still
