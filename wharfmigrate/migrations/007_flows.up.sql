@@ -129,13 +129,16 @@ BEGIN
         ON CONFLICT (flow, correlation_key) WHERE correlation_key IS NOT NULL AND status NOT IN ('done', 'cancelled')
         DO NOTHING;
     PERFORM pg_notify('{{schema}}_flows', '');
-    -- A new statement, so a start that conflicted with one committed meanwhile finds it.
+    -- A new statement, so a start that conflicted with one committed meanwhile
+    -- finds it. Each id is looked up on its own (a join to the table let the
+    -- planner, which expects 100 elements, hash the whole instance table:
+    -- 13 ms a call with 110,000 instances kept).
     RETURN QUERY
-    SELECT e.n, coalesce(i.id, (SELECT x.id FROM {{schema}}.flow_instances x
-                                 WHERE x.flow = e.doc->>'flow' AND x.correlation_key = e.doc->>'key'
-                                   AND x.status NOT IN ('done', 'cancelled')))
-      FROM jsonb_array_elements(p_starts) WITH ORDINALITY AS e(doc, n)
-      LEFT JOIN {{schema}}.flow_instances i ON i.id = v_ids[e.n];
+    SELECT e.n, coalesce((SELECT i.id FROM {{schema}}.flow_instances i WHERE i.id = v_ids[e.n]),
+                         (SELECT x.id FROM {{schema}}.flow_instances x
+                           WHERE x.flow = e.doc->>'flow' AND x.correlation_key = e.doc->>'key'
+                             AND x.status NOT IN ('done', 'cancelled')))
+      FROM jsonb_array_elements(p_starts) WITH ORDINALITY AS e(doc, n);
 END $$;
 
 -- start_flow starts one instance, for callers in any language.
