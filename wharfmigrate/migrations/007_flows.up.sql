@@ -547,7 +547,13 @@ BEGIN
     END IF;
     v_woken := v_woken + v_n;
 
-    -- Awaits whose signal came first run at once.
+    -- Awaits whose signal came first run at once. A statement of its own,
+    -- after the update: its snapshot is taken once this write holds the
+    -- rows' locks, so a signal it misses committed after that, found the
+    -- instance running and notified its id, and wake_flows waits for this
+    -- write. Folded into the update (the update's snapshot, taken before
+    -- its locks), a wake_flows that locked and released a row just before
+    -- the update lost the signal (TestSignalsRacingTheirAwaitsAreAllDelivered).
     IF v_awaits IS NOT NULL THEN
         UPDATE {{schema}}.flow_instances i SET run_at = v_now
          WHERE i.id = ANY (v_awaits) AND i.status = 'awaiting'
