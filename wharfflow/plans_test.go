@@ -19,9 +19,10 @@ import (
 // the planner turned into a hash of the whole table (13 ms a call at
 // 110,000 instances), and the claim's lease update did the same before.
 // Here the table holds 20,000 instances and has never been analyzed (the
-// statistics a queue table mostly has): starts, signals, a claim and an
-// outcome write, in one transaction, must not read it sequentially
-// (pg_stat_xact_user_tables counts the scans).
+// statistics a queue table mostly has): starts, signals, claims, a lease
+// renewal, an outcome write, a wake by id and a hand-back, in one
+// transaction, must not read it sequentially (pg_stat_xact_user_tables
+// counts the scans).
 func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -88,6 +89,15 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, claimed, 100)
 	seqScans("a claim")
+	ids100, tokens := make([]int64, len(claimed)), make([]int64, len(claimed))
+	for i, l := range claimed {
+		ids100[i], tokens[i] = l.id, l.token
+	}
+	var renewed int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".renew_flow_leases('plan-test', $1, $2, '30 seconds')",
+		ids100, tokens).Scan(&renewed))
+	require.Equal(t, len(claimed), renewed)
+	seqScans("a lease renewal")
 
 	// The outcome write, as the runner sends it: half await (some of
 	// those have their signal already), half end.
@@ -106,4 +116,26 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 		string(doc)).Scan(&applied))
 	require.Equal(t, len(claimed), applied)
 	seqScans("an outcome write")
+
+	var woken int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".wake_flows($1)", ids100).Scan(&woken))
+	seqScans("a wake by id")
+
+	// A stopping runner hands back what it claimed.
+	rows, err = tx.Query(ctx, "SELECT id, lease_token FROM "+b.schema+".claim_flow_steps('plan-test', ARRAY['plan'], 100, '30 seconds') WHERE id > 0")
+	require.NoError(t, err)
+	again, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lease, error) {
+		var l lease
+		return l, r.Scan(&l.id, &l.token)
+	})
+	require.NoError(t, err)
+	require.Len(t, again, 100)
+	seqScans("a claim")
+	for i, l := range again {
+		ids100[i], tokens[i] = l.id, l.token
+	}
+	var released int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".release_flow_leases('plan-test', $1, $2)", ids100, tokens).Scan(&released))
+	require.Equal(t, len(again), released)
+	seqScans("a hand-back")
 }
