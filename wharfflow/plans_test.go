@@ -14,15 +14,17 @@ import (
 )
 
 // Finished instances stay in the instance table for the retention period
-// (7 days by default), so it grows with the traffic; a call that scans it
-// whole costs more every day. A start looked its new ids up through a join
-// the planner turned into a hash of the whole table (13 ms a call at
-// 110,000 instances), and the claim's lease update did the same before.
-// Here the table holds 20,000 instances and has never been analyzed (the
-// statistics a queue table mostly has): starts, signals, claims, a lease
-// renewal, an outcome write, a wake by id and a hand-back, in one
-// transaction, must not read it sequentially (pg_stat_xact_user_tables
-// counts the scans).
+// (7 days by default), and their signals with them, so both tables grow with
+// the traffic; a call that scans one whole costs more every day. A start
+// looked its new ids up through a join the planner turned into a hash of the
+// whole instance table (13 ms a call at 110,000 instances), and the claim's
+// lease update did the same before. Here the table holds 20,000 instances
+// and has never been analyzed (the statistics a queue table mostly has):
+// the calls a runner or a producer makes per step or per batch (starts,
+// signals to running, awaiting and other instances, claims, a lease
+// renewal, outcome writes that await and that consume signals, a wake by
+// id, a hand-back), in one transaction, must read neither table
+// sequentially (pg_stat_xact_user_tables counts the scans).
 func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -34,11 +36,17 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 		Step("go", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
 			return wharfflow.Done(nil)
 		})
+	// 100 instances due now, the rest an hour from now.
 	var ids []int64
-	for range 20 {
+	later := time.Now().Add(time.Hour)
+	for batch := range 20 {
 		starts := make([]wharfflow.Start, 1000)
 		for i := range starts {
-			starts[i] = f.Start(counter{}, wharfflow.StartOptions{})
+			o := wharfflow.StartOptions{RunAt: later}
+			if batch == 0 && i < 100 {
+				o.RunAt = time.Time{}
+			}
+			starts[i] = f.Start(counter{}, o)
 		}
 		got, err := b.client.Start(ctx, starts...)
 		require.NoError(t, err)
@@ -50,19 +58,68 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	// The view also counts the connection's earlier transactions whose
 	// counts it has not reported yet; within a transaction it only grows.
-	var scans int64
+	scans := map[string]int64{}
 	seqScans := func(step string) {
 		t.Helper()
-		var n int64
-		require.NoError(t, tx.QueryRow(ctx, "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname = 'flow_instances'",
-			b.schema).Scan(&n))
-		if step == "" {
-			scans = n
-			return
+		rows, err := tx.Query(ctx, "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname IN ('flow_instances', 'flow_signals')", b.schema)
+		require.NoError(t, err)
+		now := map[string]int64{}
+		for rows.Next() {
+			var rel string
+			var n int64
+			require.NoError(t, rows.Scan(&rel, &n))
+			now[rel] = n
 		}
-		require.Equal(t, scans, n, "%s read the whole instance table", step)
+		require.NoError(t, rows.Err())
+		if step != "" {
+			for rel, n := range now {
+				require.Equal(t, scans[rel], n, "%s read the whole table %s", step, rel)
+			}
+		}
+		scans = now
 	}
 	seqScans("")
+	signal := func(step string, to ...int64) {
+		t.Helper()
+		sigs := make([]wharfflow.Signal, len(to))
+		for i, id := range to {
+			sigs[i] = wharfflow.Signal{Instance: id, Name: "go", DedupKey: "go"}
+		}
+		_, err := b.client.SignalTx(ctx, tx, sigs...)
+		require.NoError(t, err)
+		seqScans(step)
+	}
+	type lease struct {
+		id, token int64
+		signals   []wharfflow.ReceivedSignal
+	}
+	claim := func(limit int) []lease {
+		t.Helper()
+		rows, err := tx.Query(ctx, "SELECT id, lease_token, signals FROM "+b.schema+".claim_flow_steps('plan-test', ARRAY['plan'], $1, '30 seconds') WHERE id > 0", limit)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lease, error) {
+			var l lease
+			var sigs []byte
+			if err := r.Scan(&l.id, &l.token, &sigs); err != nil || len(sigs) == 0 {
+				return l, err
+			}
+			return l, json.Unmarshal(sigs, &l.signals)
+		})
+		require.NoError(t, err)
+		seqScans("a claim")
+		return got
+	}
+	write := func(step string, outcomes []map[string]any) {
+		t.Helper()
+		doc, err := json.Marshal(outcomes)
+		require.NoError(t, err)
+		var applied int
+		require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE id > 0) FROM "+b.schema+".complete_flow_steps('plan-test', $1::jsonb, '30 seconds')",
+			string(doc)).Scan(&applied))
+		require.Equal(t, len(outcomes), applied)
+		seqScans(step)
+	}
+
 	starts := make([]wharfflow.Start, 50)
 	for i := range starts {
 		starts[i] = f.Start(counter{}, wharfflow.StartOptions{Key: fmt.Sprint("order-", i%25)})
@@ -70,37 +127,23 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	_, err = b.client.StartTx(ctx, tx, starts...)
 	require.NoError(t, err)
 	seqScans("a start")
+	signal("a signal to instances that are not running", ids[100], ids[7000], ids[19999])
 
-	sigs := make([]wharfflow.Signal, 50)
-	for i := range sigs {
-		sigs[i] = wharfflow.Signal{Instance: ids[i*7], Name: "go", DedupKey: "go"}
-	}
-	_, err = b.client.SignalTx(ctx, tx, sigs...)
-	require.NoError(t, err)
-	seqScans("a signal")
-
-	rows, err := tx.Query(ctx, "SELECT id, lease_token FROM "+b.schema+".claim_flow_steps('plan-test', ARRAY['plan'], 100, '30 seconds') WHERE id > 0")
-	require.NoError(t, err)
-	type lease struct{ id, token int64 }
-	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lease, error) {
-		var l lease
-		return l, r.Scan(&l.id, &l.token)
-	})
-	require.NoError(t, err)
+	claimed := claim(100)
 	require.Len(t, claimed, 100)
-	seqScans("a claim")
-	ids100, tokens := make([]int64, len(claimed)), make([]int64, len(claimed))
+	leased, tokens := make([]int64, len(claimed)), make([]int64, len(claimed))
 	for i, l := range claimed {
-		ids100[i], tokens[i] = l.id, l.token
+		leased[i], tokens[i] = l.id, l.token
 	}
 	var renewed int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".renew_flow_leases('plan-test', $1, $2, '30 seconds')",
-		ids100, tokens).Scan(&renewed))
+		leased, tokens).Scan(&renewed))
 	require.Equal(t, len(claimed), renewed)
 	seqScans("a lease renewal")
+	signal("a signal to running instances", leased[:10]...)
 
-	// The outcome write, as the runner sends it: half await (some of
-	// those have their signal already), half end.
+	// Even ones await (the first five have their signal already), odd
+	// ones end.
 	var outcomes []map[string]any
 	for i, l := range claimed {
 		o := map[string]any{"id": l.id, "token": l.token, "kind": "done", "attempt": 0, "ran_step": "wait", "started_at": time.Now()}
@@ -109,33 +152,45 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 		}
 		outcomes = append(outcomes, o)
 	}
-	doc, err := json.Marshal(outcomes)
-	require.NoError(t, err)
-	var applied int
-	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE id > 0) FROM "+b.schema+".complete_flow_steps('plan-test', $1::jsonb, '30 seconds')",
-		string(doc)).Scan(&applied))
-	require.Equal(t, len(claimed), applied)
-	seqScans("an outcome write")
-
+	write("an outcome write", outcomes)
+	var awaiting []int64
+	for i := 10; i < 30; i += 2 {
+		awaiting = append(awaiting, leased[i])
+	}
+	signal("a signal that wakes awaiting instances", awaiting...)
 	var woken int
-	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".wake_flows($1)", ids100).Scan(&woken))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".wake_flows($1)", leased).Scan(&woken))
 	seqScans("a wake by id")
 
-	// A stopping runner hands back what it claimed.
-	rows, err = tx.Query(ctx, "SELECT id, lease_token FROM "+b.schema+".claim_flow_steps('plan-test', ARRAY['plan'], 100, '30 seconds') WHERE id > 0")
-	require.NoError(t, err)
-	again, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lease, error) {
-		var l lease
-		return l, r.Scan(&l.id, &l.token)
-	})
-	require.NoError(t, err)
-	require.Len(t, again, 100)
-	seqScans("a claim")
-	for i, l := range again {
-		ids100[i], tokens[i] = l.id, l.token
+	// The fifteen woken awaits are claimed with their signals, and their
+	// steps consume them; the runner hands back the new starts.
+	again := claim(200)
+	outcomes = nil
+	var back, backTokens []int64
+	for _, l := range again {
+		if len(l.signals) == 0 {
+			back, backTokens = append(back, l.id), append(backTokens, l.token)
+			continue
+		}
+		consumed := make([]int64, len(l.signals))
+		for i, sig := range l.signals {
+			consumed[i] = sig.ID
+		}
+		outcomes = append(outcomes, map[string]any{"id": l.id, "token": l.token, "kind": "done", "attempt": 0,
+			"ran_step": "go", "started_at": time.Now(), "consumed": consumed})
 	}
+	require.Len(t, outcomes, 15, "the woken awaits are claimed with their signal")
+	require.Len(t, back, 25, "the new starts (25 keys) are claimed")
+	write("an outcome write consuming signals", outcomes)
+	var pending int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_signals s JOIN "+b.schema+
+		".flow_instances i ON i.id = s.instance_id WHERE s.instance_id = ANY ($1) AND s.consumed_at IS NULL AND i.status = 'done' AND i.step = 'go'",
+		leased).Scan(&pending))
+	require.Zero(t, pending, "the woken awaits consumed their signals")
+	seqScans("") // that check's own scans
+
 	var released int
-	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".release_flow_leases('plan-test', $1, $2)", ids100, tokens).Scan(&released))
-	require.Equal(t, len(again), released)
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".release_flow_leases('plan-test', $1, $2)", back, backTokens).Scan(&released))
+	require.Equal(t, len(back), released)
 	seqScans("a hand-back")
 }
