@@ -14,17 +14,18 @@ import (
 )
 
 // Finished instances stay in the instance table for the retention period
-// (7 days by default), and their signals with them, so both tables grow with
-// the traffic; a call that scans one whole costs more every day. A start
-// looked its new ids up through a join the planner turned into a hash of the
-// whole instance table (13 ms a call at 110,000 instances), and the claim's
-// lease update did the same before. Here the table holds 20,000 instances
-// and has never been analyzed (the statistics a queue table mostly has):
-// the calls a runner or a producer makes per step or per batch (starts,
-// signals to running, awaiting and other instances, claims, a lease
-// renewal, outcome writes that await and that consume signals, a wake by
-// id, a hand-back), in one transaction, must read neither table
-// sequentially (pg_stat_xact_user_tables counts the scans).
+// (7 days by default), with their signals and step history, so the three
+// tables grow with the traffic; a call that scans one whole costs more every
+// day. A start looked its new ids up through a join the planner turned into
+// a hash of the whole instance table (13 ms a call at 110,000 instances),
+// the claim's lease update did the same before, and the retention cleanup
+// hashed all three. Here each holds 20,000 rows, never analyzed (the
+// statistics a queue table mostly has): the calls a runner or a producer
+// makes per step or per batch (starts, signals to running, awaiting and
+// other instances, claims, a lease renewal, outcome writes that await and
+// that consume signals, a wake by id, a hand-back, a cleanup), in one
+// transaction, must read none of them sequentially
+// (pg_stat_xact_user_tables counts the scans).
 func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -52,6 +53,12 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, got...)
 	}
+	// As many signals (of a name nobody awaits) and history rows.
+	_, err := b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_signals (instance_id, name) SELECT id, 'other' FROM "+b.schema+".flow_instances")
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_steps (instance_id, step, attempt, outcome, runner, started_at, finished_at) "+
+		"SELECT id, 'before', 0, 'next', 'elsewhere', now(), now() FROM "+b.schema+".flow_instances")
+	require.NoError(t, err)
 
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -61,7 +68,7 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	scans := map[string]int64{}
 	seqScans := func(step string) {
 		t.Helper()
-		rows, err := tx.Query(ctx, "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname IN ('flow_instances', 'flow_signals')", b.schema)
+		rows, err := tx.Query(ctx, "SELECT relname, seq_scan FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname IN ('flow_instances', 'flow_signals', 'flow_steps')", b.schema)
 		require.NoError(t, err)
 		now := map[string]int64{}
 		for rows.Next() {
@@ -184,7 +191,7 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	write("an outcome write consuming signals", outcomes)
 	var pending int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_signals s JOIN "+b.schema+
-		".flow_instances i ON i.id = s.instance_id WHERE s.instance_id = ANY ($1) AND s.consumed_at IS NULL AND i.status = 'done' AND i.step = 'go'",
+		".flow_instances i ON i.id = s.instance_id WHERE s.instance_id = ANY ($1) AND s.name = 'go' AND s.consumed_at IS NULL AND i.status = 'done' AND i.step = 'go'",
 		leased).Scan(&pending))
 	require.Zero(t, pending, "the woken awaits consumed their signals")
 	seqScans("") // that check's own scans
@@ -193,4 +200,10 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".release_flow_leases('plan-test', $1, $2)", back, backTokens).Scan(&released))
 	require.Equal(t, len(back), released)
 	seqScans("a hand-back")
+
+	// Retention: the ended instances go with their signals and history.
+	var removed int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".cleanup_flows(clock_timestamp() + interval '1 hour', 1000)").Scan(&removed))
+	require.Equal(t, 65, removed, "the 50 ended at once and the 15 signalled")
+	seqScans("a cleanup")
 }

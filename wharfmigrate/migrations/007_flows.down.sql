@@ -2,6 +2,7 @@
 DROP FUNCTION {{schema}}.cleanup_flows(timestamptz, integer);
 DROP FUNCTION {{schema}}.retry_flow(bigint);
 DROP FUNCTION {{schema}}.cancel_flow(bigint);
+DROP FUNCTION {{schema}}.flow_tree(bigint[]);
 DROP FUNCTION {{schema}}.wake_flows(bigint[]);
 DROP FUNCTION {{schema}}.release_flow_leases(text, bigint[], bigint[]);
 DROP FUNCTION {{schema}}.renew_flow_leases(text, bigint[], bigint[], interval);

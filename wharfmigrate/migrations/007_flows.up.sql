@@ -693,6 +693,28 @@ BEGIN
     RETURN v_n;
 END $$;
 
+-- flow_tree returns p_ids and all their descendants, a generation at a time
+-- through the parent index. A recursive query joined to the tables made the
+-- planner expect hundreds of thousands of rows and hash whole tables (the
+-- instances, their signals, their history): every cleanup batch and every
+-- cancel read tables that keep everything of the retention period. Without
+-- statistics (a table autovacuum has not analyzed yet) the planner expects
+-- an = ANY list of ids to match a good share of a table and may still read
+-- it whole, so this and cleanup_flows run with sequential scans off.
+CREATE FUNCTION {{schema}}.flow_tree(p_ids bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $$
+DECLARE
+    v_all   bigint[] := p_ids;
+    v_level bigint[] := p_ids;
+BEGIN
+    WHILE cardinality(v_level) > 0 LOOP
+        v_level := ARRAY(SELECT ch.id FROM {{schema}}.flow_instances ch
+                          WHERE ch.parent_id = ANY (v_level) AND ch.parent_id IS NOT NULL);
+        v_all := v_all || v_level;
+    END LOOP;
+    RETURN v_all;
+END $$;
+
 -- cancel_flow cancels an instance that has not ended and its descendants;
 -- returns how many instances it cancelled. A runner executing a step of one
 -- of them commits nothing for it.
@@ -703,14 +725,9 @@ DECLARE
     v_n      integer;
     v_parent bigint;
 BEGIN
-    WITH RECURSIVE tree AS (
-        SELECT i.id FROM {{schema}}.flow_instances i WHERE i.id = p_id
-        UNION ALL
-        SELECT ch.id FROM {{schema}}.flow_instances ch JOIN tree t ON ch.parent_id = t.id
-    )
     UPDATE {{schema}}.flow_instances i SET status = 'cancelled', run_at = 'infinity', lease_owner = NULL,
                                           finished_at = clock_timestamp(), updated_at = clock_timestamp()
-      FROM tree WHERE i.id = tree.id AND i.status NOT IN ('done', 'cancelled');
+     WHERE i.id = ANY ({{schema}}.flow_tree(ARRAY[p_id])) AND i.status NOT IN ('done', 'cancelled');
     GET DIAGNOSTICS v_n = ROW_COUNT;
     SELECT i.parent_id INTO v_parent FROM {{schema}}.flow_instances i WHERE i.id = p_id;
     IF v_n > 0 AND v_parent IS NOT NULL THEN
@@ -744,25 +761,18 @@ END $$;
 -- or cancelled) before p_before, with their children, signals and history;
 -- returns how many top-level instances it deleted.
 CREATE FUNCTION {{schema}}.cleanup_flows(p_before timestamptz, p_limit integer) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_n   integer;
-    v_ids bigint[];
+    v_ids  bigint[];
+    v_tree bigint[];
 BEGIN
     v_ids := ARRAY(SELECT x.id FROM {{schema}}.flow_instances x
                     WHERE x.status IN ('done', 'cancelled') AND x.parent_id IS NULL AND x.finished_at < p_before
                     ORDER BY x.finished_at LIMIT p_limit FOR UPDATE SKIP LOCKED);
-    WITH RECURSIVE tree AS (
-        SELECT unnest(v_ids) AS id
-        UNION ALL
-        SELECT ch.id FROM {{schema}}.flow_instances ch JOIN tree t ON ch.parent_id = t.id
-    ), steps AS (
-        DELETE FROM {{schema}}.flow_steps s USING tree WHERE s.instance_id = tree.id
-    ), signals AS (
-        DELETE FROM {{schema}}.flow_signals s USING tree WHERE s.instance_id = tree.id
-    )
-    DELETE FROM {{schema}}.flow_instances i USING tree WHERE i.id = tree.id;
-    v_n := cardinality(v_ids);
-    RETURN v_n;
+    v_tree := {{schema}}.flow_tree(v_ids);
+    DELETE FROM {{schema}}.flow_steps s WHERE s.instance_id = ANY (v_tree);
+    DELETE FROM {{schema}}.flow_signals s WHERE s.instance_id = ANY (v_tree);
+    DELETE FROM {{schema}}.flow_instances i WHERE i.id = ANY (v_tree);
+    RETURN cardinality(v_ids);
 END $$;
