@@ -13,3 +13,6 @@ func LeaseStart(r *Runner, id int64) (time.Time, bool) {
 	}
 	return s.claim, true
 }
+
+// GaugeQuery is the metrics collector's query for schema.
+func GaugeQuery(schema string) string { return gaugeQuery(schema) }
