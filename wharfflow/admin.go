@@ -201,33 +201,6 @@ func (c *Client) Wait(ctx context.Context, id int64, interval time.Duration) (In
 	}
 }
 
-// Counts returns how many instances each flow has per status, for the
-// statuses that have not ended, and failed.
-func (c *Client) Counts(ctx context.Context) (map[string]map[string]int64, error) {
-	if c.pool == nil {
-		return nil, ErrNoPool
-	}
-	rows, err := c.pool.Query(ctx, "SELECT flow, status, count(*) FROM "+c.schema+
-		".flow_instances WHERE status NOT IN ('done', 'cancelled') GROUP BY 1, 2")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]map[string]int64{}
-	for rows.Next() {
-		var f, s string
-		var n int64
-		if err := rows.Scan(&f, &s, &n); err != nil {
-			return nil, err
-		}
-		if out[f] == nil {
-			out[f] = map[string]int64{}
-		}
-		out[f][s] = n
-	}
-	return out, rows.Err()
-}
-
 // StatusCount is how many instances of a flow have a status.
 type StatusCount struct {
 	Flow   string `json:"flow"`
