@@ -192,7 +192,15 @@ func (l *latencies) add(prev int64) {
 	l.mu.Unlock()
 }
 
-func (l *latencies) quantile(q float64) time.Duration { return quantileOf(l.got, q) }
+// summary sorts the samples and returns how many there are and their p50
+// and p99 in milliseconds.
+func (l *latencies) summary() (n int, p50, p99 float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.Sort(l.got)
+	ms := func(q float64) float64 { return float64(quantileOf(l.got, q).Microseconds()) / 1000 }
+	return len(l.got), ms(0.5), ms(0.99)
+}
 
 // quantileOf is the q-quantile of sorted durations (0 for none).
 func quantileOf(sorted []time.Duration, q float64) time.Duration {
@@ -519,18 +527,8 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		span.on.Store(false)
 		rt.timing.Store(false)
 		res.Calls = rt.callTimes()
-		lat.mu.Lock()
-		slices.Sort(lat.got)
-		res.Samples = len(lat.got)
-		res.P50Ms = float64(lat.quantile(0.5).Microseconds()) / 1000
-		res.P99Ms = float64(lat.quantile(0.99).Microseconds()) / 1000
-		lat.mu.Unlock()
-		span.mu.Lock()
-		slices.Sort(span.got)
-		res.SpanSamples = len(span.got)
-		res.SpanP50Ms = float64(span.quantile(0.5).Microseconds()) / 1000
-		res.SpanP99Ms = float64(span.quantile(0.99).Microseconds()) / 1000
-		span.mu.Unlock()
+		res.Samples, res.P50Ms, res.P99Ms = lat.summary()
+		res.SpanSamples, res.SpanP50Ms, res.SpanP99Ms = span.summary()
 	}
 	if err := stopSenderWait(); err != nil {
 		return res, err
