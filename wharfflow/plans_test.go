@@ -23,9 +23,9 @@ import (
 // statistics a queue table mostly has): the calls a runner or a producer
 // makes per step or per batch (starts, signals to running, awaiting and
 // other instances, claims, a lease renewal, outcome writes that await and
-// that consume signals, a wake by id, a hand-back, a cleanup), in one
-// transaction, must read none of them sequentially
-// (pg_stat_xact_user_tables counts the scans).
+// that consume signals, a wake by id, a hand-back), an operator's cancel and
+// a retention cleanup, in one transaction, must read none of them
+// sequentially (pg_stat_xact_user_tables counts the scans).
 func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -201,10 +201,15 @@ func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
 	require.Equal(t, len(back), released)
 	seqScans("a hand-back")
 
+	var cancelled int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".cancel_flow($1)", ids[5000]).Scan(&cancelled))
+	require.Equal(t, 1, cancelled)
+	seqScans("a cancel")
+
 	// Retention: the ended instances go with their signals and history.
 	var removed int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".cleanup_flows(clock_timestamp() + interval '1 hour', 1000)").Scan(&removed))
-	require.Equal(t, 65, removed, "the 50 ended at once and the 15 signalled")
+	require.Equal(t, 66, removed, "the 50 ended at once, the 15 signalled and the cancelled one")
 	seqScans("a cleanup")
 }
 
