@@ -26,7 +26,7 @@ import (
 // that consume signals, a wake by id, a hand-back), an operator's cancel and
 // a retention cleanup, in one transaction, must read none of them
 // sequentially (pg_stat_xact_user_tables counts the scans).
-func TestFlowCallsDoNotScanTheInstanceTable(t *testing.T) {
+func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
