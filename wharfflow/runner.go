@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -161,11 +162,31 @@ type Runner struct {
 	// it asked for) and to the children an outcome write in flight may
 	// lease: neither takes the other's, so at most MaxInFlight steps run.
 	reserved int
-	wakeIDs  []int64       // notified instances for wakeLoop
-	wakeSig  chan struct{} // wakeLoop has ids
-	started  bool
-	cancel   context.CancelFunc
-	stopped  chan struct{}
+	wakeIDs  []int64 // notified instances for wakeLoop
+	// late are instances notified by a signal that could not resume them
+	// while the runner ran them (in inflight): a write of theirs in flight
+	// may have looked for pending signals before that signal committed, so
+	// they are woken once their write has committed (release).
+	late    map[int64]bool
+	wakeSig chan struct{} // wakeLoop has ids
+	// leasedIDs are instances signals leased to the runner (notified), for
+	// leaseLoop; leaseSig says it has some. queued are such steps read
+	// while every slot was taken: in inflight (so their leases are
+	// renewed), started as slots free, before any claim.
+	leasedIDs []int64
+	leaseSig  chan struct{}
+	queued    []claimed
+	// key addresses the runner in those notifications (flow_runners.key,
+	// set when its listener registers it). listening is set while the
+	// listener is connected: only then does the runner heartbeat, so that
+	// signals lease to it only while it hears of them. leaving is set by
+	// Stop before it removes the runner's row.
+	key       atomic.Int64
+	listening atomic.Bool
+	leaving   atomic.Bool
+	started   bool
+	cancel    context.CancelFunc
+	stopped   chan struct{}
 }
 
 type running struct {
@@ -177,6 +198,7 @@ type running struct {
 	claim  time.Time
 	chain  int // steps run in a row on this lease (continueChain)
 	cancel context.CancelCauseFunc
+	queued bool // leased by a signal, waiting for a slot (Runner.queued)
 }
 
 // continueChain is how many steps of one instance a runner runs in a row
@@ -207,8 +229,8 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: c, pool: pool, outbox: outbox, flows: map[string]Definition{}, stats: newStats(),
-		wake: make(chan struct{}, 1), wakeSig: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
-		inflight: map[int64]*running{}, stopped: make(chan struct{})}
+		wake: make(chan struct{}, 1), wakeSig: make(chan struct{}, 1), leaseSig: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
+		inflight: map[int64]*running{}, late: map[int64]bool{}, stopped: make(chan struct{})}
 	for _, f := range c.Flows {
 		r.flows[f.Name()] = f
 		r.names = append(r.names, f.Name())
@@ -247,9 +269,10 @@ tokens = least(k.tokens, excluded.burst)`, k, rl.PerSecond, rl.Burst); err != ni
 	r.mu.Unlock()
 
 	var wg sync.WaitGroup
-	wg.Add(5)
+	wg.Add(6)
 	go func() { defer wg.Done(); r.listen(runCtx) }()
 	go func() { defer wg.Done(); r.wakeLoop(runCtx) }()
+	go func() { defer wg.Done(); r.leaseLoop(runCtx) }()
 	go func() { defer wg.Done(); r.renewLoop(runCtx) }()
 	go func() { defer wg.Done(); r.cleanupLoop(runCtx) }()
 	completerDone := make(chan struct{})
@@ -258,6 +281,13 @@ tokens = least(k.tokens, excluded.burst)`, k, rl.PerSecond, rl.Burst); err != ni
 		r.claimLoop(runCtx)
 		close(completerDone)
 		wg.Wait()
+		// Instances whose last write committed after wakeLoop stopped.
+		r.mu.Lock()
+		ids := r.wakeIDs
+		r.mu.Unlock()
+		if len(ids) > 0 {
+			r.wakeOnce(context.WithoutCancel(runCtx), ids)
+		}
 		close(r.stopped)
 	}()
 	return nil
@@ -273,6 +303,10 @@ func (r *Runner) Stop(ctx context.Context) error {
 	if cancel == nil {
 		return errors.New("wharfflow: the runner was not started")
 	}
+	// Signals lease to the runner no more; those that did meanwhile are
+	// handed back (leaseLoop) or wait out their lease.
+	r.leaving.Store(true)
+	r.deregister(ctx)
 	cancel()
 	select {
 	case <-r.stopped:
@@ -335,7 +369,13 @@ func (r *Runner) claimLoop(ctx context.Context) {
 	defer func() {
 		r.mu.Lock()
 		r.closing = true
+		queued := r.queued
+		r.queued = nil
+		for _, c := range queued {
+			delete(r.inflight, c.ID)
+		}
 		r.mu.Unlock()
+		r.handBack(ctx, queued)
 		r.steps.Wait()
 	}()
 	timer := time.NewTimer(time.Hour)
@@ -394,6 +434,7 @@ func (r *Runner) claimLoop(ctx context.Context) {
 				r.run(ctx, c, 0)
 			}
 			r.reserved -= ask
+			r.startQueued(ctx)
 			r.mu.Unlock()
 			if sleep == 0 {
 				continue
@@ -437,8 +478,14 @@ func (r *Runner) handBack(ctx context.Context, rows []claimed) {
 // next row falls due (nil: none is scheduled; a notification or an outcome
 // written wakes the runner).
 func (r *Runner) claim(ctx context.Context, n int) (out []claimed, next *time.Time, err error) {
-	rows, err := r.pool.Query(ctx, "SELECT id, flow, step, state, attempt, lease_token, lease_until, signals, children FROM "+
+	return r.queryClaimed(ctx, "SELECT id, flow, step, state, attempt, lease_token, lease_until, signals, children FROM "+
 		r.cfg.Schema+".claim_flow_steps($1, $2, $3, $4)", r.cfg.RunnerID, r.names, n, r.cfg.LeaseTTL)
+}
+
+// queryClaimed reads rows shaped as claim_flow_steps returns them (and
+// flow_leased_steps), with their trace context.
+func (r *Runner) queryClaimed(ctx context.Context, sql string, args ...any) (out []claimed, next *time.Time, err error) {
+	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -475,7 +522,7 @@ func (r *Runner) claim(ctx context.Context, n int) (out []claimed, next *time.Ti
 	if err := r.loadTraces(ctx, out); err != nil {
 		// The steps are leased: run them, untraced, rather than wait for
 		// their leases to end.
-		r.cfg.Logger.Warn("wharfflow: reading the claimed steps' trace context", "err", err)
+		r.cfg.Logger.Warn("wharfflow: reading the steps' trace context", "err", err)
 	}
 	return out, next, nil
 }
@@ -570,7 +617,7 @@ func (r *Runner) write(runCtx context.Context, batch []result) {
 		r.release(runCtx, batch, writeResult{}, reserve)
 		return
 	}
-	q := "SELECT id, token, flow, step, state, attempt, parent_id, children FROM " + r.cfg.Schema +
+	q := "SELECT id, token, flow, step, state, attempt, parent_id, children, signals FROM " + r.cfg.Schema +
 		".complete_flow_steps($1, $2::jsonb, $3, $4)"
 	var wr writeResult
 	for attempt := 0; ; attempt++ {
@@ -605,6 +652,15 @@ func (r *Runner) write(runCtx context.Context, batch []result) {
 	if len(wr.leased) > 0 {
 		r.leasedTraces(ctx, batch, wr.leased)
 	}
+	if len(wr.resumed) > 0 {
+		traces := make(map[int64]map[string]string, len(batch))
+		for i := range batch {
+			traces[batch[i].c.ID] = batch[i].c.Trace
+		}
+		for i := range wr.resumed {
+			wr.resumed[i].Trace = traces[wr.resumed[i].ID]
+		}
+	}
 	r.release(runCtx, batch, wr, reserve)
 }
 
@@ -616,6 +672,9 @@ type writeResult struct {
 	// leased are the instances the write leased to the runner: spawned
 	// children, and parents at their join step.
 	leased []claimed
+	// resumed are the awaits of the batch whose signal came first, leased
+	// back to the runner with their signals.
+	resumed []claimed
 	// due is how many steps the write made due for any runner's claim.
 	due int64
 }
@@ -727,9 +786,9 @@ func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, fl
 		var id int64
 		var token, parent *int64
 		var flow, step *string
-		var state, children []byte
+		var state, children, signals []byte
 		var attempt *int
-		if err := rows.Scan(&id, &token, &flow, &step, &state, &attempt, &parent, &children); err != nil {
+		if err := rows.Scan(&id, &token, &flow, &step, &state, &attempt, &parent, &children, &signals); err != nil {
 			return err
 		}
 		switch {
@@ -761,6 +820,13 @@ func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, fl
 					return err
 				}
 			}
+			if len(signals) > 0 {
+				if err := json.Unmarshal(signals, &c.Signals); err != nil {
+					return err
+				}
+				wr.resumed = append(wr.resumed, c)
+				continue
+			}
 			wr.leased = append(wr.leased, c)
 		}
 	}
@@ -774,6 +840,7 @@ func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, fl
 // something.
 func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, reserve int) {
 	var backIDs, backTokens []int64
+	lateWoken := false
 	r.mu.Lock()
 	for i := range batch {
 		res := &batch[i]
@@ -781,6 +848,11 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 		if s, ok := r.inflight[id]; ok && s.token == res.c.Token {
 			s.cancel(nil)
 			delete(r.inflight, id)
+		}
+		if r.late[id] {
+			delete(r.late, id)
+			r.wakeIDs = append(r.wakeIDs, id)
+			lateWoken = true
 		}
 	}
 	stopping := r.closing || ctx.Err() != nil
@@ -808,8 +880,23 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 		r.stats.leased.Add(1) // before the step starts, for whoever it tells
 		r.run(ctx, c, 0)
 	}
+	for _, c := range wr.resumed {
+		if stopping {
+			backIDs = append(backIDs, c.ID)
+			backTokens = append(backTokens, c.Token)
+			continue
+		}
+		c.leased = time.Now()
+		r.queue(c)
+	}
 	r.reserved -= reserve
+	if !stopping {
+		r.startQueued(ctx)
+	}
 	r.mu.Unlock()
+	if lateWoken {
+		r.wakeLater()
+	}
 	if len(backIDs) > 0 {
 		if _, err := r.pool.Exec(context.WithoutCancel(ctx), "SELECT "+r.cfg.Schema+".release_flow_leases($1, $2, $3)",
 			r.cfg.RunnerID, backIDs, backTokens); err != nil {
@@ -859,6 +946,12 @@ func (r *Runner) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		if r.listening.Load() {
+			if _, err := r.pool.Exec(ctx, "UPDATE "+r.cfg.Schema+".flow_runners SET alive_until = clock_timestamp() + $2 WHERE id = $1",
+				r.cfg.RunnerID, r.aliveFor()); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("wharfflow: heartbeat", "err", err)
+			}
+		}
 		r.mu.Lock()
 		var ids, tokens []int64
 		cutoff := time.Now().Add(-r.cfg.LeaseTTL / 3)
@@ -893,6 +986,10 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		for i, id := range ids {
 			if s, ok := r.inflight[id]; ok && s.token == tokens[i] && !kept[id] {
 				s.cancel(errLeaseLost)
+				if s.queued {
+					delete(r.inflight, id)
+					r.queued = slices.DeleteFunc(r.queued, func(c claimed) bool { return c.ID == id })
+				}
 			}
 		}
 		r.mu.Unlock()
@@ -929,6 +1026,12 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 	defer func() {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *")
 	}()
+	// Listening: signals may lease instances to the runner from now on.
+	if err := r.register(ctx, conn); err != nil {
+		return err
+	}
+	r.listening.Store(true)
+	defer r.listening.Store(false)
 	// Signals may have come while nobody listened: check every awaiting
 	// instance with a pending signal once.
 	if _, err := conn.Exec(ctx, "SELECT "+r.cfg.Schema+".wake_flows(NULL)"); err != nil {
@@ -940,14 +1043,36 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if strings.HasPrefix(n.Payload, "L") { // instances a signal leased to a runner
+			key, ids, err := parseLeased(n.Payload)
+			if err != nil {
+				r.cfg.Logger.Warn("wharfflow: a notification of leased steps", "err", err)
+				continue
+			}
+			if key != r.key.Load() {
+				continue
+			}
+			r.mu.Lock()
+			r.leasedIDs = append(r.leasedIDs, ids...)
+			r.mu.Unlock()
+			select {
+			case r.leaseSig <- struct{}{}:
+			default:
+			}
+			continue
+		}
 		if n.Payload != "" {
 			if id, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
 				r.mu.Lock()
-				r.wakeIDs = append(r.wakeIDs, id)
+				_, running := r.inflight[id]
+				if running {
+					r.late[id] = true
+				} else {
+					r.wakeIDs = append(r.wakeIDs, id)
+				}
 				r.mu.Unlock()
-				select {
-				case r.wakeSig <- struct{}{}:
-				default:
+				if !running {
+					r.wakeLater()
 				}
 				continue
 			}
@@ -956,10 +1081,153 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 	}
 }
 
+// aliveFor is how long a heartbeat keeps the runner alive for signals: two
+// of renewLoop's ticks.
+func (r *Runner) aliveFor() time.Duration { return 2 * r.cfg.LeaseTTL / 3 }
+
+// register writes the runner's flow_runners row (alive, with its lease)
+// and learns its key, once its listener listens. Not once Stop began.
+func (r *Runner) register(ctx context.Context, conn *pgxpool.Conn) error {
+	if r.leaving.Load() {
+		return nil
+	}
+	var key int64
+	if err := conn.QueryRow(ctx, "INSERT INTO "+r.cfg.Schema+`.flow_runners AS f (id, lease, alive_until)
+VALUES ($1, $2, clock_timestamp() + $3)
+ON CONFLICT (id) DO UPDATE SET lease = excluded.lease, alive_until = excluded.alive_until RETURNING f.key`,
+		r.cfg.RunnerID, r.cfg.LeaseTTL, r.aliveFor()).Scan(&key); err != nil {
+		return fmt.Errorf("registering the runner: %w", err)
+	}
+	r.key.Store(key)
+	return nil
+}
+
+// deregister removes the runner's row: signals lease to it no more.
+func (r *Runner) deregister(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	defer cancel()
+	if _, err := r.pool.Exec(dctx, "DELETE FROM "+r.cfg.Schema+".flow_runners WHERE id = $1", r.cfg.RunnerID); err != nil {
+		r.cfg.Logger.Warn("wharfflow: removing the runner's row; signals may lease to it until its heartbeat ends", "err", err)
+	}
+}
+
+// parseLeased reads a notification of leased steps: "L<key> <id>,<id>...".
+func parseLeased(payload string) (key int64, ids []int64, err error) {
+	head, list, ok := strings.Cut(payload[1:], " ")
+	if !ok {
+		return 0, nil, fmt.Errorf("no ids in %q", payload)
+	}
+	if key, err = strconv.ParseInt(head, 10, 64); err != nil {
+		return 0, nil, fmt.Errorf("runner key in %q: %w", payload, err)
+	}
+	for f := range strings.SplitSeq(list, ",") {
+		id, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, nil, fmt.Errorf("instance id in %q: %w", payload, err)
+		}
+		ids = append(ids, id)
+	}
+	return key, ids, nil
+}
+
+// leaseLoop reads the steps that signals leased to the runner (their ids
+// notified) and runs them (admitLeased). A loop of its own, like wakeLoop.
+func (r *Runner) leaseLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			if r.leaving.Load() {
+				// A registration that raced Stop's removal.
+				r.deregister(ctx)
+			}
+			return
+		case <-r.leaseSig:
+		}
+		r.mu.Lock()
+		ids := r.leasedIDs
+		r.leasedIDs = nil
+		r.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		rows, _, err := r.queryClaimed(ctx, "SELECT id, flow, step, state, attempt, lease_token, lease_until, signals, children FROM "+
+			r.cfg.Schema+".flow_leased_steps($1, $2)", r.cfg.RunnerID, ids)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.cfg.Logger.Warn("wharfflow: reading steps signals leased to the runner", "err", err)
+			r.mu.Lock()
+			r.leasedIDs = append(ids, r.leasedIDs...)
+			r.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			select {
+			case r.leaseSig <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		r.admitLeased(ctx, rows)
+	}
+}
+
+// admitLeased runs steps signals leased to the runner, queues them while
+// every slot is taken, or hands them back when the runner is stopping.
+func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
+	r.mu.Lock()
+	if r.closing || ctx.Err() != nil {
+		r.mu.Unlock()
+		r.handBack(ctx, rows)
+		return
+	}
+	for _, c := range rows {
+		if _, ok := r.inflight[c.ID]; ok {
+			continue // a claim took it over when its lease ended
+		}
+		// The lease began with the signal: renewLoop counts from there.
+		c.leased = c.Until.Add(-r.cfg.LeaseTTL)
+		r.queue(c)
+	}
+	r.startQueued(ctx)
+	r.mu.Unlock()
+}
+
+// queue adds a step a signal leased to the runner to the steps waiting for
+// a slot (startQueued starts them). r.mu is held.
+func (r *Runner) queue(c claimed) {
+	r.stats.signalled.Add(1)
+	r.inflight[c.ID] = &running{token: c.Token, claim: c.leased, cancel: func(error) {}, queued: true}
+	r.queued = append(r.queued, c)
+}
+
+// startQueued starts queued steps while slots are free (not promised to a
+// claim or a write in flight). r.mu is held.
+func (r *Runner) startQueued(ctx context.Context) {
+	for len(r.queued) > 0 && len(r.inflight)-len(r.queued)+r.reserved < r.cfg.MaxInFlight {
+		c := r.queued[0]
+		r.queued = r.queued[1:]
+		delete(r.inflight, c.ID)
+		r.run(ctx, c, 0)
+	}
+}
+
+// wakeLater has wakeLoop wake the instances in wakeIDs.
+func (r *Runner) wakeLater() {
+	select {
+	case r.wakeSig <- struct{}{}:
+	default:
+	}
+}
+
 // wakeLoop runs wake_flows for the instances notified by signals that
-// could not wake them, then wakes the claim loop. It is a loop of its own:
-// wake_flows waits for the outcome writes in flight on those instances,
-// and the claim loop must not wait with it.
+// could not resume them, then wakes the claim loop. Without waiting for
+// writes in flight (p_wait false): a runner's own instances are woken once
+// their write has committed (late), and any other runner's write in flight
+// is woken by that runner. It is a loop of its own, off the claim loop.
 func (r *Runner) wakeLoop(ctx context.Context) {
 	for {
 		select {
@@ -974,12 +1242,10 @@ func (r *Runner) wakeLoop(ctx context.Context) {
 		if len(ids) == 0 {
 			continue
 		}
-		var n int
-		if err := r.pool.QueryRow(ctx, "SELECT "+r.cfg.Schema+".wake_flows($1)", ids).Scan(&n); err != nil {
+		if !r.wakeOnce(ctx, ids) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.cfg.Logger.Warn("wharfflow: waking awaiting instances", "err", err)
 			r.mu.Lock()
 			r.wakeIDs = append(ids, r.wakeIDs...)
 			r.mu.Unlock()
@@ -988,16 +1254,25 @@ func (r *Runner) wakeLoop(ctx context.Context) {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			select {
-			case r.wakeSig <- struct{}{}:
-			default:
-			}
-			continue
-		}
-		if n > 0 {
-			r.poke()
+			r.wakeLater()
 		}
 	}
+}
+
+// wakeOnce runs wake_flows for ids (and wakes the claim loop when it made
+// steps due); false when it failed.
+func (r *Runner) wakeOnce(ctx context.Context, ids []int64) bool {
+	var n int
+	if err := r.pool.QueryRow(ctx, "SELECT "+r.cfg.Schema+".wake_flows($1, false)", ids).Scan(&n); err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: waking awaiting instances", "err", err)
+		}
+		return false
+	}
+	if n > 0 {
+		r.poke()
+	}
+	return true
 }
 
 // cleanupLoop deletes instances past their retention, in batches.

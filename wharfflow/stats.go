@@ -11,6 +11,7 @@ type Stats struct {
 	steps     atomic.Int64
 	claimed   atomic.Int64
 	leased    atomic.Int64
+	signalled atomic.Int64
 	lost      atomic.Int64
 	failed    atomic.Int64
 	stepNanos atomic.Int64
@@ -40,14 +41,20 @@ func (s *Stats) observe(res result, applied bool) {
 func (s *Stats) Steps() int64 { return s.steps.Load() }
 
 // Claimed is how many steps the runner's claims leased. Steps continued on
-// their lease, and children and joins its outcome writes leased to it
-// (Leased), ran without a claim and are not counted.
+// their lease, children and joins its outcome writes leased to it (Leased)
+// and steps signals leased to it (Signalled) ran without a claim and are
+// not counted.
 func (s *Stats) Claimed() int64 { return s.claimed.Load() }
 
 // Leased is how many instances the runner's outcome writes leased to it:
 // children of its spawns, and parents at their join step whose last child
 // it ended. Each ran without a claim.
 func (s *Stats) Leased() int64 { return s.leased.Load() }
+
+// Signalled is how many steps signals leased to the runner: instances that
+// awaited a signal, resumed by it on the runner that wrote their await,
+// without a claim.
+func (s *Stats) Signalled() int64 { return s.signalled.Load() }
 
 // Lost is how many outcomes were not committed because the step's lease was
 // lost, its instance was cancelled, or the write failed.

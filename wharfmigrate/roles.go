@@ -158,14 +158,19 @@ END IF; END $wharf$`,
 		// Token buckets (the runner writes Config.RateLimits; the claim
 		// takes tokens) and pauses (RateLimited outcomes).
 		`GRANT SELECT, INSERT, UPDATE ON {S}.flow_keys TO {R}`,
+		// Registers and heartbeats while it listens, removes itself when
+		// it stops (signals lease awaiting instances to live runners).
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.flow_runners TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.claim_flow_steps(text, text[], integer, interval) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.complete_flow_steps(text, jsonb, interval, text[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.flow_outcomes(jsonb) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.flow_signal_pending(bigint, text[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.next_flow_due(timestamptz) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.flow_leased_steps(text, bigint[]) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.flow_notify_leased(bigint[], bigint[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.renew_flow_leases(text, bigint[], bigint[], interval) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.release_flow_leases(text, bigint[], bigint[]) TO {R}`,
-		`GRANT EXECUTE ON FUNCTION {S}.wake_flows(bigint[]) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.wake_flows(bigint[], boolean) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.cleanup_flows(timestamptz, integer) TO {R}`,
 	}, enqueueGrants, startSignalGrants)
 	// flowReaderGrants: wharf flow list and show, and NewMetrics, read
@@ -173,7 +178,7 @@ END IF; END $wharf$`,
 	flowReaderGrants = []string{
 		`GRANT USAGE ON SCHEMA {S} TO {R}`,
 		`GRANT SELECT ON {S}.schema_migrations TO {R}`,
-		`GRANT SELECT ON {S}.flow_instances, {S}.flow_signals, {S}.flow_steps, {S}.flow_keys TO {R}`,
+		`GRANT SELECT ON {S}.flow_instances, {S}.flow_signals, {S}.flow_steps, {S}.flow_keys, {S}.flow_runners TO {R}`,
 	}
 	relayGrants = []string{
 		`GRANT USAGE ON SCHEMA {S} TO {R}`,
@@ -212,7 +217,7 @@ END IF; END $wharf$`,
 // tables are every table of the schema, for the REVOKE that makes a second
 // run leave exactly the grants above.
 var tables = []string{"outbox", "lanes", "relays", "retries", "dead_letters", "schema_migrations",
-	"flow_instances", "flow_signals", "flow_steps", "flow_keys"}
+	"flow_instances", "flow_signals", "flow_steps", "flow_keys", "flow_runners"}
 
 // roleStatements returns the statements that create (if missing) and grant
 // one role; password writes the SQL value of its password.

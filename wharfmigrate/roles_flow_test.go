@@ -180,7 +180,7 @@ func TestRolesFlows(t *testing.T) {
 	for _, sql := range []string{
 		`UPDATE S.flow_instances SET state = '{}'`, `DELETE FROM S.flow_steps`, `INSERT INTO S.flow_keys (key) VALUES ('k')`,
 		`UPDATE S.flow_signals SET consumed_at = NULL`, `SELECT S.start_flow('checkout')`, `SELECT S.signal('checkout', 'o-1', 'paid')`,
-		`SELECT S.cancel_flow(1)`, `SELECT * FROM S.complete_flow_steps('me', '[]', '1 hour')`, `SELECT S.wake_flows(NULL)`,
+		`SELECT S.cancel_flow(1)`, `SELECT * FROM S.complete_flow_steps('me', '[]', '1 hour')`, `SELECT S.wake_flows(ARRAY[1::bigint])`,
 		`SELECT payload FROM S.outbox`, `SELECT * FROM S.dead_letters`,
 	} {
 		requireDenied(t, dp, S(sql))

@@ -91,6 +91,12 @@ type FlowResult struct {
 	SpanP50Ms   float64 `json:"spawn_to_join_p50_ms,omitempty"`
 	SpanP99Ms   float64 `json:"spawn_to_join_p99_ms,omitempty"`
 	SpanSamples int     `json:"spawn_to_join_samples,omitempty"`
+	// Signal: the share of resumed steps a signal leased to the runner that
+	// wrote the await (run without a claim), in the drain and in the paced
+	// phase; the others arrived before their await was written and went
+	// through a claim.
+	SignalLeasedDrain float64 `json:"signal_leased_share_drain,omitempty"`
+	SignalLeasedPaced float64 `json:"signal_leased_share_paced,omitempty"`
 	// Statements per step during the drain, from pg_stat_statements, by
 	// kind (stmtKind): top-level statements sent by the clients, and
 	// "in functions" for those the flow functions run (with
@@ -460,6 +466,16 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		steps += r.Stats().Steps()
 	}
 	res.Steps = steps
+	signalled := func() (n int64) {
+		for _, r := range runners {
+			n += r.Stats().Signalled()
+		}
+		return n
+	}
+	sig0 := signalled()
+	if workload == "signal" {
+		res.SignalLeasedDrain = float64(sig0) / float64(target)
+	}
 	res.Seconds = elapsed.Seconds()
 	res.StepsPerSec = float64(steps) / elapsed.Seconds()
 	res.FlowsPerSec = float64(target) / elapsed.Seconds()
@@ -529,6 +545,9 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		res.Calls = rt.callTimes()
 		res.Samples, res.P50Ms, res.P99Ms = lat.summary()
 		res.SpanSamples, res.SpanP50Ms, res.SpanP99Ms = span.summary()
+		if workload == "signal" && started > 0 {
+			res.SignalLeasedPaced = float64(signalled()-sig0) / float64(started)
+		}
 	}
 	if err := stopSenderWait(); err != nil {
 		return res, err
@@ -760,6 +779,15 @@ func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 			continue
 		}
 		if _, err := fmt.Fprintf(w, "%s: spawn → join (two step-to-step gaps), ms p50/p99: %.2f/%.2f\n", r.Workload, r.SpanP50Ms, r.SpanP99Ms); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if r.Workload != "signal" {
+			continue
+		}
+		if _, err := fmt.Fprintf(w, "%s: resumed steps leased by their signal (no claim): %.0f%% in the drain, %.0f%% paced\n",
+			r.Workload, 100*r.SignalLeasedDrain, 100*r.SignalLeasedPaced); err != nil {
 			return err
 		}
 	}

@@ -107,6 +107,30 @@ CREATE TABLE {{schema}}.flow_keys (
     paused_until timestamptz
 );
 
+-- Live runners, for signals: a signal resumes an awaiting instance by
+-- leasing it to the runner that wrote its await (lease_owner, kept on the
+-- awaiting row) when that runner is listening (alive_until in the future:
+-- it heartbeats while its listener is connected and deletes its row when it
+-- stops), and notifies it: the runner runs the step without a claim. key
+-- addresses the runner in notifications (a runner id may be long).
+CREATE TABLE {{schema}}.flow_runners (
+    id          text PRIMARY KEY,
+    key         bigint GENERATED ALWAYS AS IDENTITY,
+    lease       interval NOT NULL,
+    alive_until timestamptz NOT NULL
+);
+
+-- flow_notify_leased tells runners (by key) of the instances (p_ids, in
+-- the same order) a signal leased to them: one notification per runner and
+-- 300 ids, 'L<key> <id>,<id>,...'.
+CREATE FUNCTION {{schema}}.flow_notify_leased(p_keys bigint[], p_ids bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('{{schema}}_flows', 'L' || g.key || ' ' || string_agg(g.id::text, ','))
+      FROM (SELECT x.key, x.id, (row_number() OVER (PARTITION BY x.key ORDER BY x.id) - 1) / 300 AS part
+              FROM unnest(p_keys, p_ids) AS x(key, id)) g
+     GROUP BY g.key, g.part
+$$;
+
 -- start_flows inserts a JSON array of starts ({flow, step, state, key,
 -- priority, run_at, concurrency_key, concurrency_limit, rate_key}) and returns
 -- each start's position and instance id: the existing active instance's id
@@ -167,6 +191,8 @@ DECLARE
     v_ins   bigint[];
     v_late  bigint[];
     v_woken bigint;
+    v_lids  bigint[];
+    v_lkeys bigint[];
 BEGIN
     v_sids := ARRAY(SELECT nextval('{{schema}}.flow_signals_id_seq') FROM generate_series(1, jsonb_array_length(p_signals)));
     v_ins := ARRAY(
@@ -177,11 +203,14 @@ BEGIN
                            WHERE i.flow = x.doc->>'flow' AND i.correlation_key = x.doc->>'key'
                              AND i.status NOT IN ('done', 'cancelled')) END
           FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n) ORDER BY x.n);
-    -- Wake the instances that await a signal now. One whose step is still
-    -- running (or that awaits other names) is not locked: the runner that
-    -- writes its await sees the signal, or, when this transaction commits
-    -- after that write, the notification carrying its id makes a runner
-    -- check it (wake_flows). Only those get their id notified.
+    -- Resume the instances that await a signal now: leased to the runner
+    -- that wrote the await when it is alive (flow_runners; an instance
+    -- without keys), which is notified and runs the step without a claim;
+    -- otherwise due at once, for any runner's claim. One whose step is
+    -- still running (or that awaits other names) is not locked: the runner
+    -- that writes its await sees the signal, or, when this transaction
+    -- commits after that write, the notification carrying its id makes a
+    -- runner check it (wake_flows). Only those get their id notified.
     WITH ins AS (
         INSERT INTO {{schema}}.flow_signals AS s (id, instance_id, name, payload, dedup_key)
         SELECT v_sids[x.n], v_ins[x.n], x.doc->>'name', x.doc->'payload', x.doc->>'dedup_key'
@@ -190,22 +219,36 @@ BEGIN
          ORDER BY x.n
         ON CONFLICT (instance_id, dedup_key) DO NOTHING
         RETURNING s.instance_id, s.name
+    ), leased AS (
+        UPDATE {{schema}}.flow_instances i SET
+            status = 'running', lease_token = i.lease_token + 1,
+            run_at = clock_timestamp() + r.lease, updated_at = clock_timestamp()
+          FROM ins, {{schema}}.flow_runners r
+         WHERE i.id = ins.instance_id AND i.status = 'awaiting' AND ins.name = ANY (i.await_signals)
+           AND i.run_at > clock_timestamp() AND i.concurrency_key IS NULL AND i.rate_key IS NULL
+           AND r.id = i.lease_owner AND r.alive_until > clock_timestamp()
+        RETURNING i.id, r.key
     ), woken AS (
         UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
           FROM ins
          WHERE i.id = ins.instance_id AND i.status = 'awaiting' AND ins.name = ANY (i.await_signals)
-           AND i.run_at > clock_timestamp()
+           AND i.run_at > clock_timestamp() AND i.id NOT IN (SELECT l.id FROM leased l)
         RETURNING i.id
     )
     SELECT (SELECT array_agg(DISTINCT ins.instance_id) FROM ins
-             WHERE ins.instance_id NOT IN (SELECT w.id FROM woken w)),
-           (SELECT count(*) FROM woken)
-      INTO v_late, v_woken;
+             WHERE ins.instance_id NOT IN (SELECT w.id FROM woken w)
+               AND ins.instance_id NOT IN (SELECT l.id FROM leased l)),
+           (SELECT count(*) FROM woken),
+           (SELECT array_agg(l.id) FROM leased l), (SELECT array_agg(l.key) FROM leased l)
+      INTO v_late, v_woken, v_lids, v_lkeys;
     IF v_woken > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
     IF v_late IS NOT NULL THEN
         PERFORM pg_notify('{{schema}}_flows', l::text) FROM unnest(v_late) AS l;
+    END IF;
+    IF v_lids IS NOT NULL THEN
+        PERFORM {{schema}}.flow_notify_leased(v_lkeys, v_lids);
     END IF;
     RETURN QUERY
     SELECT x.n, CASE WHEN v_ins[x.n] IS NOT NULL THEN coalesce(
@@ -427,14 +470,17 @@ END $$;
 -- one of p_flows is inserted leased to p_runner, and a parent whose last
 -- child of the round this write ended, without keys, of one of p_flows, is
 -- leased to p_runner at its join step.
+-- An await whose signal came first is leased back to p_runner (see below).
 -- Rows returned: one per applied outcome (id, and token when it continued
 -- on its lease; flow NULL); one per instance leased by the write (id,
--- token, flow, step, state, attempt, parent_id, and for a join its
--- children's outcomes as the claim returns them); last, id 0 with token
+-- token, flow, step, state, attempt, parent_id, for a join its children's
+-- outcomes as the claim returns them, for an await the signals it
+-- receives, as the claim returns them); last, id 0 with token
 -- the number of steps the write made due for any runner's claim (and
 -- notified). Nothing when no outcome was applied.
 CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval, p_flows text[] DEFAULT NULL)
-RETURNS TABLE (id bigint, token bigint, flow text, step text, state jsonb, attempt integer, parent_id bigint, children jsonb)
+RETURNS TABLE (id bigint, token bigint, flow text, step text, state jsonb, attempt integer, parent_id bigint, children jsonb,
+               signals jsonb)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -450,6 +496,7 @@ DECLARE
     v_kstates  jsonb[];
     v_kparents bigint[];
     v_joins    bigint[];
+    v_resumed  bigint[];
     v_woken    integer := 0;
     v_n        integer;
 BEGIN
@@ -477,7 +524,11 @@ BEGIN
                               WHEN o.kind IN ('next', 'retry')
                               THEN coalesce(o.run_at, v_now + make_interval(secs => coalesce(o.delay, 0)))
                               ELSE i.not_before END,
+            -- An await keeps its runner (unless stopping, p_flows NULL): a
+            -- signal leases the instance back to it while it is alive.
             lease_owner = CASE WHEN o.cont AND o.kind = 'next' AND o.run_at IS NULL
+                                    AND i.concurrency_key IS NULL AND i.rate_key IS NULL THEN p_runner
+                               WHEN o.kind = 'await' AND p_flows IS NOT NULL
                                     AND i.concurrency_key IS NULL AND i.rate_key IS NULL THEN p_runner END,
             await_signals = CASE WHEN o.kind = 'await' THEN o.await_names
                                  WHEN o.kind IN ('retry', 'paused') THEN i.await_signals END,
@@ -554,12 +605,23 @@ BEGIN
     -- write. Folded into the update (the update's snapshot, taken before
     -- its locks), a wake_flows that locked and released a row just before
     -- the update lost the signal (TestSignalsRacingTheirAwaitsAreAllDelivered).
+    -- Those the update gave p_runner (no keys, not stopping) are leased
+    -- back to it and returned with their signals: it runs them with no
+    -- claim; the others are due for any runner's claim.
     IF v_awaits IS NOT NULL THEN
-        UPDATE {{schema}}.flow_instances i SET run_at = v_now
-         WHERE i.id = ANY (v_awaits) AND i.status = 'awaiting'
-           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
-                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
-        GET DIAGNOSTICS v_n = ROW_COUNT;
+        WITH r AS (
+            UPDATE {{schema}}.flow_instances i SET
+                status = CASE WHEN i.lease_owner = p_runner THEN 'running' ELSE i.status END,
+                lease_token = i.lease_token + CASE WHEN i.lease_owner = p_runner THEN 1 ELSE 0 END,
+                run_at = CASE WHEN i.lease_owner = p_runner THEN v_now + p_lease ELSE v_now END
+              FROM unnest(v_awaits) AS x(id)
+             WHERE i.id = x.id AND i.status = 'awaiting'
+               AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                            WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals))
+            RETURNING i.id, i.status = 'running' AS leased
+        )
+        SELECT array_agg(r.id) FILTER (WHERE r.leased), count(*) FILTER (WHERE NOT r.leased)
+          INTO v_resumed, v_n FROM r;
         v_woken := v_woken + v_n;
     END IF;
 
@@ -608,11 +670,20 @@ BEGIN
     IF v_woken > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
-    RETURN QUERY SELECT x.id, x.token, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb
+    RETURN QUERY SELECT x.id, x.token, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb, NULL::jsonb
                    FROM unnest(v_applied, v_tokens) AS x(id, token);
     IF v_kids IS NOT NULL THEN
-        RETURN QUERY SELECT x.id, 1::bigint, x.flow, x.step, x.state, 0, x.parent_id, NULL::jsonb
+        RETURN QUERY SELECT x.id, 1::bigint, x.flow, x.step, x.state, 0, x.parent_id, NULL::jsonb, NULL::jsonb
                        FROM unnest(v_kids, v_kflows, v_ksteps, v_kstates, v_kparents) AS x(id, flow, step, state, parent_id);
+    END IF;
+    IF v_resumed IS NOT NULL THEN
+        RETURN QUERY
+        SELECT p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, NULL::bigint, NULL::jsonb, (
+                   SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
+                                                       'at', s.created_at) ORDER BY s.id)
+                     FROM {{schema}}.flow_signals s
+                    WHERE s.instance_id = p.id AND s.consumed_at IS NULL AND s.name = ANY (p.await_signals))
+          FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_resumed);
     END IF;
     IF v_joins IS NOT NULL THEN
         RETURN QUERY
@@ -620,11 +691,33 @@ BEGIN
                    SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'flow', ch.flow, 'status', ch.status,
                                                        'result', ch.result, 'error', ch.error) ORDER BY ch.id)
                      FROM {{schema}}.flow_instances ch
-                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round)
+                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round), NULL::jsonb
           FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_joins);
     END IF;
-    RETURN QUERY SELECT 0::bigint, v_woken::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb;
+    RETURN QUERY SELECT 0::bigint, v_woken::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb, NULL::jsonb;
 END $$;
+
+-- flow_leased_steps returns the steps of p_ids that signals leased to
+-- p_runner (signal_flows notified their ids) as claim_flow_steps returns
+-- its rows, with the signals each receives; rows leased to it no more are
+-- left out. Each id is looked up by the primary key (a subquery the
+-- planner cannot flatten): with = ANY over the table, it chose to read the
+-- claim index's every row (tens of thousands) and filter them.
+CREATE FUNCTION {{schema}}.flow_leased_steps(p_runner text, p_ids bigint[])
+RETURNS TABLE (id bigint, flow text, step text, state jsonb, attempt integer, lease_token bigint,
+               lease_until timestamptz, signals jsonb, children jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT i.id, i.flow, i.step, i.state, i.attempt, i.lease_token, i.run_at, (
+               SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
+                                                   'at', s.created_at) ORDER BY s.id)
+                 FROM {{schema}}.flow_signals s
+                WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals)),
+           NULL::jsonb
+      FROM unnest(p_ids) AS x(id),
+           LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id LIMIT 1) AS i
+     WHERE i.lease_owner = p_runner AND i.status = 'running'
+       AND i.await_signals IS NOT NULL AND i.run_at > clock_timestamp()
+$$;
 
 -- renew_flow_leases extends the leases p_runner still holds and returns
 -- their ids; a step whose id is missing lost its lease.
@@ -655,42 +748,74 @@ BEGIN
     RETURN v_n;
 END $$;
 
--- wake_flows makes awaiting instances with a pending awaited signal due now:
+-- wake_flows resumes awaiting instances with a pending awaited signal:
 -- those in p_ids (by their primary key), or every one when p_ids is NULL
--- (through the pending signals). Returns how many.
-CREATE FUNCTION {{schema}}.wake_flows(p_ids bigint[]) RETURNS integer
+-- (through the pending signals). As signal_flows does: leased to the live
+-- runner that wrote the await (notified), or else due now. Returns how many.
+-- With p_wait false it does not wait for the outcome writes in flight on
+-- p_ids (below): the caller knows none is, as a runner does of the
+-- instances it runs (it wakes them once their write has committed).
+CREATE FUNCTION {{schema}}.wake_flows(p_ids bigint[], p_wait boolean DEFAULT true) RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_n integer;
+    v_ids   bigint[] := p_ids;
+    v_lids  bigint[];
+    v_lkeys bigint[];
+    v_n     integer;
 BEGIN
     IF p_ids IS NULL THEN
-        UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
-         WHERE i.id IN (SELECT s.instance_id FROM {{schema}}.flow_signals s WHERE s.consumed_at IS NULL)
-           AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
-           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
-                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
-    ELSE
+        v_ids := ARRAY(SELECT DISTINCT s.instance_id FROM {{schema}}.flow_signals s WHERE s.consumed_at IS NULL);
+    ELSIF p_wait THEN
         -- A signal that committed while a runner's write of the await was in
         -- flight (after the write looked for pending signals, before it
-        -- committed) found the row still running, and the update below
-        -- would too: it reads the row as of its start, skips it without
+        -- committed) found the row still running, and the updates below
+        -- would too: they read the row as of their start, skip it without
         -- waiting, and the instance would await a signal it already has.
         -- So first wait for the writes in flight on the running rows (a
-        -- row lock, in id order, as the runner writes outcomes); the update
-        -- then sees what they committed.
+        -- row lock, in id order, as the runner writes outcomes); the
+        -- updates then see what they committed.
         PERFORM 1 FROM {{schema}}.flow_instances i
          WHERE i.id = ANY (p_ids) AND i.status = 'running' ORDER BY i.id FOR UPDATE;
-        UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
-         WHERE i.id = ANY (p_ids) AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
-           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
-                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
     END IF;
+    -- The ids that await a pending signal, each looked up by the primary
+    -- key (as flow_leased_steps does): most notified instances are running
+    -- and need no update at all.
+    v_ids := ARRAY(
+        SELECT i.id FROM unnest(v_ids) AS x(id),
+               LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id LIMIT 1) AS i
+         WHERE i.status = 'awaiting' AND i.run_at > clock_timestamp()
+           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals)));
+    IF cardinality(v_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    WITH leased AS (
+        UPDATE {{schema}}.flow_instances i SET
+            status = 'running', lease_token = i.lease_token + 1,
+            run_at = clock_timestamp() + r.lease, updated_at = clock_timestamp()
+          FROM unnest(v_ids) AS x(id), {{schema}}.flow_runners r
+         WHERE i.id = x.id AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
+           AND i.concurrency_key IS NULL AND i.rate_key IS NULL
+           AND r.id = i.lease_owner AND r.alive_until > clock_timestamp()
+           AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                        WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals))
+        RETURNING i.id, r.key
+    )
+    SELECT array_agg(l.id), array_agg(l.key) INTO v_lids, v_lkeys FROM leased l;
+    IF v_lids IS NOT NULL THEN
+        PERFORM {{schema}}.flow_notify_leased(v_lkeys, v_lids);
+    END IF;
+    UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
+      FROM unnest(v_ids) AS x(id)
+     WHERE i.id = x.id AND i.status = 'awaiting' AND i.run_at > clock_timestamp()
+       AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
+                    WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals));
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
-    RETURN v_n;
+    RETURN v_n + coalesce(cardinality(v_lids), 0);
 END $$;
 
 -- flow_tree returns p_ids and all their descendants, a generation at a time

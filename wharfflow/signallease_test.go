@@ -1,0 +1,239 @@
+package wharfflow_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/wharfflow"
+)
+
+// signalFlow awaits "go", then ends with the payload it received.
+func signalFlow(name string, ran *atomic.Int32) *wharfflow.Flow[counter] {
+	return wharfflow.New[counter](name, nil).
+		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Await("go", "go")
+		}).
+		Step("go", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			if ran != nil {
+				ran.Add(1)
+			}
+			if len(in.Signals) != 1 {
+				return wharfflow.Fail(fmt.Errorf("received %d signals", len(in.Signals)))
+			}
+			return wharfflow.Done(in.Signals[0].Payload)
+		})
+}
+
+// waitRegistered waits for a runner's listener to register it: from then on
+// signals lease to it.
+func (b *testBundle) waitRegistered(t *testing.T, runner string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.schema+
+			".flow_runners WHERE id = $1 AND alive_until > clock_timestamp()", runner).Scan(&n))
+		return n == 1
+	}, time.Minute, 5*time.Millisecond, "runner %s never registered", runner)
+}
+
+// startAwaiting starts n instances and waits for each to await its signal.
+func (b *testBundle) startAwaiting(t *testing.T, f *wharfflow.Flow[counter], n int) []int64 {
+	t.Helper()
+	starts := make([]wharfflow.Start, n)
+	for i := range starts {
+		starts[i] = f.Start(counter{}, wharfflow.StartOptions{})
+	}
+	ids, err := b.client.Start(context.Background(), starts...)
+	require.NoError(t, err)
+	for _, id := range ids {
+		b.waitStatus(t, id, "awaiting")
+	}
+	return ids
+}
+
+// sendGo signals "go" to each instance, its index as payload.
+func (b *testBundle) sendGo(t *testing.T, ids []int64) {
+	t.Helper()
+	sigs := make([]wharfflow.Signal, len(ids))
+	for i, id := range ids {
+		sigs[i] = wharfflow.Signal{Instance: id, Name: "go", Payload: json.RawMessage(fmt.Sprint(i))}
+	}
+	_, err := b.client.Send(context.Background(), sigs...)
+	require.NoError(t, err)
+}
+
+// requireDoneWithPayloads waits for each instance to end with its signal's
+// payload, its history the await and the resumed step once each.
+func (b *testBundle) requireDoneWithPayloads(t *testing.T, ids []int64) {
+	t.Helper()
+	for i, id := range ids {
+		b.waitStatus(t, id, "done")
+		d, err := b.client.Get(context.Background(), id)
+		require.NoError(t, err)
+		require.JSONEq(t, fmt.Sprint(i), string(d.Result))
+		require.Equal(t, []string{"wait/0/await", "go/0/done"}, b.history(t, id))
+	}
+}
+
+// A signal resumes an awaiting instance by leasing it, in the signal's own
+// transaction, to the live runner that wrote the await: that runner runs
+// the step without claiming it.
+func TestSignalLeasesTheStepToTheRunnerThatAwaited(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := signalFlow("leased", nil)
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "solo"})
+	b.waitRegistered(t, "solo")
+	ids := b.startAwaiting(t, f, 20)
+	claimed := r.Stats().Claimed()
+	require.EqualValues(t, 20, claimed, "the first steps were claimed")
+	b.sendGo(t, ids)
+	b.requireDoneWithPayloads(t, ids)
+	require.EqualValues(t, 20, r.Stats().Signalled(), "every resumed step was leased by its signal")
+	require.Equal(t, claimed, r.Stats().Claimed(), "no resumed step was claimed")
+}
+
+// A runner that stopped removed its row: a signal to an instance whose
+// await it wrote makes the instance due for any runner's claim.
+func TestSignalToAStoppedRunnersAwaitGoesThroughTheClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := signalFlow("handover", nil)
+	first := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "first"})
+	b.waitRegistered(t, "first")
+	ids := b.startAwaiting(t, f, 5)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, first.Stop(ctx))
+	var n int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_runners").Scan(&n))
+	require.Zero(t, n, "a stopped runner removes its row")
+
+	second := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "second"})
+	b.sendGo(t, ids)
+	b.requireDoneWithPayloads(t, ids)
+	require.EqualValues(t, 5, second.Stats().Claimed())
+	require.Zero(t, second.Stats().Signalled())
+}
+
+// A runner that died (no Stop) is alive for signals until its heartbeat
+// ends: a signal leases it the instance, and the step runs on another
+// runner once that lease ends, as a claimed step of a killed runner does.
+func TestSignalLeasedToADeadRunnerRunsAfterTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := signalFlow("ghosted", nil)
+	ids, err := b.client.Start(ctx, f.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	// The rows as a runner that wrote the await and died leaves them: its
+	// heartbeat still current, its lease one second.
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_runners (id, lease, alive_until) VALUES ('ghost', '1s', now() + interval '1 hour')")
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'awaiting', step = 'go', await_signals = '{go}', run_at = 'infinity', lease_owner = 'ghost' WHERE id = $1", ids[0])
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_steps (instance_id, step, attempt, outcome, runner, started_at, finished_at) VALUES ($1, 'wait', 0, 'await', 'ghost', now(), now())", ids[0])
+	require.NoError(t, err)
+
+	b.sendGo(t, ids)
+	var status, owner string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT status, lease_owner FROM "+b.schema+".flow_instances WHERE id = $1", ids[0]).Scan(&status, &owner))
+	require.Equal(t, []string{"running", "ghost"}, []string{status, owner}, "the signal leased the instance to the awaiting runner")
+
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "heir"})
+	b.requireDoneWithPayloads(t, ids)
+	require.EqualValues(t, 1, r.Stats().Claimed(), "taken over by a claim once the lease ended")
+}
+
+// busyFlow's step holds its slot until release is closed.
+func busyFlow(started chan<- struct{}, release <-chan struct{}) *wharfflow.Flow[counter] {
+	return wharfflow.New[counter]("busy", nil).Step("hold", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		started <- struct{}{}
+		<-release
+		return wharfflow.Done(nil)
+	})
+}
+
+// Steps signals lease to a runner whose slots are all taken wait in the
+// runner for a free slot: it never runs more than MaxInFlight steps.
+func TestSignalledStepsWaitForAFreeSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var running, most atomic.Int32
+	f := wharfflow.New[counter]("queued", nil).
+		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Await("go", "go")
+		}).
+		Step("go", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			return wharfflow.Done(in.Signals[0].Payload)
+		})
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	busy := busyFlow(started, release)
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, busy}, RunnerID: "narrow", MaxInFlight: 1})
+	b.waitRegistered(t, "narrow")
+	ids := b.startAwaiting(t, f, 5)
+	_, err := b.client.Start(ctx, busy.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	<-started
+	b.sendGo(t, ids)
+	require.Eventually(t, func() bool { return r.Stats().Signalled() == 5 }, time.Minute, 5*time.Millisecond,
+		"the runner never read the steps leased to it")
+	require.Zero(t, running.Load(), "no signalled step runs while the only slot is taken")
+	close(release)
+	b.requireDoneWithPayloads(t, ids)
+	require.EqualValues(t, 1, most.Load(), "one step at a time")
+}
+
+// A stopping runner hands back the signalled steps it has not started: they
+// are due at once, and another runner runs them with their signals.
+func TestStopHandsBackSignalledStepsItHasNotStarted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := signalFlow("handback", nil)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	busy := busyFlow(started, release)
+	first := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, busy}, RunnerID: "leaving", MaxInFlight: 1})
+	b.waitRegistered(t, "leaving")
+	ids := b.startAwaiting(t, f, 5)
+	_, err := b.client.Start(ctx, busy.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	<-started
+	b.sendGo(t, ids)
+	require.Eventually(t, func() bool { return first.Stats().Signalled() == 5 }, time.Minute, 5*time.Millisecond,
+		"the runner never read the steps leased to it")
+
+	stopped := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		stopped <- first.Stop(sctx)
+	}()
+	// The stop removed the runner's row before it stopped claiming.
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_runners").Scan(&n))
+		return n == 0
+	}, time.Minute, 5*time.Millisecond)
+	close(release)
+	require.NoError(t, <-stopped)
+	require.EqualValues(t, 6, first.Stats().Steps(), "the stopping runner wrote the five awaits and its busy step, no signalled step")
+
+	var leased int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE status = 'running'").Scan(&leased))
+	require.Zero(t, leased, "no lease is left behind")
+	second := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "staying"})
+	b.requireDoneWithPayloads(t, ids)
+	require.EqualValues(t, 5, second.Stats().Claimed())
+}
