@@ -23,7 +23,9 @@ import (
 // statistics a queue table mostly has): the calls a runner or a producer
 // makes per step or per batch (starts, signals to running, awaiting and
 // other instances, claims, a lease renewal, outcome writes that await and
-// that consume signals, a wake by id, a hand-back), an operator's cancel and
+// that consume signals, a wake by id, a hand-back, and the paths of a live
+// runner: an await leased back by its write, a signal that leases, reading
+// the leased steps, a wake that leases), an operator's cancel and
 // a retention cleanup, in one transaction, must read none of them
 // sequentially (pg_stat_xact_user_tables counts the scans).
 func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
@@ -200,6 +202,56 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".release_flow_leases('plan-test', $1, $2)", back, backTokens).Scan(&released))
 	require.Equal(t, len(back), released)
 	seqScans("a hand-back")
+
+	// A live runner: awaits it writes are leased back to it by their
+	// signal (or by the write, when the signal came first, or by a wake).
+	_, err = tx.Exec(ctx, "INSERT INTO "+b.schema+".flow_runners (id, lease, alive_until) VALUES ('plan-test', '30 seconds', clock_timestamp() + interval '1 hour')")
+	require.NoError(t, err)
+	mine := claim(25)
+	require.Len(t, mine, 25, "the handed-back starts")
+	signal("a signal to running instances of a live runner", mine[0].id, mine[1].id)
+	outcomes = nil
+	for _, l := range mine {
+		outcomes = append(outcomes, map[string]any{"id": l.id, "token": l.token, "kind": "await", "step": "go",
+			"await_names": []string{"go"}, "attempt": 0, "ran_step": "wait", "started_at": time.Now()})
+	}
+	doc, err := json.Marshal(outcomes)
+	require.NoError(t, err)
+	var resumed int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FILTER (WHERE signals IS NOT NULL) FROM "+b.schema+
+		".complete_flow_steps('plan-test', $1::jsonb, '30 seconds', ARRAY['plan'])", string(doc)).Scan(&resumed))
+	require.Equal(t, 2, resumed, "the awaits whose signal came first are leased back by their write")
+	seqScans("an await write that leases back")
+	var toLease []int64
+	for _, l := range mine[2:12] {
+		toLease = append(toLease, l.id)
+	}
+	signal("a signal that leases awaiting instances to their runner", toLease...)
+	fetch := "SELECT id FROM " + b.schema + ".flow_leased_steps('plan-test', $1)"
+	var plan string
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+fetch, toLease).Scan(&plan))
+	require.Contains(t, plan, "flow_instances_pkey", "the leased steps are read by primary key: %s", plan)
+	require.NotContains(t, plan, "flow_instances_due", "not through the claim index: %s", plan)
+	rows, err := tx.Query(ctx, fetch, toLease)
+	require.NoError(t, err)
+	fetched, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.ElementsMatch(t, toLease, fetched)
+	seqScans("reading the leased steps")
+	// A signal recorded while its await was being written (the race a wake
+	// closes): the wake leases the instance to its runner.
+	_, err = tx.Exec(ctx, "INSERT INTO "+b.schema+".flow_signals (instance_id, name) VALUES ($1, 'go')", mine[20].id)
+	require.NoError(t, err)
+	var wakeIDs []int64
+	for _, l := range mine {
+		wakeIDs = append(wakeIDs, l.id)
+	}
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".wake_flows($1, false)", wakeIDs).Scan(&woken))
+	require.Equal(t, 1, woken)
+	seqScans("a wake that leases")
+	var owner, status string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT lease_owner, status FROM "+b.schema+".flow_instances WHERE id = $1", mine[20].id).Scan(&owner, &status))
+	require.Equal(t, []string{"plan-test", "running"}, []string{owner, status})
 
 	var cancelled int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".cancel_flow($1)", ids[5000]).Scan(&cancelled))
