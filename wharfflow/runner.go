@@ -947,8 +947,8 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if r.listening.Load() {
-			if _, err := r.pool.Exec(ctx, "UPDATE "+r.cfg.Schema+".flow_runners SET alive_until = clock_timestamp() + $2 WHERE id = $1",
-				r.cfg.RunnerID, r.aliveFor()); err != nil && ctx.Err() == nil {
+			if _, err := r.pool.Exec(ctx, "UPDATE "+r.cfg.Schema+".flow_runners SET alive_until = clock_timestamp() + $2 WHERE id = $1 AND key = $3",
+				r.cfg.RunnerID, r.aliveFor(), r.key.Load()); err != nil && ctx.Err() == nil {
 				r.cfg.Logger.Warn("wharfflow: heartbeat", "err", err)
 			}
 		}
@@ -1006,6 +1006,12 @@ func (r *Runner) listen(ctx context.Context) {
 			return
 		}
 		r.cfg.Logger.Warn("wharfflow: listening for notifications", "err", err)
+		// Deaf until it listens again: signals stop leasing to the runner
+		// (best effort; else once its heartbeat ends).
+		if _, err := r.pool.Exec(ctx, "UPDATE "+r.cfg.Schema+".flow_runners SET alive_until = clock_timestamp() WHERE id = $1 AND key = $2",
+			r.cfg.RunnerID, r.key.Load()); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: marking the runner deaf", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -1086,7 +1092,10 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 func (r *Runner) aliveFor() time.Duration { return 2 * r.cfg.LeaseTTL / 3 }
 
 // register writes the runner's flow_runners row (alive, with its lease)
-// and learns its key, once its listener listens. Not once Stop began.
+// and learns its key, once its listener listens. Not once Stop began. Each
+// registration takes a new key: of two runners given one RunnerID, only the
+// last registered hears of the steps signals lease to that id, so a step is
+// never run by both.
 func (r *Runner) register(ctx context.Context, conn *pgxpool.Conn) error {
 	if r.leaving.Load() {
 		return nil
@@ -1094,7 +1103,7 @@ func (r *Runner) register(ctx context.Context, conn *pgxpool.Conn) error {
 	var key int64
 	if err := conn.QueryRow(ctx, "INSERT INTO "+r.cfg.Schema+`.flow_runners AS f (id, lease, alive_until)
 VALUES ($1, $2, clock_timestamp() + $3)
-ON CONFLICT (id) DO UPDATE SET lease = excluded.lease, alive_until = excluded.alive_until RETURNING f.key`,
+ON CONFLICT (id) DO UPDATE SET key = DEFAULT, lease = excluded.lease, alive_until = excluded.alive_until RETURNING f.key`,
 		r.cfg.RunnerID, r.cfg.LeaseTTL, r.aliveFor()).Scan(&key); err != nil {
 		return fmt.Errorf("registering the runner: %w", err)
 	}
@@ -1106,7 +1115,7 @@ ON CONFLICT (id) DO UPDATE SET lease = excluded.lease, alive_until = excluded.al
 func (r *Runner) deregister(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
 	defer cancel()
-	if _, err := r.pool.Exec(dctx, "DELETE FROM "+r.cfg.Schema+".flow_runners WHERE id = $1", r.cfg.RunnerID); err != nil {
+	if _, err := r.pool.Exec(dctx, "DELETE FROM "+r.cfg.Schema+".flow_runners WHERE id = $1 AND key = $2", r.cfg.RunnerID, r.key.Load()); err != nil {
 		r.cfg.Logger.Warn("wharfflow: removing the runner's row; signals may lease to it until its heartbeat ends", "err", err)
 	}
 }

@@ -237,3 +237,27 @@ func TestStopHandsBackSignalledStepsItHasNotStarted(t *testing.T) {
 	b.requireDoneWithPayloads(t, ids)
 	require.EqualValues(t, 5, second.Stats().Claimed())
 }
+
+// Two runners given one RunnerID (a misconfiguration) share the awaits
+// they write; a signal leases such an instance to that id, and only the
+// runner registered last hears of it: the resumed step runs once.
+func TestTwoRunnersWithOneIDRunASignalledStepOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var ran atomic.Int32
+	f := signalFlow("twins", &ran)
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "twin"})
+	b.waitRegistered(t, "twin")
+	var first int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT key FROM "+b.schema+".flow_runners WHERE id = 'twin'").Scan(&first))
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "twin"})
+	require.Eventually(t, func() bool {
+		var key int64
+		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT key FROM "+b.schema+".flow_runners WHERE id = 'twin'").Scan(&key))
+		return key != first
+	}, time.Minute, 5*time.Millisecond, "the second runner never registered")
+	ids := b.startAwaiting(t, f, 20)
+	b.sendGo(t, ids)
+	b.requireDoneWithPayloads(t, ids)
+	require.EqualValues(t, 20, ran.Load(), "each resumed step ran once")
+}
