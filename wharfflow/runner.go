@@ -1194,8 +1194,14 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 		return
 	}
 	for _, c := range rows {
-		if _, ok := r.inflight[c.ID]; ok {
-			continue // a claim took it over when its lease ended
+		if s, ok := r.inflight[c.ID]; ok {
+			if s.token >= c.Token {
+				continue // notified twice, or claimed again once its lease ended
+			}
+			// The step that wrote the await, whose write committed (the
+			// signal saw it) but is not released yet: release leaves an
+			// entry of another token alone.
+			s.cancel(nil)
 		}
 		// The lease began with the signal: renewLoop counts from there.
 		c.leased = c.Until.Add(-r.cfg.LeaseTTL)
