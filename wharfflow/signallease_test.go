@@ -4,12 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfflow"
 )
 
@@ -260,4 +266,100 @@ func TestTwoRunnersWithOneIDRunASignalledStepOnce(t *testing.T) {
 	b.sendGo(t, ids)
 	b.requireDoneWithPayloads(t, ids)
 	require.EqualValues(t, 20, ran.Load(), "each resumed step ran once")
+}
+
+const killSignalledEnv = "WHARFFLOW_KILL_SIGNALLED"
+
+// TestKillSignalledHelperProcess is the runner TestKill9WithSignalledSteps
+// kills: its resumed step writes a marker file named after the instance and
+// blocks until the process is killed. It does nothing unless started by
+// that test.
+func TestKillSignalledHelperProcess(t *testing.T) {
+	dir := os.Getenv(killSignalledEnv)
+	if dir == "" {
+		return
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	require.NoError(t, err)
+	f := wharfflow.New[counter]("killed", nil).
+		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Await("go", "go")
+		}).
+		Step("go", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			_ = os.WriteFile(filepath.Join(dir, fmt.Sprint(in.Instance)), []byte("in the resumed step"), 0o600)
+			select {} // until kill -9
+		})
+	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: os.Getenv("WHARFFLOW_SCHEMA"),
+		Flows: []wharfflow.Definition{f}, RunnerID: "doomed", LeaseTTL: 2 * time.Second, Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	select {}
+}
+
+// kill -9 of a runner in the middle of steps that signals leased to it:
+// once their leases end, another runner claims each and runs it once, with
+// its signal; the awaits, committed, never run again.
+func TestKill9WithSignalledSteps(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestKillSignalledHelperProcess$", "-test.count=1")
+	cmd.Env = append(testdb.CleanEnv(), killSignalledEnv+"="+dir, "WHARFFLOW_SCHEMA="+b.schema, "TEST_DATABASE_URL="+databaseURL)
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+
+	var waits, gos atomic.Int32
+	f := wharfflow.New[counter]("killed", nil).
+		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			waits.Add(1)
+			return wharfflow.Fail(fmt.Errorf("the await ran again"))
+		}).
+		Step("go", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			gos.Add(1)
+			return wharfflow.Done(in.Signals[0].Payload)
+		})
+	b.waitRegistered(t, "doomed")
+	starts := make([]wharfflow.Start, 5)
+	for i := range starts {
+		starts[i] = f.Start(counter{}, wharfflow.StartOptions{})
+	}
+	ids, err := b.client.Start(ctx, starts...)
+	require.NoError(t, err)
+	for _, id := range ids {
+		b.waitStatus(t, id, "awaiting")
+	}
+	b.sendGo(t, ids)
+	require.Eventually(t, func() bool {
+		entries, err := os.ReadDir(dir)
+		return err == nil && len(entries) == len(ids)
+	}, time.Minute, 10*time.Millisecond, "the helper runner never ran the resumed steps")
+	var leased int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE id = ANY ($1) AND status = 'running' "+
+		"AND lease_owner = 'doomed' AND step = 'go'", ids).Scan(&leased))
+	require.Equal(t, len(ids), leased, "the signals leased the instances to the runner that awaited")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	<-exited
+
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "survivor"})
+	for i, id := range ids {
+		b.waitStatus(t, id, "done")
+		d, err := b.client.Get(ctx, id)
+		require.NoError(t, err)
+		require.JSONEq(t, fmt.Sprint(i), string(d.Result))
+		var runs []string
+		for _, s := range d.Steps {
+			runs = append(runs, s.Step+"@"+s.Runner)
+		}
+		require.Equal(t, []string{"wait@doomed", "go@survivor"}, runs)
+	}
+	require.Zero(t, waits.Load(), "the awaits, committed, never ran again")
+	require.EqualValues(t, len(ids), gos.Load(), "each resumed step ran once more")
+	require.EqualValues(t, len(ids), r.Stats().Claimed(), "taken over by claims once their leases ended")
 }
