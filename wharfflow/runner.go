@@ -988,6 +988,7 @@ func (r *Runner) renewLoop(ctx context.Context) {
 				s.cancel(errLeaseLost)
 				if s.queued {
 					delete(r.inflight, id)
+					delete(r.late, id) // whoever takes it over reads its signals anew
 					r.queued = slices.DeleteFunc(r.queued, func(c claimed) bool { return c.ID == id })
 				}
 			}
@@ -1108,12 +1109,18 @@ ON CONFLICT (id) DO UPDATE SET key = DEFAULT, lease = excluded.lease, alive_unti
 		return fmt.Errorf("registering the runner: %w", err)
 	}
 	r.key.Store(key)
+	if r.leaving.Load() {
+		// Stop began meanwhile; its removal may have run before this
+		// insert committed.
+		r.deregister(context.WithoutCancel(ctx))
+	}
 	return nil
 }
 
-// deregister removes the runner's row: signals lease to it no more.
+// deregister removes the runner's row: signals lease to it no more. Bounded
+// by ctx and LeaseTTL: a row left behind ends with its heartbeat.
 func (r *Runner) deregister(ctx context.Context) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseTTL)
+	dctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
 	defer cancel()
 	if _, err := r.pool.Exec(dctx, "DELETE FROM "+r.cfg.Schema+".flow_runners WHERE id = $1 AND key = $2", r.cfg.RunnerID, r.key.Load()); err != nil {
 		r.cfg.Logger.Warn("wharfflow: removing the runner's row; signals may lease to it until its heartbeat ends", "err", err)
@@ -1145,10 +1152,6 @@ func (r *Runner) leaseLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			if r.leaving.Load() {
-				// A registration that raced Stop's removal.
-				r.deregister(ctx)
-			}
 			return
 		case <-r.leaseSig:
 		}
