@@ -32,7 +32,8 @@ type RoleOptions struct {
 	Producer string
 	// FlowRunner may run wharfflow runners: claim steps, write their
 	// outcomes (state, history, signals consumed, children, key pauses),
-	// renew and release leases, wake awaiting instances, delete finished
+	// renew and release leases, wake awaiting instances, register in
+	// flow_runners (signals lease it the steps they resume), delete finished
 	// ones after their retention, write rate limits, enqueue the messages
 	// outcomes emit (the producer's outbox rights), start and signal flows,
 	// and read the schema version. It cannot read or delete outbox

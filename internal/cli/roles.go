@@ -30,9 +30,10 @@ with --create:
     lease lanes, register in the relays table, record retries and dead letters, read
     the schema version, LISTEN. It cannot enqueue or touch flows;
   the flow runner role (default wharf_flow_runner) may run wharfflow runners: claim
-    steps, write their outcomes, history and children, renew and release leases, write
-    rate limits, delete finished flows after their retention, enqueue the messages
-    outcomes emit, start and signal flows. It cannot read or delete outbox messages;
+    steps, write their outcomes, history and children, renew and release leases,
+    register in flow_runners (signals lease it the steps they resume), write rate
+    limits, delete finished flows after their retention, enqueue the messages outcomes
+    emit, start and signal flows. It cannot read or delete outbox messages;
   the flow reader role (default wharf_flow_reader) may read the flow tables (wharf flow
     list and show, the flow metrics) and change nothing.
 No role can change the schema.
