@@ -1,6 +1,9 @@
 package wharfflow
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // LeaseStart is when r took the lease that instance id's running step runs
 // on, as its lease renewals count from it (false: no step of id is running).
@@ -16,3 +19,7 @@ func LeaseStart(r *Runner, id int64) (time.Time, bool) {
 
 // GaugeQuery is the metrics collector's query for schema.
 func GaugeQuery(schema string) string { return gaugeQuery(schema) }
+
+// SweepDeadRunners runs r's sweep of dead runners once (its cleanup loop
+// does, every CleanupInterval).
+func SweepDeadRunners(r *Runner) { r.sweepDeadRunners(context.Background()) }

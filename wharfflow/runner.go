@@ -947,10 +947,7 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if r.listening.Load() {
-			if _, err := r.pool.Exec(ctx, "UPDATE "+r.cfg.Schema+".flow_runners SET alive_until = clock_timestamp() + $2 WHERE id = $1 AND key = $3",
-				r.cfg.RunnerID, r.aliveFor(), r.key.Load()); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("wharfflow: heartbeat", "err", err)
-			}
+			r.heartbeat(ctx)
 		}
 		r.mu.Lock()
 		var ids, tokens []int64
@@ -1115,6 +1112,39 @@ ON CONFLICT (id) DO UPDATE SET key = DEFAULT, lease = excluded.lease, alive_unti
 		r.deregister(context.WithoutCancel(ctx))
 	}
 	return nil
+}
+
+// heartbeat keeps the runner's row alive; when the row is gone (another
+// runner's sweep removed it after heartbeats that came too late), it
+// registers again.
+func (r *Runner) heartbeat(ctx context.Context) {
+	tag, err := r.pool.Exec(ctx, "UPDATE "+r.cfg.Schema+".flow_runners SET alive_until = clock_timestamp() + $2 WHERE id = $1 AND key = $3",
+		r.cfg.RunnerID, r.aliveFor(), r.key.Load())
+	if err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: heartbeat", "err", err)
+		}
+		return
+	}
+	if tag.RowsAffected() > 0 || r.leaving.Load() {
+		return
+	}
+	// Unless a runner given the same RunnerID registered since (its key
+	// is the id's now: see register).
+	var key int64
+	err = r.pool.QueryRow(ctx, "INSERT INTO "+r.cfg.Schema+`.flow_runners AS f (id, lease, alive_until)
+VALUES ($1, $2, clock_timestamp() + $3) ON CONFLICT (id) DO NOTHING RETURNING f.key`,
+		r.cfg.RunnerID, r.cfg.LeaseTTL, r.aliveFor()).Scan(&key)
+	if err != nil {
+		if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: heartbeat", "err", err)
+		}
+		return
+	}
+	r.key.Store(key)
+	if r.leaving.Load() {
+		r.deregister(context.WithoutCancel(ctx))
+	}
 }
 
 // deregister removes the runner's row: signals lease to it no more. Bounded
@@ -1306,6 +1336,37 @@ func (r *Runner) cleanupLoop(ctx context.Context) {
 		if _, err := Cleanup(ctx, r.pool, r.cfg.Schema, time.Now().Add(-r.cfg.Retention), 1000); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("wharfflow: deleting expired instances", "err", err)
 		}
+		r.sweepDeadRunners(ctx)
+	}
+}
+
+// sweepDeadRunners removes the rows of runners whose heartbeat ended more
+// than their lease ago (killed, or cut off), and then checks every awaiting
+// instance with a pending signal once (wake_flows(NULL)). A runner wakes the
+// instances a late signal found it running once their write has committed;
+// one killed between that commit and its wake leaves such an instance
+// awaiting a signal it has, and no other runner waited for that write.
+func (r *Runner) sweepDeadRunners(ctx context.Context) {
+	var dead int
+	if err := r.pool.QueryRow(ctx, "WITH d AS (DELETE FROM "+r.cfg.Schema+
+		".flow_runners WHERE alive_until < clock_timestamp() - lease RETURNING 1) SELECT count(*) FROM d").Scan(&dead); err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: removing dead runners", "err", err)
+		}
+		return
+	}
+	if dead == 0 {
+		return
+	}
+	var n int
+	if err := r.pool.QueryRow(ctx, "SELECT "+r.cfg.Schema+".wake_flows(NULL)").Scan(&n); err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: waking awaiting instances after a runner died", "err", err)
+		}
+		return
+	}
+	if n > 0 {
+		r.poke()
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -362,4 +363,59 @@ func TestKill9WithSignalledSteps(t *testing.T) {
 	require.Zero(t, waits.Load(), "the awaits, committed, never ran again")
 	require.EqualValues(t, len(ids), gos.Load(), "each resumed step ran once more")
 	require.EqualValues(t, len(ids), r.Stats().Claimed(), "taken over by claims once their leases ended")
+}
+
+// A runner killed between the commit of an await that missed a late signal
+// and its wake of that instance leaves it awaiting a signal it has. Once
+// the dead runner's heartbeat is over by more than its lease, any runner's
+// sweep removes its row and checks every awaiting instance once; a runner
+// whose heartbeat is current is left alone.
+func TestSweepOfADeadRunnerWakesWhatItLeftAwaiting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := signalFlow("swept", nil)
+	ids, err := b.client.Start(ctx, f.Start(counter{}, wharfflow.StartOptions{}), f.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_runners (id, lease, alive_until) VALUES "+
+		"('dead', '1s', now() - interval '1 minute'), ('alive', '1s', now() + interval '1 hour')")
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'awaiting', step = 'go', await_signals = '{go}', run_at = 'infinity', "+
+		"lease_owner = CASE WHEN id = $1 THEN 'dead' ELSE 'alive' END WHERE id = ANY ($2)", ids[0], ids)
+	require.NoError(t, err)
+	// The late signals, recorded; nobody woke the instances.
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_signals (instance_id, name) SELECT unnest($1::bigint[]), 'go'", ids)
+	require.NoError(t, err)
+
+	r, err := wharfflow.NewRunner(b.pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{f}, Logger: testLogger()})
+	require.NoError(t, err)
+	wharfflow.SweepDeadRunners(r)
+	var runners []string
+	rows, err := b.pool.Query(ctx, "SELECT id FROM "+b.schema+".flow_runners ORDER BY id")
+	require.NoError(t, err)
+	runners, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"alive"}, runners, "the dead runner's row is removed, the live one's kept")
+	var status, owner string
+	var due bool
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT status, lease_owner, run_at <= now() FROM "+b.schema+".flow_instances WHERE id = $1",
+		ids[0]).Scan(&status, &owner, &due))
+	require.Equal(t, "awaiting", status)
+	require.True(t, due, "the dead runner's instance is due, with its signal, for any runner's claim")
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT status, lease_owner FROM "+b.schema+".flow_instances WHERE id = $1",
+		ids[1]).Scan(&status, &owner))
+	require.Equal(t, []string{"running", "alive"}, []string{status, owner}, "the live runner's instance is leased to it")
+}
+
+// A runner whose row another runner's sweep removed (its heartbeats came too
+// late) registers again with its next heartbeat.
+func TestHeartbeatRegistersARemovedRunnerAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := signalFlow("reregistered", nil)
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "late", LeaseTTL: 300 * time.Millisecond})
+	b.waitRegistered(t, "late")
+	_, err := b.pool.Exec(context.Background(), "DELETE FROM "+b.schema+".flow_runners")
+	require.NoError(t, err)
+	b.waitRegistered(t, "late")
 }
