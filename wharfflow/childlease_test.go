@@ -5,21 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfflow"
 )
 
@@ -334,18 +330,11 @@ func TestKillKidsHelperProcess(t *testing.T) {
 	if dir == "" {
 		return
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL)
-	require.NoError(t, err)
 	parent, child := fanFlows(3, noKeys, func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
 		_ = os.WriteFile(filepath.Join(dir, fmt.Sprint(in.Instance)), []byte("in the child's step"), 0o600)
 		select {} // until kill -9
 	}, func(in wharfflow.Input) wharfflow.Outcome { select {} })
-	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: os.Getenv("WHARFFLOW_SCHEMA"),
-		Flows: []wharfflow.Definition{parent, child}, RunnerID: "doomed", LeaseTTL: 2 * time.Second, Logger: testLogger()})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(ctx))
-	select {}
+	runDoomed(t, 0, parent, child)
 }
 
 // kill -9 of a runner whose spawn leased it the children, in the middle of
@@ -357,15 +346,7 @@ func TestKill9WithLeasedChildren(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestKillKidsHelperProcess$", "-test.count=1")
-	cmd.Env = append(testdb.CleanEnv(), killKidsEnv+"="+dir, "WHARFFLOW_SCHEMA="+b.schema, "TEST_DATABASE_URL="+databaseURL)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	helper := b.startHelper(t, "TestKillKidsHelperProcess", killKidsEnv+"="+dir)
 
 	seen := newJoinSeen()
 	var mu sync.Mutex
@@ -395,8 +376,7 @@ func TestKill9WithLeasedChildren(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE parent_id = $1 AND status = 'running' "+
 		"AND lease_owner = 'doomed' AND updated_at = created_at", ids[0]).Scan(&leased))
 	require.Equal(t, 3, leased, "the children were inserted leased to the spawning runner")
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	<-exited
+	helper.kill9(t)
 
 	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{countFans, child}, RunnerID: "survivor"})
 	b.waitStatus(t, ids[0], "done")

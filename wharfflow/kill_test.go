@@ -21,6 +21,50 @@ import (
 
 const killHelperEnv = "WHARFFLOW_KILL_HELPER"
 
+// helperProcess is this test binary run again as a runner process for a
+// kill -9 test: it runs only the helper test named, which does nothing
+// unless its environment variable is set.
+type helperProcess struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// startHelper starts the helper test run on the bundle's schema with env
+// (NAME=value) and kills it at cleanup.
+func (b *testBundle) startHelper(t *testing.T, run, env string) *helperProcess {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run", "^"+run+"$", "-test.count=1")
+	cmd.Env = append(testdb.CleanEnv(), env, "WHARFFLOW_SCHEMA="+b.schema, "TEST_DATABASE_URL="+databaseURL)
+	require.NoError(t, cmd.Start())
+	h := &helperProcess{cmd: cmd, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(h.exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-h.exited
+	})
+	return h
+}
+
+// kill9 kills the helper with SIGKILL and waits for it to exit.
+func (h *helperProcess) kill9(t *testing.T) {
+	t.Helper()
+	require.NoError(t, h.cmd.Process.Signal(syscall.SIGKILL))
+	<-h.exited
+}
+
+// runDoomed runs, in a helper process, the runner "doomed" (2-s lease; 0
+// maxInFlight: the default) on the schema the test gave it, until killed.
+func runDoomed(t *testing.T, maxInFlight int, flows ...wharfflow.Definition) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL)
+	require.NoError(t, err)
+	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: os.Getenv("WHARFFLOW_SCHEMA"), Flows: flows,
+		RunnerID: "doomed", LeaseTTL: 2 * time.Second, MaxInFlight: maxInFlight, Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	select {}
+}
+
 // killFlow is the flow of the kill -9 test: in the helper process, step two
 // writes a marker file and blocks until the process is killed.
 func killFlow(onTwo func(in wharfflow.Input), onOne func()) *wharfflow.Flow[counter] {
@@ -47,18 +91,11 @@ func TestKillHelperProcess(t *testing.T) {
 	if marker == "" {
 		return
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL)
-	require.NoError(t, err)
 	f := killFlow(func(wharfflow.Input) {
 		require.NoError(t, os.WriteFile(marker, []byte("in step two"), 0o600))
 		select {} // until kill -9
 	}, func() {})
-	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: os.Getenv("WHARFFLOW_SCHEMA"), Flows: []wharfflow.Definition{f},
-		RunnerID: "doomed", LeaseTTL: 2 * time.Second, Logger: testLogger()})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(ctx))
-	select {}
+	runDoomed(t, 0, f)
 }
 
 // kill -9 of a runner process in the middle of a step: once the lease ends,
@@ -70,15 +107,7 @@ func TestKill9MidStepRerunsThatStep(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	marker := filepath.Join(t.TempDir(), "marker")
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestKillHelperProcess$", "-test.count=1")
-	cmd.Env = append(testdb.CleanEnv(), killHelperEnv+"="+marker, "WHARFFLOW_SCHEMA="+b.schema, "TEST_DATABASE_URL="+databaseURL)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	helper := b.startHelper(t, "TestKillHelperProcess", killHelperEnv+"="+marker)
 
 	var oneRan, twoRan atomic.Int32
 	var twoAttempt atomic.Int32
@@ -96,8 +125,7 @@ func TestKill9MidStepRerunsThatStep(t *testing.T) {
 	var owner string
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT run_at, lease_owner FROM "+b.schema+".flow_instances WHERE id = $1", ids[0]).Scan(&leaseUntil, &owner))
 	require.Equal(t, "doomed", owner)
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	<-exited
+	helper.kill9(t)
 
 	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "survivor"})
 	b.waitStatus(t, ids[0], "done")
@@ -139,9 +167,6 @@ func TestKillLoadHelperProcess(t *testing.T) {
 	if marker == "" {
 		return
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL)
-	require.NoError(t, err)
 	var ran atomic.Int64
 	f := loadFlow(func() {
 		if ran.Add(1) == 300 {
@@ -149,11 +174,7 @@ func TestKillLoadHelperProcess(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	})
-	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: os.Getenv("WHARFFLOW_SCHEMA"), Flows: []wharfflow.Definition{f},
-		RunnerID: "doomed", LeaseTTL: 2 * time.Second, MaxInFlight: 64, Logger: testLogger()})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(ctx))
-	select {}
+	runDoomed(t, 64, f)
 }
 
 // kill -9 of a runner process under load: another runner finishes every
@@ -171,19 +192,10 @@ func TestKill9UnderLoad(t *testing.T) {
 	ids, err := b.client.Start(ctx, starts...)
 	require.NoError(t, err)
 	marker := filepath.Join(t.TempDir(), "marker")
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestKillLoadHelperProcess$", "-test.count=1")
-	cmd.Env = append(testdb.CleanEnv(), killLoadEnv+"="+marker, "WHARFFLOW_SCHEMA="+b.schema, "TEST_DATABASE_URL="+databaseURL)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	helper := b.startHelper(t, "TestKillLoadHelperProcess", killLoadEnv+"="+marker)
 	require.Eventually(t, func() bool { _, err := os.Stat(marker); return err == nil }, time.Minute, time.Millisecond,
 		"the helper runner never got busy")
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	<-exited
+	helper.kill9(t)
 	var leased int
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE lease_owner = 'doomed' AND status = 'running'").Scan(&leased))
 

@@ -5,18 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/wharfflow"
 )
 
@@ -280,9 +276,6 @@ func TestKillSignalledHelperProcess(t *testing.T) {
 	if dir == "" {
 		return
 	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, databaseURL)
-	require.NoError(t, err)
 	f := wharfflow.New[counter]("killed", nil).
 		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
 			return wharfflow.Await("go", "go")
@@ -291,11 +284,7 @@ func TestKillSignalledHelperProcess(t *testing.T) {
 			_ = os.WriteFile(filepath.Join(dir, fmt.Sprint(in.Instance)), []byte("in the resumed step"), 0o600)
 			select {} // until kill -9
 		})
-	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: os.Getenv("WHARFFLOW_SCHEMA"),
-		Flows: []wharfflow.Definition{f}, RunnerID: "doomed", LeaseTTL: 2 * time.Second, Logger: testLogger()})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(ctx))
-	select {}
+	runDoomed(t, 0, f)
 }
 
 // kill -9 of a runner in the middle of steps that signals leased to it:
@@ -306,15 +295,7 @@ func TestKill9WithSignalledSteps(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestKillSignalledHelperProcess$", "-test.count=1")
-	cmd.Env = append(testdb.CleanEnv(), killSignalledEnv+"="+dir, "WHARFFLOW_SCHEMA="+b.schema, "TEST_DATABASE_URL="+databaseURL)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	helper := b.startHelper(t, "TestKillSignalledHelperProcess", killSignalledEnv+"="+dir)
 
 	var waits, gos atomic.Int32
 	f := wharfflow.New[counter]("killed", nil).
@@ -345,8 +326,7 @@ func TestKill9WithSignalledSteps(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE id = ANY ($1) AND status = 'running' "+
 		"AND lease_owner = 'doomed' AND step = 'go'", ids).Scan(&leased))
 	require.Equal(t, len(ids), leased, "the signals leased the instances to the runner that awaited")
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	<-exited
+	helper.kill9(t)
 
 	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "survivor"})
 	for i, id := range ids {
