@@ -24,10 +24,13 @@ type Instance struct {
 	RunAt    *time.Time `json:"run_at,omitempty"`
 	// NotBefore is the current step's own time: a scheduled step (Next
 	// with a time, a retry's backoff, a start's RunAt) does not run before.
-	NotBefore    time.Time `json:"not_before"`
-	LeaseOwner   string    `json:"lease_owner,omitempty"`
-	ParentID     int64     `json:"parent_id,omitempty"`
-	AwaitSignals []string  `json:"await_signals,omitempty"`
+	NotBefore time.Time `json:"not_before"`
+	// LeaseOwner is the runner holding the step's lease (running), or, of
+	// an awaiting instance, the runner that wrote the await, to which its
+	// signal leases it while that runner is alive.
+	LeaseOwner   string   `json:"lease_owner,omitempty"`
+	ParentID     int64    `json:"parent_id,omitempty"`
+	AwaitSignals []string `json:"await_signals,omitempty"`
 	// TimeoutStep is the step an awaiting instance resumes at when its
 	// deadline (RunAt) passes without the signals.
 	TimeoutStep    string          `json:"timeout_step,omitempty"`
