@@ -1031,11 +1031,17 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *")
 	}()
 	// Listening: signals may lease instances to the runner from now on.
+	// A runner that cannot register (a role without the right to write
+	// flow_runners) still listens: its awaits' signals go through claims.
 	if err := r.register(ctx, conn); err != nil {
-		return err
+		if ctx.Err() != nil {
+			return err
+		}
+		r.cfg.Logger.Warn("wharfflow: signals will not lease steps to this runner (they go through claims)", "err", err)
+	} else {
+		r.listening.Store(true)
+		defer r.listening.Store(false)
 	}
-	r.listening.Store(true)
-	defer r.listening.Store(false)
 	// Signals may have come while nobody listened: check every awaiting
 	// instance with a pending signal once.
 	if _, err := conn.Exec(ctx, "SELECT "+r.cfg.Schema+".wake_flows(NULL)"); err != nil {

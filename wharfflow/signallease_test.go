@@ -399,3 +399,26 @@ func TestHeartbeatRegistersARemovedRunnerAgain(t *testing.T) {
 	require.NoError(t, err)
 	b.waitRegistered(t, "late")
 }
+
+// A runner that cannot register (here a trigger refuses its row; in
+// production, a role without the right to write flow_runners) still
+// listens and runs its flows: signals resume its instances through the
+// claim, woken by their notification (the runner's idle sleep, LeaseTTL, is
+// longer than the test's wait).
+func TestRunnerThatCannotRegisterStillHearsSignals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, "CREATE FUNCTION "+b.schema+".refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "+
+		"RAISE EXCEPTION 'permission denied for table flow_runners' USING ERRCODE = '42501'; END $$")
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON "+b.schema+".flow_runners FOR EACH ROW EXECUTE FUNCTION "+b.schema+".refuse()")
+	require.NoError(t, err)
+	f := signalFlow("unregistered", nil)
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "anonymous", LeaseTTL: 10 * time.Minute})
+	ids := b.startAwaiting(t, f, 5)
+	b.sendGo(t, ids)
+	b.requireDoneWithPayloads(t, ids)
+	require.Zero(t, r.Stats().Signalled())
+	require.EqualValues(t, 10, r.Stats().Claimed(), "the first steps and the resumed ones were claimed")
+}
