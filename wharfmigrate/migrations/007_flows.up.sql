@@ -678,12 +678,8 @@ BEGIN
     END IF;
     IF v_resumed IS NOT NULL THEN
         RETURN QUERY
-        SELECT p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, NULL::bigint, NULL::jsonb, (
-                   SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
-                                                       'at', s.created_at) ORDER BY s.id)
-                     FROM {{schema}}.flow_signals s
-                    WHERE s.instance_id = p.id AND s.consumed_at IS NULL AND s.name = ANY (p.await_signals))
-          FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_resumed);
+        SELECT l.id, l.lease_token, l.flow, l.step, l.state, l.attempt, NULL::bigint, NULL::jsonb, l.signals
+          FROM {{schema}}.flow_leased_steps(p_runner, v_resumed) l;
     END IF;
     IF v_joins IS NOT NULL THEN
         RETURN QUERY
