@@ -163,12 +163,31 @@ func busyFlow(started chan<- struct{}, release <-chan struct{}) *wharfflow.Flow[
 	})
 }
 
+// queueSignalled starts a runner with one slot running f and a busy flow,
+// five instances of f awaiting "go", then the busy step, which holds the
+// slot until release is closed; it signals the five and waits until the
+// runner has read the steps the signals leased to it.
+func (b *testBundle) queueSignalled(t *testing.T, runner string, f *wharfflow.Flow[counter]) (*wharfflow.Runner, []int64, chan struct{}) {
+	t.Helper()
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	busy := busyFlow(started, release)
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, busy}, RunnerID: runner, MaxInFlight: 1})
+	b.waitRegistered(t, runner)
+	ids := b.startAwaiting(t, f, 5)
+	_, err := b.client.Start(context.Background(), busy.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	<-started
+	b.sendGo(t, ids)
+	require.Eventually(t, func() bool { return r.Stats().Signalled() == 5 }, time.Minute, 5*time.Millisecond,
+		"the runner never read the steps leased to it")
+	return r, ids, release
+}
+
 // Steps signals lease to a runner whose slots are all taken wait in the
 // runner for a free slot: it never runs more than MaxInFlight steps.
 func TestSignalledStepsWaitForAFreeSlot(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
 	var running, most atomic.Int32
 	f := wharfflow.New[counter]("queued", nil).
 		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
@@ -181,17 +200,7 @@ func TestSignalledStepsWaitForAFreeSlot(t *testing.T) {
 			}
 			return wharfflow.Done(in.Signals[0].Payload)
 		})
-	started, release := make(chan struct{}, 1), make(chan struct{})
-	busy := busyFlow(started, release)
-	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, busy}, RunnerID: "narrow", MaxInFlight: 1})
-	b.waitRegistered(t, "narrow")
-	ids := b.startAwaiting(t, f, 5)
-	_, err := b.client.Start(ctx, busy.Start(counter{}, wharfflow.StartOptions{}))
-	require.NoError(t, err)
-	<-started
-	b.sendGo(t, ids)
-	require.Eventually(t, func() bool { return r.Stats().Signalled() == 5 }, time.Minute, 5*time.Millisecond,
-		"the runner never read the steps leased to it")
+	_, ids, release := b.queueSignalled(t, "narrow", f)
 	require.Zero(t, running.Load(), "no signalled step runs while the only slot is taken")
 	close(release)
 	b.requireDoneWithPayloads(t, ids)
@@ -205,17 +214,7 @@ func TestStopHandsBackSignalledStepsItHasNotStarted(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	f := signalFlow("handback", nil)
-	started, release := make(chan struct{}, 1), make(chan struct{})
-	busy := busyFlow(started, release)
-	first := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, busy}, RunnerID: "leaving", MaxInFlight: 1})
-	b.waitRegistered(t, "leaving")
-	ids := b.startAwaiting(t, f, 5)
-	_, err := b.client.Start(ctx, busy.Start(counter{}, wharfflow.StartOptions{}))
-	require.NoError(t, err)
-	<-started
-	b.sendGo(t, ids)
-	require.Eventually(t, func() bool { return first.Stats().Signalled() == 5 }, time.Minute, 5*time.Millisecond,
-		"the runner never read the steps leased to it")
+	first, ids, release := b.queueSignalled(t, "leaving", f)
 
 	stopped := make(chan error, 1)
 	go func() {
