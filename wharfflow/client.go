@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wharfhq/wharf/wharfmigrate"
@@ -91,9 +94,15 @@ type sqlRows struct{ *sql.Rows }
 
 func (r sqlRows) Close() { _ = r.Rows.Close() }
 
-func pgxQuerier(tx pgx.Tx) querier {
+// pgxQueryer is a pgx.Tx or a pool (a statement in a transaction of its
+// own).
+type pgxQueryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func pgxQuerier(db pgxQueryer) querier {
 	return func(ctx context.Context, q, arg string) (rowScanner, error) {
-		rows, err := tx.Query(ctx, q, arg)
+		rows, err := db.Query(ctx, q, arg)
 		if err != nil {
 			return nil, err
 		}
@@ -168,14 +177,13 @@ func (c *Client) StartSQLTx(ctx context.Context, tx *sql.Tx, starts ...Start) ([
 	return c.start(ctx, sqlQuerier(tx), starts)
 }
 
-// Start starts instances in a transaction of its own.
+// Start starts instances in a transaction of its own: one statement, one
+// round trip.
 func (c *Client) Start(ctx context.Context, starts ...Start) ([]int64, error) {
-	var ids []int64
-	err := c.inTx(ctx, func(tx pgx.Tx) (err error) {
-		ids, err = c.StartTx(ctx, tx, starts...)
-		return err
-	})
-	return ids, err
+	if c.pool == nil {
+		return nil, ErrNoPool
+	}
+	return c.start(ctx, pgxQuerier(c.pool), starts)
 }
 
 // Signal is a signal to send to an instance: addressed by Instance, or by
@@ -201,7 +209,10 @@ type wireSignal struct {
 	DedupKey string          `json:"dedup_key,omitempty"`
 }
 
-func (c *Client) signal(ctx context.Context, query querier, sigs []Signal) ([]int64, error) {
+// signal records sigs. strict: the call fails, recording nothing, when a
+// signal matches no active instance (for a statement in a transaction of
+// its own, which cannot be rolled back once it returned).
+func (c *Client) signal(ctx context.Context, query querier, sigs []Signal, strict bool) ([]int64, error) {
 	if len(sigs) == 0 {
 		return nil, nil
 	}
@@ -229,7 +240,10 @@ func (c *Client) signal(ctx context.Context, query querier, sigs []Signal) ([]in
 	if err != nil {
 		return nil, err
 	}
-	ids, err := ordIDs(ctx, query, "SELECT ord, id FROM "+c.schema+".signal_flows($1::jsonb)", string(doc), len(sigs))
+	ids, err := ordIDs(ctx, query, "SELECT ord, id FROM "+c.schema+".signal_flows($1::jsonb, "+strconv.FormatBool(strict)+")", string(doc), len(sigs))
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == noDataFound {
+		return nil, fmt.Errorf("%w: %s", ErrNoInstance, strings.TrimPrefix(pgErr.Message, "no active flow instance for "))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("wharfflow: signal: %w", err)
 	}
@@ -250,30 +264,27 @@ func (c *Client) signal(ctx context.Context, query querier, sigs []Signal) ([]in
 // SignalTx records signals inside tx, in one round trip, and returns their
 // ids. A signal to no active instance fails the call with ErrNoInstance.
 func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, sigs ...Signal) ([]int64, error) {
-	return c.signal(ctx, pgxQuerier(tx), sigs)
+	return c.signal(ctx, pgxQuerier(tx), sigs, false)
 }
 
 // SignalSQLTx is SignalTx for a database/sql transaction.
 func (c *Client) SignalSQLTx(ctx context.Context, tx *sql.Tx, sigs ...Signal) ([]int64, error) {
-	return c.signal(ctx, sqlQuerier(tx), sigs)
+	return c.signal(ctx, sqlQuerier(tx), sigs, false)
 }
 
-// Send records signals in a transaction of its own.
+// Send records signals in a transaction of its own, one statement and one
+// round trip: all of them, or none when one addresses no active instance
+// (ErrNoInstance, naming it).
 func (c *Client) Send(ctx context.Context, sigs ...Signal) ([]int64, error) {
-	var ids []int64
-	err := c.inTx(ctx, func(tx pgx.Tx) (err error) {
-		ids, err = c.SignalTx(ctx, tx, sigs...)
-		return err
-	})
-	return ids, err
+	if c.pool == nil {
+		return nil, ErrNoPool
+	}
+	return c.signal(ctx, pgxQuerier(c.pool), sigs, true)
 }
 
-func (c *Client) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	if c.pool == nil {
-		return ErrNoPool
-	}
-	return pgx.BeginFunc(ctx, c.pool, fn)
-}
+// noDataFound is the SQLSTATE signal_flows raises, in strict mode, for a
+// signal that matches no active instance.
+const noDataFound = "P0002"
 
 // Cancel cancels instance id and its descendants that have not ended, and
 // returns how many it cancelled. ErrNoInstance when none was left to cancel.

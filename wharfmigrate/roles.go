@@ -136,7 +136,7 @@ END IF; END $wharf$`,
 	startSignalGrants = []string{
 		`GRANT EXECUTE ON FUNCTION {S}.start_flows(jsonb) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.start_flow(text, jsonb, text, text, integer, timestamptz, text, integer, text) TO {R}`,
-		`GRANT EXECUTE ON FUNCTION {S}.signal_flows(jsonb) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.signal_flows(jsonb, boolean) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.signal(text, text, text, jsonb, text) TO {R}`,
 	}
 	// flowRunnerGrants: what a wharfflow runner does (wharfflow/runner.go

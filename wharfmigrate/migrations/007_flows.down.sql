@@ -14,7 +14,7 @@ DROP FUNCTION {{schema}}.flow_signal_pending(bigint, text[]);
 DROP FUNCTION {{schema}}.claim_flow_steps(text, text[], integer, interval);
 DROP FUNCTION {{schema}}.flow_notify_leased(bigint[], bigint[]);
 DROP FUNCTION {{schema}}.signal(text, text, text, jsonb, text);
-DROP FUNCTION {{schema}}.signal_flows(jsonb);
+DROP FUNCTION {{schema}}.signal_flows(jsonb, boolean);
 DROP FUNCTION {{schema}}.start_flow(text, jsonb, text, text, integer, timestamptz, text, integer, text);
 DROP FUNCTION {{schema}}.start_flows(jsonb);
 DROP TABLE {{schema}}.flow_runners;

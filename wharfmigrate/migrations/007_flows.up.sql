@@ -179,11 +179,16 @@ $$;
 
 -- signal_flows records a JSON array of signals ({instance} or {flow, key},
 -- name, payload, dedup_key) and returns each one's position and signal id,
--- NULL when no active instance matches. A signal whose dedup_key the
--- instance already has is not recorded again; its id is the first one's.
--- Set-based: one statement finds the instances, one inserts the signals and
--- wakes the instances that await them, whatever the batch's size.
-CREATE FUNCTION {{schema}}.signal_flows(p_signals jsonb) RETURNS TABLE (ord bigint, id bigint)
+-- NULL when no active instance matches. With p_strict, a signal that
+-- matches none fails the call instead (SQLSTATE P0002, no_data_found,
+-- naming the first such signal) and records nothing: a batch sent in a
+-- transaction of its own is all or nothing in one statement, one round
+-- trip. A signal whose dedup_key the instance already has is not recorded
+-- again; its id is the first one's. Set-based: one statement finds the
+-- instances, one inserts the signals and wakes the instances that await
+-- them, whatever the batch's size.
+CREATE FUNCTION {{schema}}.signal_flows(p_signals jsonb, p_strict boolean DEFAULT false)
+RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -193,6 +198,7 @@ DECLARE
     v_woken bigint;
     v_lids  bigint[];
     v_lkeys bigint[];
+    v_miss  text;
 BEGIN
     v_sids := ARRAY(SELECT nextval('{{schema}}.flow_signals_id_seq') FROM generate_series(1, jsonb_array_length(p_signals)));
     v_ins := ARRAY(
@@ -203,6 +209,18 @@ BEGIN
                            WHERE i.flow = x.doc->>'flow' AND i.correlation_key = x.doc->>'key'
                              AND i.status NOT IN ('done', 'cancelled')) END
           FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n) ORDER BY x.n);
+    IF p_strict THEN
+        SELECT CASE WHEN x.doc ? 'instance'
+                    THEN format('signal %s (%s) to instance %s', x.n - 1, x.doc->>'name', x.doc->>'instance')
+                    ELSE format('signal %s (%s) to flow %s key %s', x.n - 1, x.doc->>'name', x.doc->>'flow',
+                                to_json(x.doc->>'key')) END
+          INTO v_miss
+          FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n)
+         WHERE v_ins[x.n] IS NULL ORDER BY x.n LIMIT 1;
+        IF v_miss IS NOT NULL THEN
+            RAISE EXCEPTION 'no active flow instance for %', v_miss USING ERRCODE = 'no_data_found';
+        END IF;
+    END IF;
     -- Resume the instances that await a signal now: leased to the runner
     -- that wrote the await when it is alive (flow_runners; an instance
     -- without keys), which is notified and runs the step without a claim;

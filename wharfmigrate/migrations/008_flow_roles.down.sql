@@ -1,11 +1,11 @@
 -- wharfmigrate:keeps-messages
 GRANT EXECUTE ON FUNCTION
     {{schema}}.start_flows(jsonb),
-    {{schema}}.signal_flows(jsonb),
+    {{schema}}.signal_flows(jsonb, boolean),
     {{schema}}.start_flow(text, jsonb, text, text, integer, timestamptz, text, integer, text),
     {{schema}}.signal(text, text, text, jsonb, text)
 TO PUBLIC;
-ALTER FUNCTION {{schema}}.signal_flows(jsonb) SECURITY INVOKER RESET search_path;
+ALTER FUNCTION {{schema}}.signal_flows(jsonb, boolean) SECURITY INVOKER RESET search_path;
 -- start_flows as migration 7 made it (the caller's rights, no trace).
 CREATE OR REPLACE FUNCTION {{schema}}.start_flows(p_starts jsonb) RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql AS $$

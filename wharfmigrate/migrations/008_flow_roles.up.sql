@@ -46,10 +46,10 @@ BEGIN
                              AND x.status NOT IN ('done', 'cancelled')))
       FROM jsonb_array_elements(p_starts) WITH ORDINALITY AS e(doc, n);
 END $$;
-ALTER FUNCTION {{schema}}.signal_flows(jsonb) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION {{schema}}.signal_flows(jsonb, boolean) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE EXECUTE ON FUNCTION
     {{schema}}.start_flows(jsonb),
-    {{schema}}.signal_flows(jsonb),
+    {{schema}}.signal_flows(jsonb, boolean),
     {{schema}}.start_flow(text, jsonb, text, text, integer, timestamptz, text, integer, text),
     {{schema}}.signal(text, text, text, jsonb, text)
 FROM PUBLIC;
