@@ -133,7 +133,7 @@ func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 	}
 	kind := stmtKind(d.SQL, true)
 	switch kind {
-	case "claim", "outcome", "signal", "start", "wake":
+	case "claim", "outcome", "signal", "start", "wake", "leased read":
 		return context.WithValue(ctx, queryStartKey{}, queryStart{kind: kind, at: time.Now()})
 	}
 	return ctx
@@ -692,6 +692,7 @@ var stmtKinds = []struct{ match, kind string }{
 	{"complete_flow_steps(", "outcome"},
 	{"signal_flows(", "signal"},
 	{"wake_flows(", "wake"},
+	{"flow_leased_steps(", "leased read"},
 	{"start_flows(", "start"},
 	{"renew_flow_leases(", "renew"},
 	{"release_flow_leases(", "release"},
