@@ -169,13 +169,16 @@ type Runner struct {
 	// they are woken once their write has committed (release).
 	late    map[int64]bool
 	wakeSig chan struct{} // wakeLoop has ids
-	// leasedIDs are instances signals leased to the runner (notified), for
-	// leaseLoop; leaseSig says it has some. queued are such steps read
-	// while every slot was taken: in inflight (so their leases are
-	// renewed), started as slots free, before any claim.
-	leasedIDs []int64
-	leaseSig  chan struct{}
-	queued    []claimed
+	// leasedSteps are steps signals leased to the runner, as their
+	// notifications carried them, and leasedIDs those notified by id only
+	// (too large to carry: leaseLoop reads them); leaseSig says there are
+	// some. queued are such steps waiting while every slot is taken: in
+	// inflight (so their leases are renewed), started as slots free,
+	// before any claim.
+	leasedSteps []claimed
+	leasedIDs   []int64
+	leaseSig    chan struct{}
+	queued      []claimed
 	// key addresses the runner in those notifications (flow_runners.key,
 	// set when its listener registers it). listening is set while the
 	// listener is connected: only then does the runner heartbeat, so that
@@ -1054,7 +1057,7 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 			return err
 		}
 		if strings.HasPrefix(n.Payload, "L") { // instances a signal leased to a runner
-			key, ids, err := parseLeased(n.Payload)
+			key, steps, ids, err := parseLeased(n.Payload)
 			if err != nil {
 				r.cfg.Logger.Warn("wharfflow: a notification of leased steps", "err", err)
 				continue
@@ -1063,6 +1066,7 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 				continue
 			}
 			r.mu.Lock()
+			r.leasedSteps = append(r.leasedSteps, steps...)
 			r.leasedIDs = append(r.leasedIDs, ids...)
 			r.mu.Unlock()
 			select {
@@ -1163,27 +1167,52 @@ func (r *Runner) deregister(ctx context.Context) {
 	}
 }
 
-// parseLeased reads a notification of leased steps: "L<key> <id>,<id>...".
-func parseLeased(payload string) (key int64, ids []int64, err error) {
+// parseLeased reads a notification of leased steps (flow_notify_leased):
+// "L<key> [<step>,...]", each step an object shaped as flow_leased_steps
+// returns it, or the bare id of one too large to carry.
+func parseLeased(payload string) (key int64, steps []claimed, ids []int64, err error) {
 	head, list, ok := strings.Cut(payload[1:], " ")
 	if !ok {
-		return 0, nil, fmt.Errorf("no ids in %q", payload)
+		return 0, nil, nil, fmt.Errorf("no steps in %q", payload)
 	}
 	if key, err = strconv.ParseInt(head, 10, 64); err != nil {
-		return 0, nil, fmt.Errorf("runner key in %q: %w", payload, err)
+		return 0, nil, nil, fmt.Errorf("runner key in %q: %w", payload, err)
 	}
-	for f := range strings.SplitSeq(list, ",") {
-		id, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return 0, nil, fmt.Errorf("instance id in %q: %w", payload, err)
+	var elems []json.RawMessage
+	if err := json.Unmarshal([]byte(list), &elems); err != nil {
+		return 0, nil, nil, fmt.Errorf("leased steps in %q: %w", payload, err)
+	}
+	for _, e := range elems {
+		if len(e) > 0 && e[0] != '{' {
+			id, err := strconv.ParseInt(string(e), 10, 64)
+			if err != nil {
+				return 0, nil, nil, fmt.Errorf("instance id %s in %q: %w", e, payload, err)
+			}
+			ids = append(ids, id)
+			continue
 		}
-		ids = append(ids, id)
+		var w struct {
+			ID      int64            `json:"id"`
+			Token   int64            `json:"token"`
+			Flow    string           `json:"flow"`
+			Step    string           `json:"step"`
+			Attempt int              `json:"attempt"`
+			Until   time.Time        `json:"until"`
+			State   json.RawMessage  `json:"state"`
+			Signals []ReceivedSignal `json:"signals"`
+		}
+		if err := json.Unmarshal(e, &w); err != nil {
+			return 0, nil, nil, fmt.Errorf("leased step %s: %w", e, err)
+		}
+		steps = append(steps, claimed{ID: w.ID, Flow: w.Flow, Step: w.Step, State: w.State, Attempt: w.Attempt,
+			Token: w.Token, Until: w.Until, Signals: w.Signals})
 	}
-	return key, ids, nil
+	return key, steps, ids, nil
 }
 
-// leaseLoop reads the steps that signals leased to the runner (their ids
-// notified) and runs them (admitLeased). A loop of its own, like wakeLoop.
+// leaseLoop runs the steps that signals leased to the runner
+// (admitLeased): those their notifications carried, and those notified by
+// id, which it reads. A loop of its own, like wakeLoop.
 func (r *Runner) leaseLoop(ctx context.Context) {
 	for {
 		select {
@@ -1192,9 +1221,15 @@ func (r *Runner) leaseLoop(ctx context.Context) {
 		case <-r.leaseSig:
 		}
 		r.mu.Lock()
-		ids := r.leasedIDs
-		r.leasedIDs = nil
+		steps, ids := r.leasedSteps, r.leasedIDs
+		r.leasedSteps, r.leasedIDs = nil, nil
 		r.mu.Unlock()
+		if len(steps) > 0 {
+			if err := r.loadTraces(ctx, steps); err != nil {
+				r.cfg.Logger.Warn("wharfflow: reading the steps' trace context", "err", err)
+			}
+			r.admitLeased(ctx, steps)
+		}
 		if len(ids) == 0 {
 			continue
 		}
@@ -1232,7 +1267,13 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 		r.handBack(ctx, rows)
 		return
 	}
+	now := time.Now()
 	for _, c := range rows {
+		if !c.Until.After(now) {
+			// Its notification came a lease late: any runner may have
+			// claimed it since.
+			continue
+		}
 		if s, ok := r.inflight[c.ID]; ok {
 			if s.token >= c.Token {
 				continue // notified twice, or claimed again once its lease ended

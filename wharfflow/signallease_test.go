@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -420,4 +421,155 @@ func TestRunnerThatCannotRegisterStillHearsSignals(t *testing.T) {
 	b.requireDoneWithPayloads(t, ids)
 	require.Zero(t, r.Stats().Signalled())
 	require.EqualValues(t, 10, r.Stats().Claimed(), "the first steps and the resumed ones were claimed")
+}
+
+// padded is a state of a chosen size.
+type padded struct {
+	N   int    `json:"n"`
+	Pad string `json:"pad"`
+}
+
+// paddedFlow awaits "go", then checks it resumed with its state whole and
+// ends with the signal's payload.
+func paddedFlow(name string) *wharfflow.Flow[padded] {
+	return wharfflow.New[padded](name, nil).
+		Step("wait", func(ctx context.Context, s *padded, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Await("go", "go")
+		}).
+		Step("go", func(ctx context.Context, s *padded, in wharfflow.Input) wharfflow.Outcome {
+			if len(s.Pad) != s.N {
+				return wharfflow.Fail(fmt.Errorf("state's pad has %d bytes, want %d", len(s.Pad), s.N))
+			}
+			if len(in.Signals) != 1 {
+				return wharfflow.Fail(fmt.Errorf("received %d signals", len(in.Signals)))
+			}
+			return wharfflow.Done(in.Signals[0].Payload)
+		})
+}
+
+// The notification of a leased step carries the step (state, token, lease
+// end, signals) when its JSON fits in 2000 bytes, and its bare id
+// otherwise; a batch's steps are split over notifications that stay under
+// PostgreSQL's 8000-byte payload limit (pg_notify fails the signal's
+// transaction above it).
+func TestLeaseNotificationsCarrySmallStepsAndNameLargeOnes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := paddedFlow("carried")
+	var starts []wharfflow.Start
+	for i := range 60 {
+		n := 150 // 50 small states, 10 too large to carry
+		if i%6 == 5 {
+			n = 3000
+		}
+		starts = append(starts, f.Start(padded{N: n, Pad: strings.Repeat("x", n)}, wharfflow.StartOptions{}))
+	}
+	ids, err := b.client.Start(ctx, starts...)
+	require.NoError(t, err)
+	var key int64
+	require.NoError(t, b.pool.QueryRow(ctx, "INSERT INTO "+b.schema+".flow_runners (id, lease, alive_until) VALUES ('ghost', '1 hour', now() + interval '1 hour') RETURNING key").Scan(&key))
+	// No runner: the rows as the ghost's awaits would have left them.
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'awaiting', step = 'go', await_signals = '{go}', run_at = 'infinity', lease_owner = 'ghost' WHERE id = ANY ($1)", ids)
+	require.NoError(t, err)
+
+	listener, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, "LISTEN "+b.schema+"_flows")
+	require.NoError(t, err)
+	defer func() { _, _ = listener.Exec(context.Background(), "UNLISTEN *") }()
+	b.sendGo(t, ids)
+
+	carried, named := map[int64]json.RawMessage{}, map[int64]bool{}
+	notes := 0
+	for len(carried)+len(named) < len(ids) {
+		nctx, cancel := context.WithTimeout(ctx, time.Minute)
+		note, err := listener.Conn().WaitForNotification(nctx)
+		cancel()
+		require.NoError(t, err)
+		prefix := fmt.Sprintf("L%d ", key)
+		if !strings.HasPrefix(note.Payload, prefix) {
+			continue
+		}
+		notes++
+		require.Less(t, len(note.Payload), 8000)
+		var elems []json.RawMessage
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(note.Payload, prefix)), &elems), note.Payload)
+		for _, e := range elems {
+			if e[0] != '{' {
+				var id int64
+				require.NoError(t, json.Unmarshal(e, &id))
+				require.False(t, named[id], "instance %d named twice", id)
+				named[id] = true
+				continue
+			}
+			var step struct {
+				ID int64 `json:"id"`
+			}
+			require.NoError(t, json.Unmarshal(e, &step))
+			require.NotContains(t, carried, step.ID, "instance %d carried twice", step.ID)
+			carried[step.ID] = e
+		}
+	}
+	require.Greater(t, notes, 2, "50 steps of ~300 bytes take more than two notifications")
+	for i, id := range ids {
+		if i%6 == 5 {
+			require.True(t, named[id], "instance %d (state of 3000 bytes) goes by id", id)
+			continue
+		}
+		e, ok := carried[id]
+		require.True(t, ok, "instance %d (state of 150 bytes) is carried", id)
+		var token int64
+		var until time.Time
+		var state []byte
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT lease_token, run_at, state FROM "+b.schema+".flow_instances WHERE id = $1", id).
+			Scan(&token, &until, &state))
+		var step struct {
+			Token   int64                      `json:"token"`
+			Flow    string                     `json:"flow"`
+			Step    string                     `json:"step"`
+			Attempt int                        `json:"attempt"`
+			Until   time.Time                  `json:"until"`
+			State   json.RawMessage            `json:"state"`
+			Signals []wharfflow.ReceivedSignal `json:"signals"`
+		}
+		require.NoError(t, json.Unmarshal(e, &step))
+		require.Equal(t, token, step.Token)
+		require.Equal(t, []any{"carried", "go", 0}, []any{step.Flow, step.Step, step.Attempt})
+		require.True(t, until.Equal(step.Until), "lease end %s, carried %s", until, step.Until)
+		require.JSONEq(t, string(state), string(step.State))
+		require.Len(t, step.Signals, 1)
+		require.Equal(t, "go", step.Signals[0].Name)
+		require.JSONEq(t, fmt.Sprint(i), string(step.Signals[0].Payload))
+	}
+}
+
+// A runner runs the steps signals lease to it whether their notification
+// carried them or named them only (a state too large to carry: it reads
+// them), with the state and the signal whole, and claims none of them.
+func TestSignalledStepsRunCarriedOrRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := paddedFlow("carried-or-read")
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "solo"})
+	b.waitRegistered(t, "solo")
+	var starts []wharfflow.Start
+	for i := range 8 {
+		n := 100
+		if i%2 == 1 {
+			n = 5000
+		}
+		starts = append(starts, f.Start(padded{N: n, Pad: strings.Repeat("y", n)}, wharfflow.StartOptions{}))
+	}
+	ids, err := b.client.Start(context.Background(), starts...)
+	require.NoError(t, err)
+	for _, id := range ids {
+		b.waitStatus(t, id, "awaiting")
+	}
+	claimed := r.Stats().Claimed()
+	b.sendGo(t, ids)
+	b.requireDoneWithPayloads(t, ids)
+	require.EqualValues(t, 8, r.Stats().Signalled(), "every resumed step was leased by its signal")
+	require.Equal(t, claimed, r.Stats().Claimed(), "no resumed step was claimed")
 }

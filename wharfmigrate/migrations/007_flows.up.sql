@@ -121,13 +121,31 @@ CREATE TABLE {{schema}}.flow_runners (
 );
 
 -- flow_notify_leased tells runners (by key) of the instances (p_ids, in
--- the same order) a signal leased to them: one notification per runner and
--- 300 ids, 'L<key> <id>,<id>,...'.
+-- the same order) a signal leased to them: 'L<key> [<step>,...]', each step
+-- as flow_leased_steps returns it, in JSON ({id, token, flow, step, attempt,
+-- until, state, signals}), so that the runner runs it without reading it.
+-- A step whose JSON is over 2000 bytes goes as its bare id, for the runner
+-- to read (flow_leased_steps). Each payload stays under PostgreSQL's limit
+-- (8000 bytes): a new notification starts every 5000 bytes of steps. It
+-- runs after the statement that leased the steps, so it sees the signals
+-- that statement inserted.
 CREATE FUNCTION {{schema}}.flow_notify_leased(p_keys bigint[], p_ids bigint[]) RETURNS void
 LANGUAGE sql AS $$
-    SELECT pg_notify('{{schema}}_flows', 'L' || g.key || ' ' || string_agg(g.id::text, ','))
-      FROM (SELECT x.key, x.id, (row_number() OVER (PARTITION BY x.key ORDER BY x.id) - 1) / 300 AS part
-              FROM unnest(p_keys, p_ids) AS x(key, id)) g
+    SELECT pg_notify('{{schema}}_flows', 'L' || g.key || ' [' || string_agg(g.elem, ',' ORDER BY g.id) || ']')
+      FROM (SELECT e.key, e.id, e.elem,
+                   sum(octet_length(e.elem) + 1) OVER (PARTITION BY e.key ORDER BY e.id) / 5000 AS part
+              FROM (SELECT x.key, x.id, CASE WHEN octet_length(j.doc) <= 2000 THEN j.doc ELSE x.id::text END AS elem
+                      FROM unnest(p_keys, p_ids) AS x(key, id),
+                           LATERAL (SELECT json_build_object(
+                                        'id', i.id, 'token', i.lease_token, 'flow', i.flow, 'step', i.step,
+                                        'attempt', i.attempt, 'until', i.run_at, 'state', i.state,
+                                        'signals', (SELECT json_agg(json_build_object('id', s.id, 'name', s.name,
+                                                                                      'payload', s.payload, 'at', s.created_at)
+                                                                    ORDER BY s.id)
+                                                      FROM {{schema}}.flow_signals s
+                                                     WHERE s.instance_id = i.id AND s.consumed_at IS NULL
+                                                       AND s.name = ANY (i.await_signals)))::text AS doc
+                                      FROM {{schema}}.flow_instances i WHERE i.id = x.id LIMIT 1) AS j) e) g
      GROUP BY g.key, g.part
 $$;
 
@@ -712,7 +730,8 @@ BEGIN
 END $$;
 
 -- flow_leased_steps returns the steps of p_ids that signals leased to
--- p_runner (signal_flows notified their ids) as claim_flow_steps returns
+-- p_runner (flow_notify_leased named them: too large to carry in the
+-- notification) as claim_flow_steps returns
 -- its rows, with the signals each receives; rows leased to it no more are
 -- left out. Each id is looked up by the primary key (a subquery the
 -- planner cannot flatten): with = ANY over the table, it chose to read the
