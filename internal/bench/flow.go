@@ -86,6 +86,10 @@ type FlowResult struct {
 	P50Ms     float64 `json:"step_to_step_p50_ms"`
 	P99Ms     float64 `json:"step_to_step_p99_ms"`
 	Samples   int     `json:"latency_samples"`
+	// P99PerSecondMs is the step-to-step p99 of each second of the paced
+	// phase (by when the gap ended): a stall of the server (a checkpoint's
+	// writes) shows as one second's, where P99Ms blends it with the rest.
+	P99PerSecondMs []float64 `json:"step_to_step_p99_per_second_ms,omitempty"`
 	// Children: from the spawning step's start to the join's (two
 	// step-to-step gaps and the children's steps).
 	SpanP50Ms   float64 `json:"spawn_to_join_p50_ms,omitempty"`
@@ -186,16 +190,38 @@ type latencies struct {
 	on  atomic.Bool
 	mu  sync.Mutex
 	got []time.Duration
+	at  []time.Time // when each gap ended
 }
 
 func (l *latencies) add(prev int64) {
 	if prev == 0 || !l.on.Load() {
 		return
 	}
-	d := time.Since(time.Unix(0, prev))
+	now := time.Now()
+	d := now.Sub(time.Unix(0, prev))
 	l.mu.Lock()
 	l.got = append(l.got, d)
+	l.at = append(l.at, now)
 	l.mu.Unlock()
+}
+
+// perSecond is the p99 in milliseconds of the gaps that ended in each of
+// the n seconds from start (0 for a second without any).
+func (l *latencies) perSecond(start time.Time, n int) []float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	secs := make([][]time.Duration, n)
+	for i, at := range l.at {
+		if k := int(at.Sub(start) / time.Second); k >= 0 && k < n {
+			secs[k] = append(secs[k], l.got[i])
+		}
+	}
+	out := make([]float64, n)
+	for k, ds := range secs {
+		slices.Sort(ds)
+		out[k] = float64(quantileOf(ds, 0.99).Microseconds()) / 1000
+	}
+	return out
 }
 
 // summary sorts the samples and returns how many there are and their p50
@@ -507,6 +533,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		}
 		interval := 10 * time.Millisecond
 		perTick := rate * interval.Seconds()
+		pacedStart := time.Now()
 		var owed float64
 		var started int64
 		tk := time.NewTicker(interval)
@@ -543,6 +570,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		span.on.Store(false)
 		rt.timing.Store(false)
 		res.Calls = rt.callTimes()
+		res.P99PerSecondMs = lat.perSecond(pacedStart, int((o.Paced+time.Second-1)/time.Second))
 		res.Samples, res.P50Ms, res.P99Ms = lat.summary()
 		res.SpanSamples, res.SpanP50Ms, res.SpanP99Ms = span.summary()
 		if workload == "signal" && started > 0 {
@@ -772,6 +800,19 @@ func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 			continue
 		}
 		if _, err := fmt.Fprintf(w, "%s: statements per step (pg_stat_statements): %s\n", r.Workload, formatStatements(r.Statements)); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if len(r.P99PerSecondMs) == 0 {
+			continue
+		}
+		secs := make([]string, len(r.P99PerSecondMs))
+		for i, v := range r.P99PerSecondMs {
+			secs[i] = fmt.Sprintf("%.1f", v)
+		}
+		if _, err := fmt.Fprintf(w, "%s: step-to-step p99 in each second of the paced phase, ms: %s (median %.1f)\n",
+			r.Workload, strings.Join(secs, " "), median(slices.Clone(r.P99PerSecondMs))); err != nil {
 			return err
 		}
 	}

@@ -70,6 +70,9 @@ func TestFlowStatementsPerStep(t *testing.T) {
 			require.LessOrEqual(t, r.P50Ms, r.SpanP50Ms)
 			require.LessOrEqual(t, r.P99Ms, r.SpanP99Ms)
 		}
+		// One step-to-step p99 per second of the paced phase (300 ms: one).
+		require.Len(t, r.P99PerSecondMs, 1, r.Workload)
+		require.Positive(t, r.P99PerSecondMs[0], r.Workload)
 		// The paced phase times the claims and outcome writes.
 		for _, k := range []string{"claim", "outcome"} {
 			c := r.Calls[k]
@@ -83,6 +86,7 @@ func TestFlowStatementsPerStep(t *testing.T) {
 	require.Contains(t, out.String(), "steps: statements per step (pg_stat_statements): ")
 	require.Contains(t, out.String(), "signal: paced calls, ms p50/p99/max (calls): claim ")
 	require.Contains(t, out.String(), "children: spawn → join (two step-to-step gaps), ms p50/p99: ")
+	require.Contains(t, out.String(), "steps: step-to-step p99 in each second of the paced phase, ms: ")
 }
 
 // On a server that does not load pg_stat_statements, the flow bench still

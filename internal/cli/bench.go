@@ -76,8 +76,9 @@ Modes:
             by kind from pg_stat_statements when the server loads it: the
             throwaway cluster does, when the library is installed), then
             --paced of flows started at half the drained rate (step-to-step
-            p50/p99, and p50/p99/max of the claim, outcome, signal, start,
-            wake and leased-read calls: the parts of a step-to-step gap)
+            p50/p99, the p99 of each second, and p50/p99/max of the claim,
+            outcome, signal, start, wake and leased-read calls: the parts of
+            a step-to-step gap)
   soak      a long steady run (e.g. --rate at half the sustainable rate,
             --duration 30m) with the relay in this process; samples the process's
             resident memory, Go heap and goroutines, the p99 of each interval and
