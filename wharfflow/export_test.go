@@ -23,3 +23,24 @@ func GaugeQuery(schema string) string { return gaugeQuery(schema) }
 // SweepDeadRunners runs r's sweep of dead runners once (its cleanup loop
 // does, every CleanupInterval).
 func SweepDeadRunners(r *Runner) { r.sweepDeadRunners(context.Background()) }
+
+// LeasedStep is a step a lease notification carried, as the runner reads it.
+type LeasedStep struct {
+	ID, Token  int64
+	Flow, Step string
+	Attempt    int
+	Until      time.Time
+	State      []byte
+	Signals    []ReceivedSignal
+}
+
+// ParseLeased reads a lease notification's payload as the runner's
+// listener does: the runner's key, the steps it carried, the ids it named.
+func ParseLeased(payload string) (key int64, steps []LeasedStep, ids []int64, err error) {
+	key, cs, ids, err := parseLeased(payload)
+	for _, c := range cs {
+		steps = append(steps, LeasedStep{ID: c.ID, Token: c.Token, Flow: c.Flow, Step: c.Step, Attempt: c.Attempt,
+			Until: c.Until, State: c.State, Signals: c.Signals})
+	}
+	return key, steps, ids, err
+}

@@ -621,12 +621,7 @@ func TestSignalBatchDedupsWakesAndNotifiesTheRest(t *testing.T) {
 	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'running', run_at = now() + interval '1 hour' WHERE id = $1", running)
 	require.NoError(t, err)
 
-	listener, err := b.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer listener.Release()
-	_, err = listener.Exec(ctx, "LISTEN "+b.schema+"_flows")
-	require.NoError(t, err)
-	defer func() { _, _ = listener.Exec(context.Background(), "UNLISTEN *") }()
+	listener := b.listen(t)
 
 	got, err := b.client.Send(ctx,
 		wharfflow.Signal{Instance: awaitA, Name: "go", DedupKey: "k"},

@@ -55,6 +55,21 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{pool: pool, schema: schema, client: client}
 }
 
+// listen holds a connection listening on the flows' notification channel
+// until the test ends.
+func (b *testBundle) listen(t *testing.T) *pgxpool.Conn {
+	t.Helper()
+	conn, err := b.pool.Acquire(context.Background())
+	require.NoError(t, err)
+	_, err = conn.Exec(context.Background(), "LISTEN "+b.schema+"_flows")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.Background(), "UNLISTEN *")
+		conn.Release()
+	})
+	return conn
+}
+
 func testLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // startRunner starts a runner on the bundle's schema and stops it at cleanup.

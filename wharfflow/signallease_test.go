@@ -473,43 +473,31 @@ func TestLeaseNotificationsCarrySmallStepsAndNameLargeOnes(t *testing.T) {
 	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'awaiting', step = 'go', await_signals = '{go}', run_at = 'infinity', lease_owner = 'ghost' WHERE id = ANY ($1)", ids)
 	require.NoError(t, err)
 
-	listener, err := b.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer listener.Release()
-	_, err = listener.Exec(ctx, "LISTEN "+b.schema+"_flows")
-	require.NoError(t, err)
-	defer func() { _, _ = listener.Exec(context.Background(), "UNLISTEN *") }()
+	listener := b.listen(t)
 	b.sendGo(t, ids)
 
-	carried, named := map[int64]json.RawMessage{}, map[int64]bool{}
+	carried, named := map[int64]wharfflow.LeasedStep{}, map[int64]bool{}
 	notes := 0
 	for len(carried)+len(named) < len(ids) {
 		nctx, cancel := context.WithTimeout(ctx, time.Minute)
 		note, err := listener.Conn().WaitForNotification(nctx)
 		cancel()
 		require.NoError(t, err)
-		prefix := fmt.Sprintf("L%d ", key)
-		if !strings.HasPrefix(note.Payload, prefix) {
+		if !strings.HasPrefix(note.Payload, "L") {
 			continue
 		}
 		notes++
 		require.Less(t, len(note.Payload), 8000)
-		var elems []json.RawMessage
-		require.NoError(t, json.Unmarshal([]byte(strings.TrimPrefix(note.Payload, prefix)), &elems), note.Payload)
-		for _, e := range elems {
-			if e[0] != '{' {
-				var id int64
-				require.NoError(t, json.Unmarshal(e, &id))
-				require.False(t, named[id], "instance %d named twice", id)
-				named[id] = true
-				continue
-			}
-			var step struct {
-				ID int64 `json:"id"`
-			}
-			require.NoError(t, json.Unmarshal(e, &step))
-			require.NotContains(t, carried, step.ID, "instance %d carried twice", step.ID)
-			carried[step.ID] = e
+		k, steps, named1, err := wharfflow.ParseLeased(note.Payload)
+		require.NoError(t, err)
+		require.Equal(t, key, k, "notified to the ghost's key")
+		for _, id := range named1 {
+			require.False(t, named[id], "instance %d named twice", id)
+			named[id] = true
+		}
+		for _, st := range steps {
+			require.NotContains(t, carried, st.ID, "instance %d carried twice", st.ID)
+			carried[st.ID] = st
 		}
 	}
 	require.Greater(t, notes, 2, "50 steps of ~300 bytes take more than two notifications")
@@ -518,23 +506,13 @@ func TestLeaseNotificationsCarrySmallStepsAndNameLargeOnes(t *testing.T) {
 			require.True(t, named[id], "instance %d (state of 3000 bytes) goes by id", id)
 			continue
 		}
-		e, ok := carried[id]
+		step, ok := carried[id]
 		require.True(t, ok, "instance %d (state of 150 bytes) is carried", id)
 		var token int64
 		var until time.Time
 		var state []byte
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT lease_token, run_at, state FROM "+b.schema+".flow_instances WHERE id = $1", id).
 			Scan(&token, &until, &state))
-		var step struct {
-			Token   int64                      `json:"token"`
-			Flow    string                     `json:"flow"`
-			Step    string                     `json:"step"`
-			Attempt int                        `json:"attempt"`
-			Until   time.Time                  `json:"until"`
-			State   json.RawMessage            `json:"state"`
-			Signals []wharfflow.ReceivedSignal `json:"signals"`
-		}
-		require.NoError(t, json.Unmarshal(e, &step))
 		require.Equal(t, token, step.Token)
 		require.Equal(t, []any{"carried", "go", 0}, []any{step.Flow, step.Step, step.Attempt})
 		require.True(t, until.Equal(step.Until), "lease end %s, carried %s", until, step.Until)
