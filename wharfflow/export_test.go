@@ -34,13 +34,14 @@ type LeasedStep struct {
 	Signals    []ReceivedSignal
 }
 
-// ParseLeased reads a lease notification's payload as the runner's
-// listener does: the runner's key, the steps it carried, the ids it named.
-func ParseLeased(payload string) (key int64, steps []LeasedStep, ids []int64, err error) {
-	key, cs, ids, err := parseLeased(payload)
+// ParseLeased reads a lease notification's payload as the listener of the
+// runner with key does: the steps it carried, the ids it named, and
+// whether it was addressed to that key.
+func ParseLeased(payload string, key int64) (steps []LeasedStep, ids []int64, mine bool, err error) {
+	cs, ids, mine, err := parseLeased(payload, key)
 	for _, c := range cs {
 		steps = append(steps, LeasedStep{ID: c.ID, Token: c.Token, Flow: c.Flow, Step: c.Step, Attempt: c.Attempt,
 			Until: c.Until, State: c.State, Signals: c.Signals})
 	}
-	return key, steps, ids, err
+	return steps, ids, mine, err
 }

@@ -1057,12 +1057,12 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 			return err
 		}
 		if strings.HasPrefix(n.Payload, "L") { // instances a signal leased to a runner
-			key, steps, ids, err := parseLeased(n.Payload)
+			steps, ids, mine, err := parseLeased(n.Payload, r.key.Load())
 			if err != nil {
 				r.cfg.Logger.Warn("wharfflow: a notification of leased steps", "err", err)
 				continue
 			}
-			if key != r.key.Load() {
+			if !mine {
 				continue
 			}
 			r.mu.Lock()
@@ -1169,24 +1169,30 @@ func (r *Runner) deregister(ctx context.Context) {
 
 // parseLeased reads a notification of leased steps (flow_notify_leased):
 // "L<key> [<step>,...]", each step an object shaped as flow_leased_steps
-// returns it, or the bare id of one too large to carry.
-func parseLeased(payload string) (key int64, steps []claimed, ids []int64, err error) {
+// returns it, or the bare id of one too large to carry. One addressed to
+// another runner key than key is not mine, and not read further: every
+// runner hears every runner's.
+func parseLeased(payload string, key int64) (steps []claimed, ids []int64, mine bool, err error) {
 	head, list, ok := strings.Cut(payload[1:], " ")
 	if !ok {
-		return 0, nil, nil, fmt.Errorf("no steps in %q", payload)
+		return nil, nil, false, fmt.Errorf("no steps in %q", payload)
 	}
-	if key, err = strconv.ParseInt(head, 10, 64); err != nil {
-		return 0, nil, nil, fmt.Errorf("runner key in %q: %w", payload, err)
+	to, err := strconv.ParseInt(head, 10, 64)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("runner key in %q: %w", payload, err)
+	}
+	if to != key {
+		return nil, nil, false, nil
 	}
 	var elems []json.RawMessage
 	if err := json.Unmarshal([]byte(list), &elems); err != nil {
-		return 0, nil, nil, fmt.Errorf("leased steps in %q: %w", payload, err)
+		return nil, nil, false, fmt.Errorf("leased steps in %q: %w", payload, err)
 	}
 	for _, e := range elems {
 		if len(e) > 0 && e[0] != '{' {
 			id, err := strconv.ParseInt(string(e), 10, 64)
 			if err != nil {
-				return 0, nil, nil, fmt.Errorf("instance id %s in %q: %w", e, payload, err)
+				return nil, nil, false, fmt.Errorf("instance id %s in %q: %w", e, payload, err)
 			}
 			ids = append(ids, id)
 			continue
@@ -1202,12 +1208,12 @@ func parseLeased(payload string) (key int64, steps []claimed, ids []int64, err e
 			Signals []ReceivedSignal `json:"signals"`
 		}
 		if err := json.Unmarshal(e, &w); err != nil {
-			return 0, nil, nil, fmt.Errorf("leased step %s: %w", e, err)
+			return nil, nil, false, fmt.Errorf("leased step %s: %w", e, err)
 		}
 		steps = append(steps, claimed{ID: w.ID, Flow: w.Flow, Step: w.Step, State: w.State, Attempt: w.Attempt,
 			Token: w.Token, Until: w.Until, Signals: w.Signals})
 	}
-	return key, steps, ids, nil
+	return steps, ids, true, nil
 }
 
 // leaseLoop runs the steps that signals leased to the runner
