@@ -79,12 +79,23 @@ func TestSignalCommittedDuringTheAwaitWriteWakesTheInstance(t *testing.T) {
 
 // Signals sent while the steps that await them run, hundreds at a time,
 // every one racing the write of its await: each instance gets its signal,
-// whichever path it takes (kept and seen by the await's write, waking an
-// awaiting instance, or notified by id and woken by wake_flows).
-// The narrow race of the test above is rarely hit here: this one checks the
-// paths together, that one the race.
+// whichever path it takes (kept and seen by the await's write, leasing or
+// waking an awaiting instance, or notified by id and woken by the runner
+// that wrote the await), with one runner and with three, where every
+// runner hears every notification and the instances' steps are spread
+// over them. The narrow race of the test above is rarely hit here: this
+// one checks the paths together, that one the race.
 func TestSignalsRacingTheirAwaitsAreAllDelivered(t *testing.T) {
 	t.Parallel()
+	for _, runners := range []int{1, 3} {
+		t.Run(fmt.Sprintf("runners=%d", runners), func(t *testing.T) {
+			t.Parallel()
+			raceSignals(t, runners)
+		})
+	}
+}
+
+func raceSignals(t *testing.T, runners int) {
 	b := setup(t)
 	ctx := context.Background()
 	const n = 600
@@ -100,7 +111,9 @@ func TestSignalsRacingTheirAwaitsAreAllDelivered(t *testing.T) {
 			}
 			return wharfflow.Done(nil)
 		})
-	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}})
+	for range runners {
+		b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}})
+	}
 	starts := make([]wharfflow.Start, n)
 	for i := range starts {
 		starts[i] = f.Start(counter{}, wharfflow.StartOptions{})
