@@ -120,35 +120,6 @@ CREATE TABLE {{schema}}.flow_runners (
     alive_until timestamptz NOT NULL
 );
 
--- flow_notify_leased tells runners (by key) of the instances (p_ids, in
--- the same order) a signal leased to them: 'L<key> [<step>,...]', each step
--- as flow_leased_steps returns it, in JSON ({id, token, flow, step, attempt,
--- until, state, signals}), so that the runner runs it without reading it.
--- A step whose JSON is over 2000 bytes goes as its bare id, for the runner
--- to read (flow_leased_steps). Each payload stays under PostgreSQL's limit
--- (8000 bytes): a new notification starts every 5000 bytes of steps. It
--- runs after the statement that leased the steps, so it sees the signals
--- that statement inserted.
-CREATE FUNCTION {{schema}}.flow_notify_leased(p_keys bigint[], p_ids bigint[]) RETURNS void
-LANGUAGE sql AS $$
-    SELECT pg_notify('{{schema}}_flows', 'L' || g.key || ' [' || string_agg(g.elem, ',' ORDER BY g.id) || ']')
-      FROM (SELECT e.key, e.id, e.elem,
-                   sum(octet_length(e.elem) + 1) OVER (PARTITION BY e.key ORDER BY e.id) / 5000 AS part
-              FROM (SELECT x.key, x.id, CASE WHEN octet_length(j.doc) <= 2000 THEN j.doc ELSE x.id::text END AS elem
-                      FROM unnest(p_keys, p_ids) AS x(key, id),
-                           LATERAL (SELECT json_build_object(
-                                        'id', i.id, 'token', i.lease_token, 'flow', i.flow, 'step', i.step,
-                                        'attempt', i.attempt, 'until', i.run_at, 'state', i.state,
-                                        'signals', (SELECT json_agg(json_build_object('id', s.id, 'name', s.name,
-                                                                                      'payload', s.payload, 'at', s.created_at)
-                                                                    ORDER BY s.id)
-                                                      FROM {{schema}}.flow_signals s
-                                                     WHERE s.instance_id = i.id AND s.consumed_at IS NULL
-                                                       AND s.name = ANY (i.await_signals)))::text AS doc
-                                      FROM {{schema}}.flow_instances i WHERE i.id = x.id LIMIT 1) AS j) e) g
-     GROUP BY g.key, g.part
-$$;
-
 -- start_flows inserts a JSON array of starts ({flow, step, state, key,
 -- priority, run_at, concurrency_key, concurrency_limit, rate_key}) and returns
 -- each start's position and instance id: the existing active instance's id
@@ -750,6 +721,32 @@ LANGUAGE sql STABLE AS $$
            LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id LIMIT 1) AS i
      WHERE i.lease_owner = p_runner AND i.status = 'running'
        AND i.await_signals IS NOT NULL AND i.run_at > clock_timestamp()
+$$;
+
+-- flow_notify_leased tells runners (by key) of the instances (p_ids, in
+-- the same order) a signal leased to them: 'L<key> [<step>,...]', each step
+-- as flow_leased_steps returns it (the one definition of a leased step the
+-- runner reads), in JSON ({id, token, flow, step, attempt, until, state,
+-- signals}), so that the runner runs it without reading it. A step whose
+-- JSON is over 2000 bytes goes as its bare id, for the runner to read
+-- (flow_leased_steps). Each payload stays under PostgreSQL's limit (8000
+-- bytes): a new notification starts every 5000 bytes of steps. It runs
+-- after the statement that leased the steps, so it sees the signals that
+-- statement inserted.
+CREATE FUNCTION {{schema}}.flow_notify_leased(p_keys bigint[], p_ids bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_notify('{{schema}}_flows', 'L' || g.key || ' [' || string_agg(g.elem, ',' ORDER BY g.id) || ']')
+      FROM (SELECT e.key, e.id, e.elem,
+                   sum(octet_length(e.elem) + 1) OVER (PARTITION BY e.key ORDER BY e.id) / 5000 AS part
+              FROM (SELECT k.key, l.id, CASE WHEN octet_length(l.doc) <= 2000 THEN l.doc ELSE l.id::text END AS elem
+                      FROM (SELECT x.key, array_agg(x.id) AS ids FROM unnest(p_keys, p_ids) AS x(key, id) GROUP BY x.key) k
+                      JOIN {{schema}}.flow_runners r ON r.key = k.key,
+                           LATERAL (SELECT s.id, jsonb_build_object(
+                                        'id', s.id, 'token', s.lease_token, 'flow', s.flow, 'step', s.step,
+                                        'attempt', s.attempt, 'until', s.lease_until, 'state', s.state,
+                                        'signals', s.signals)::text AS doc
+                                      FROM {{schema}}.flow_leased_steps(r.id, k.ids) s) AS l) e) g
+     GROUP BY g.key, g.part
 $$;
 
 -- renew_flow_leases extends the leases p_runner still holds and returns
