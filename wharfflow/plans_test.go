@@ -88,14 +88,28 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 		scans = now
 	}
 	seqScans("")
+	// Rows of the instance table an index scan (or a bitmap scan of one)
+	// has fetched so far in this transaction.
+	fetched := func() int64 {
+		t.Helper()
+		var n int64
+		require.NoError(t, tx.QueryRow(ctx, "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE schemaname = $1 AND relname = 'flow_instances'", b.schema).Scan(&n))
+		return n
+	}
+	// A signal looks each of its instances up by the primary key: a few
+	// rows per signal, however many instances are active (a plan that read
+	// the claim index whole fetched them all, 20,000 here, and looped over
+	// them once per signal).
 	signal := func(step string, to ...int64) {
 		t.Helper()
 		sigs := make([]wharfflow.Signal, len(to))
 		for i, id := range to {
 			sigs[i] = wharfflow.Signal{Instance: id, Name: "go", DedupKey: "go"}
 		}
+		before := fetched()
 		_, err := b.client.SignalTx(ctx, tx, sigs...)
 		require.NoError(t, err)
+		require.LessOrEqual(t, fetched()-before, int64(10*len(to)+10), "%s fetched rows of flow_instances beyond its own", step)
 		seqScans(step)
 	}
 	type lease struct {
@@ -168,7 +182,9 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	}
 	signal("a signal that wakes awaiting instances", awaiting...)
 	var woken int
+	before := fetched()
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".wake_flows($1)", leased).Scan(&woken))
+	require.LessOrEqual(t, fetched()-before, int64(10*len(leased)+10), "a wake by id fetched rows of flow_instances beyond its own")
 	seqScans("a wake by id")
 
 	// The fifteen woken awaits are claimed with their signals, and their
@@ -234,9 +250,9 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	require.NotContains(t, plan, "flow_instances_due", "not through the claim index: %s", plan)
 	rows, err := tx.Query(ctx, fetch, toLease)
 	require.NoError(t, err)
-	fetched, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	read, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
-	require.ElementsMatch(t, toLease, fetched)
+	require.ElementsMatch(t, toLease, read)
 	seqScans("reading the leased steps")
 	// A signal recorded while its await was being written (the race a wake
 	// closes): the wake leases the instance to its runner.
@@ -246,8 +262,10 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	for _, l := range mine {
 		wakeIDs = append(wakeIDs, l.id)
 	}
+	before = fetched()
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".wake_flows($1, false)", wakeIDs).Scan(&woken))
 	require.Equal(t, 1, woken)
+	require.LessOrEqual(t, fetched()-before, int64(10*len(wakeIDs)+10), "a wake fetched rows of flow_instances beyond its own")
 	seqScans("a wake that leases")
 	var owner, status string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT lease_owner, status FROM "+b.schema+".flow_instances WHERE id = $1", mine[20].id).Scan(&owner, &status))

@@ -172,6 +172,7 @@ END IF; END $wharf$`,
 		`GRANT EXECUTE ON FUNCTION {S}.renew_flow_leases(text, bigint[], bigint[], interval) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.release_flow_leases(text, bigint[], bigint[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.wake_flows(bigint[], boolean) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.flow_resume(bigint[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.cleanup_flows(timestamptz, integer) TO {R}`,
 	}, enqueueGrants, startSignalGrants)
 	// flowReaderGrants: wharf flow list and show, and NewMetrics, read

@@ -4,6 +4,7 @@ DROP FUNCTION {{schema}}.retry_flow(bigint);
 DROP FUNCTION {{schema}}.cancel_flow(bigint);
 DROP FUNCTION {{schema}}.flow_tree(bigint[]);
 DROP FUNCTION {{schema}}.wake_flows(bigint[], boolean);
+DROP FUNCTION {{schema}}.flow_resume(bigint[]);
 DROP FUNCTION {{schema}}.release_flow_leases(text, bigint[], bigint[]);
 DROP FUNCTION {{schema}}.flow_leased_steps(text, bigint[]);
 DROP FUNCTION {{schema}}.renew_flow_leases(text, bigint[], bigint[], interval);
