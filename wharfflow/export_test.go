@@ -45,3 +45,10 @@ func ParseLeased(payload string, key int64) (steps []LeasedStep, ids []int64, mi
 	}
 	return steps, ids, mine, err
 }
+
+// ParseLate reads a notification of instances a signal could not resume
+// as the listener of the runner with key does: the ids, and whether they
+// were addressed to that key (or to every runner).
+func ParseLate(payload string, key int64) (ids []int64, mine bool, err error) {
+	return parseLate(payload, key)
+}

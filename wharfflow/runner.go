@@ -982,18 +982,29 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		if rows.Err() != nil {
 			continue
 		}
+		wake := false
 		r.mu.Lock()
 		for i, id := range ids {
 			if s, ok := r.inflight[id]; ok && s.token == tokens[i] && !kept[id] {
 				s.cancel(errLeaseLost)
 				if s.queued {
 					delete(r.inflight, id)
-					delete(r.late, id) // whoever takes it over reads its signals anew
 					r.queued = slices.DeleteFunc(r.queued, func(c claimed) bool { return c.ID == id })
+					// The runner that took it over may have written its
+					// await before the signal committed, and may have heard
+					// the notification while it ran nothing of it.
+					if r.late[id] {
+						delete(r.late, id)
+						r.wakeIDs = append(r.wakeIDs, id)
+						wake = true
+					}
 				}
 			}
 		}
 		r.mu.Unlock()
+		if wake {
+			r.wakeLater()
+		}
 	}
 }
 
@@ -1075,21 +1086,27 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 			}
 			continue
 		}
-		if n.Payload != "" {
-			if id, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
-				r.mu.Lock()
-				_, running := r.inflight[id]
-				if running {
-					r.late[id] = true
-				} else {
-					r.wakeIDs = append(r.wakeIDs, id)
-				}
-				r.mu.Unlock()
-				if !running {
-					r.wakeLater()
-				}
+		if strings.HasPrefix(n.Payload, "W") { // instances a signal could not resume
+			ids, mine, err := parseLate(n.Payload, r.key.Load())
+			if err != nil {
+				r.cfg.Logger.Warn("wharfflow: a notification of signalled instances", "err", err)
 				continue
 			}
+			wake := false
+			r.mu.Lock()
+			for _, id := range ids {
+				if _, running := r.inflight[id]; running {
+					r.late[id] = true
+				} else if mine {
+					r.wakeIDs = append(r.wakeIDs, id)
+					wake = true
+				}
+			}
+			r.mu.Unlock()
+			if wake {
+				r.wakeLater()
+			}
+			continue
 		}
 		r.poke()
 	}
@@ -1214,6 +1231,29 @@ func parseLeased(payload string, key int64) (steps []claimed, ids []int64, mine 
 			Token: w.Token, Until: w.Until, Signals: w.Signals})
 	}
 	return steps, ids, true, nil
+}
+
+// parseLate reads a notification of instances a signal could not resume
+// (signal_flows): "W<key> <id>,...". mine: addressed to key, or to 0 (every
+// runner). Whatever the address, the listener marks the ids whose steps
+// the runner runs, to wake once their write has committed.
+func parseLate(payload string, key int64) (ids []int64, mine bool, err error) {
+	head, list, ok := strings.Cut(payload[1:], " ")
+	if !ok {
+		return nil, false, fmt.Errorf("no instance ids in %q", payload)
+	}
+	to, err := strconv.ParseInt(head, 10, 64)
+	if err != nil {
+		return nil, false, fmt.Errorf("runner key in %q: %w", payload, err)
+	}
+	for f := range strings.SplitSeq(list, ",") {
+		id, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return nil, false, fmt.Errorf("instance id %q in %q: %w", f, payload, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, to == 0 || to == key, nil
 }
 
 // leaseLoop runs the steps that signals leased to the runner

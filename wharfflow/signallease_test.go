@@ -526,6 +526,68 @@ func TestLeaseNotificationsCarrySmallStepsAndNameLargeOnes(t *testing.T) {
 	}
 }
 
+// A signal that cannot resume its instance (its step is running, or it does
+// not await the signal yet) notifies the instance's id: to the live runner
+// running it, whose write of an await may be in flight, or to every runner
+// when none is (a dead runner's, or an instance that is not running: any
+// runner may claim it and write its await before the signal commits). In
+// notifications of at most 300 ids, each id once.
+func TestLateSignalsAreNotifiedToTheRunnerRunningTheirInstance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := paddedFlow("late-address")
+	starts := make([]wharfflow.Start, 700)
+	for i := range starts {
+		starts[i] = f.Start(padded{}, wharfflow.StartOptions{RunAt: time.Now().Add(time.Hour)})
+	}
+	ids, err := b.client.Start(ctx, starts...)
+	require.NoError(t, err)
+	var key int64
+	require.NoError(t, b.pool.QueryRow(ctx, "INSERT INTO "+b.schema+".flow_runners (id, lease, alive_until) VALUES ('ghost', '1 hour', now() + interval '1 hour') RETURNING key").Scan(&key))
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.schema+".flow_runners (id, lease, alive_until) VALUES ('gone', '1 hour', now() - interval '1 second')")
+	require.NoError(t, err)
+	// 350 running on the ghost, 100 on the dead runner, 250 not running.
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'running', lease_owner = 'ghost' WHERE id = ANY ($1)", ids[:350])
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.schema+".flow_instances SET status = 'running', lease_owner = 'gone' WHERE id = ANY ($1)", ids[350:450])
+	require.NoError(t, err)
+
+	listener := b.listen(t)
+	b.sendGo(t, ids)
+
+	toGhost, toAll := map[int64]bool{}, map[int64]bool{}
+	ghostNotes := 0
+	for len(toGhost)+len(toAll) < len(ids) {
+		nctx, cancel := context.WithTimeout(ctx, time.Minute)
+		note, err := listener.Conn().WaitForNotification(nctx)
+		cancel()
+		require.NoError(t, err)
+		if !strings.HasPrefix(note.Payload, "W") {
+			continue
+		}
+		require.Less(t, len(note.Payload), 8000)
+		got, forGhost, err := wharfflow.ParseLate(note.Payload, key)
+		require.NoError(t, err)
+		require.True(t, forGhost, "every notification is the ghost's or everyone's: %.40s", note.Payload)
+		require.LessOrEqual(t, len(got), 300)
+		_, forOther, err := wharfflow.ParseLate(note.Payload, key+1)
+		require.NoError(t, err)
+		into := toAll
+		if !forOther {
+			into, ghostNotes = toGhost, ghostNotes+1
+		}
+		for _, id := range got {
+			require.False(t, toGhost[id] || toAll[id], "instance %d notified twice", id)
+			into[id] = true
+		}
+	}
+	require.Equal(t, 2, ghostNotes, "350 ids take two notifications")
+	for i, id := range ids {
+		require.Equal(t, i < 350, toGhost[id], "instance %d (%d): addressed to the ghost only when it runs it", i, id)
+	}
+}
+
 // A runner runs the steps signals lease to it whether their notification
 // carried them or named them only (a state too large to carry: it reads
 // them), with the state and the signal whole, and claims none of them.

@@ -214,7 +214,13 @@ BEGIN
     -- left as it is: the runner that writes its await sees the signal, or,
     -- when this transaction commits after that write, the notification
     -- carrying its id makes a runner check it (wake_flows). Only those get
-    -- their id notified.
+    -- their id notified: 'W<key> <id>,...', addressed to the live runner
+    -- running the instance, or to key 0 (every runner) when none is. A
+    -- runner wakes the ids addressed to it or to 0, and marks any id whose
+    -- step it runs (whoever the address) to wake once its write commits;
+    -- the others are not its business (every runner called wake_flows for
+    -- every id, N - 1 of them for nothing). 300 ids per notification keeps
+    -- each under PostgreSQL's 8000-byte payload limit.
     WITH ins AS (
         INSERT INTO {{schema}}.flow_signals AS s (id, instance_id, name, payload, dedup_key)
         SELECT v_sids[x.n], v_ins[x.n], x.doc->>'name', x.doc->'payload', x.doc->>'dedup_key'
@@ -227,7 +233,16 @@ BEGIN
     SELECT array_agg(DISTINCT ins.instance_id) INTO v_sig FROM ins;
     IF v_sig IS NOT NULL THEN
         v_resumed := {{schema}}.flow_resume(v_sig);
-        PERFORM pg_notify('{{schema}}_flows', l::text) FROM unnest(v_sig) AS l WHERE l <> ALL (v_resumed);
+        PERFORM pg_notify('{{schema}}_flows', 'W' || g.key || ' ' || string_agg(g.id::text, ',' ORDER BY g.id))
+           FROM (SELECT l.id, coalesce(r.key, 0) AS key,
+                        (row_number() OVER (PARTITION BY coalesce(r.key, 0) ORDER BY l.id) - 1) / 300 AS part
+                   FROM unnest(v_sig) AS l(id)
+                   LEFT JOIN LATERAL (SELECT f.lease_owner, f.status FROM {{schema}}.flow_instances f
+                                       WHERE f.id = l.id LIMIT 1) AS i ON true
+                   LEFT JOIN {{schema}}.flow_runners r
+                     ON r.id = i.lease_owner AND i.status = 'running' AND r.alive_until > clock_timestamp()
+                  WHERE l.id <> ALL (v_resumed)) AS g
+          GROUP BY g.key, g.part;
     END IF;
     RETURN QUERY
     SELECT x.n, CASE WHEN v_ins[x.n] IS NOT NULL THEN coalesce(
