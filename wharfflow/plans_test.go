@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -270,6 +271,18 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	var owner, status string
 	require.NoError(t, tx.QueryRow(ctx, "SELECT lease_owner, status FROM "+b.schema+".flow_instances WHERE id = $1", mine[20].id).Scan(&owner, &status))
 	require.Equal(t, []string{"plan-test", "running"}, []string{owner, status})
+	// A runner that listens again finds the steps signals leased to its
+	// registration while it was deaf: the signal's ten and the wake's one.
+	var runnerKey int64
+	require.NoError(t, tx.QueryRow(ctx, "SELECT key FROM "+b.schema+".flow_runners WHERE id = 'plan-test'").Scan(&runnerKey))
+	before = fetched()
+	rows, err = tx.Query(ctx, "SELECT * FROM "+b.schema+".flow_unheard_leases('plan-test', $1)", runnerKey)
+	require.NoError(t, err)
+	unheard, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.ElementsMatch(t, append(slices.Clone(toLease), mine[20].id), unheard)
+	require.LessOrEqual(t, fetched()-before, int64(10*len(unheard)+10), "finding unheard leases fetched rows beyond its own")
+	seqScans("finding the steps leased while the runner was deaf")
 
 	var cancelled int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".cancel_flow($1)", ids[5000]).Scan(&cancelled))

@@ -1047,6 +1047,7 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 	// Listening: signals may lease instances to the runner from now on.
 	// A runner that cannot register (a role without the right to write
 	// flow_runners) still listens: its awaits' signals go through claims.
+	before := r.key.Load()
 	if err := r.register(ctx, conn); err != nil {
 		if ctx.Err() != nil {
 			return err
@@ -1055,6 +1056,15 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 	} else {
 		r.listening.Store(true)
 		defer r.listening.Store(false)
+		if before != 0 {
+			// Signals may have leased steps to the registration before
+			// this one while nobody listened (its row stays alive for a
+			// while when the listener drops with the database): read them
+			// now rather than after their lease.
+			if err := r.unheard(ctx, conn, before); err != nil {
+				return err
+			}
+		}
 	}
 	// Signals may have come while nobody listened: check every awaiting
 	// instance with a pending signal once.
@@ -1110,6 +1120,28 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 		}
 		r.poke()
 	}
+}
+
+// unheard queues for leaseLoop the steps signals leased to the runner's
+// registration key that still run on that lease (flow_unheard_leases);
+// leaseLoop reads them and skips those the runner runs already.
+func (r *Runner) unheard(ctx context.Context, conn *pgxpool.Conn, key int64) error {
+	rows, err := conn.Query(ctx, "SELECT * FROM "+r.cfg.Schema+".flow_unheard_leases($1, $2)", r.cfg.RunnerID, key)
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	r.mu.Lock()
+	r.leasedIDs = append(r.leasedIDs, ids...)
+	r.mu.Unlock()
+	select {
+	case r.leaseSig <- struct{}{}:
+	default:
+	}
+	return nil
 }
 
 // aliveFor is how long a heartbeat keeps the runner alive for signals: two

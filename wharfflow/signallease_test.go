@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf/wharfflow"
@@ -524,6 +525,71 @@ func TestLeaseNotificationsCarrySmallStepsAndNameLargeOnes(t *testing.T) {
 		require.Equal(t, "go", step.Signals[0].Name)
 		require.JSONEq(t, fmt.Sprint(i), string(step.Signals[0].Payload))
 	}
+}
+
+// A signal that leases a step to a runner whose listener is down (the
+// database went away before the runner could mark itself deaf, so its row
+// still looks alive) notifies nobody. Once the runner listens again it runs
+// that step at once, rather than after the step's lease (an hour here).
+func TestStepLeasedWhileTheListenerWasDownRunsOnReconnect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	app := "deaf-" + b.schema
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	f := paddedFlow("unheard")
+	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{f},
+		RunnerID: "deaf", LeaseTTL: time.Hour, Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(sctx)
+	})
+	b.waitRegistered(t, "deaf")
+	ids, err := b.client.Start(ctx, f.Start(padded{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	b.waitStatus(t, ids[0], "awaiting")
+
+	// Hold the runner's row, alive: the runner can neither mark itself
+	// deaf nor register again until the signal below has committed.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var key int64
+	require.NoError(t, tx.QueryRow(ctx, "UPDATE "+b.schema+".flow_runners SET alive_until = clock_timestamp() + interval '1 hour' WHERE id = 'deaf' RETURNING key").Scan(&key))
+	// Drop the runner's connections, its listener's among them.
+	rows, err := b.pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.NotEmpty(t, pids)
+	_, err = b.pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", pids)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY ($1)", pids).Scan(&n))
+		return n == 0
+	}, time.Minute, 5*time.Millisecond, "the runner's connections never went")
+
+	_, err = b.client.SignalTx(ctx, tx, wharfflow.Signal{Instance: ids[0], Name: "go", Payload: json.RawMessage("7")})
+	require.NoError(t, err)
+	var leasedTo int64
+	require.NoError(t, tx.QueryRow(ctx, "SELECT lease_key FROM "+b.schema+".flow_instances WHERE id = $1", ids[0]).Scan(&leasedTo))
+	require.Equal(t, key, leasedTo, "leased to the registration whose listener is gone")
+	require.NoError(t, tx.Commit(ctx))
+
+	b.waitStatus(t, ids[0], "done")
+	d, err := b.client.Get(ctx, ids[0])
+	require.NoError(t, err)
+	require.JSONEq(t, "7", string(d.Result))
+	require.Equal(t, []string{"wait/0/await", "go/0/done"}, b.history(t, ids[0]))
 }
 
 // A signal that cannot resume its instance (its step is running, or it does

@@ -7,6 +7,7 @@ DROP FUNCTION {{schema}}.wake_flows(bigint[], boolean);
 DROP FUNCTION {{schema}}.flow_resume(bigint[]);
 DROP FUNCTION {{schema}}.release_flow_leases(text, bigint[], bigint[]);
 DROP FUNCTION {{schema}}.flow_leased_steps(text, bigint[]);
+DROP FUNCTION {{schema}}.flow_unheard_leases(text, bigint);
 DROP FUNCTION {{schema}}.renew_flow_leases(text, bigint[], bigint[], interval);
 DROP FUNCTION {{schema}}.complete_flow_steps(text, jsonb, interval, text[]);
 DROP FUNCTION {{schema}}.next_flow_due(timestamptz);

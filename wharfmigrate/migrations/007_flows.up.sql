@@ -19,6 +19,11 @@ CREATE TABLE {{schema}}.flow_instances (
     not_before        timestamptz NOT NULL DEFAULT now(),
     lease_owner       text,
     lease_token       bigint NOT NULL DEFAULT 0,
+    -- lease_key: the key (flow_runners.key) of the runner registration a
+    -- signal leased the running step to and notified; NULL otherwise. A
+    -- runner whose listener was down finds by it, once it listens again,
+    -- the steps leased to it that it never heard of (flow_unheard_leases).
+    lease_key         bigint,
     concurrency_key   text,
     concurrency_limit integer NOT NULL DEFAULT 1 CHECK (concurrency_limit > 0),
     rate_key          text,
@@ -47,6 +52,11 @@ CREATE TABLE {{schema}}.flow_instances (
 -- The claim: per priority level, due rows in run_at order.
 CREATE INDEX flow_instances_due ON {{schema}}.flow_instances (priority DESC, run_at)
     WHERE status IN ('ready', 'running', 'awaiting');
+-- Steps signals leased and notified, while they run on that lease (the
+-- outcome write clears lease_key unless the step continues on the lease):
+-- one entry per signal that leases.
+CREATE INDEX flow_instances_lease_key ON {{schema}}.flow_instances (lease_key)
+    WHERE lease_key IS NOT NULL;
 -- A correlation key addresses one active instance of a flow.
 CREATE UNIQUE INDEX flow_instances_correlation ON {{schema}}.flow_instances (flow, correlation_key)
     WHERE correlation_key IS NOT NULL AND status NOT IN ('done', 'cancelled');
@@ -430,7 +440,7 @@ BEGIN
     WITH u AS (
         UPDATE {{schema}}.flow_instances i SET
             status = 'running', lease_owner = p_runner, lease_token = i.lease_token + 1,
-            run_at = v_now + p_lease, updated_at = v_now,
+            run_at = v_now + p_lease, updated_at = v_now, lease_key = NULL,
             step = CASE WHEN i.id = ANY (v_late) THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
             await_signals = CASE WHEN i.id = ANY (v_late) THEN NULL ELSE i.await_signals END,
             timeout_step = CASE WHEN i.id = ANY (v_late) THEN NULL ELSE i.timeout_step END
@@ -533,6 +543,10 @@ BEGIN
             result = CASE WHEN o.kind = 'done' THEN o.result END,
             error = o.error,
             updated_at = v_now,
+            -- Kept while the step continues on the lease a signal made
+            -- (an update in place, HOT: no index entry changes).
+            lease_key = CASE WHEN o.cont AND o.kind = 'next' AND o.run_at IS NULL
+                                  AND i.concurrency_key IS NULL AND i.rate_key IS NULL THEN i.lease_key END,
             finished_at = CASE WHEN o.kind IN ('done', 'fail') THEN v_now END
           FROM o
          WHERE i.id = o.id AND i.lease_token = o.token AND i.lease_owner = p_runner
@@ -739,6 +753,19 @@ LANGUAGE sql AS $$
      GROUP BY g.key, g.part
 $$;
 
+-- flow_unheard_leases returns the ids of the steps signals leased to
+-- p_runner's registration p_key that still run on that lease: a runner
+-- whose listener was down when they were notified reads them when it
+-- listens again (flow_leased_steps) rather than waiting for their lease to
+-- end. Another registration of the same runner id (another process given
+-- that id) has its own key, and its steps are not returned.
+CREATE FUNCTION {{schema}}.flow_unheard_leases(p_runner text, p_key bigint) RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT i.id FROM {{schema}}.flow_instances i
+     WHERE i.lease_key = p_key AND i.lease_owner = p_runner AND i.status = 'running'
+       AND i.run_at > clock_timestamp()
+$$;
+
 -- renew_flow_leases extends the leases p_runner still holds and returns
 -- their ids; a step whose id is missing lost its lease.
 CREATE FUNCTION {{schema}}.renew_flow_leases(p_runner text, p_ids bigint[], p_tokens bigint[], p_lease interval)
@@ -810,14 +837,24 @@ BEGIN
            array_agg(x.id) FILTER (WHERE x.key IS NULL)
       INTO v_lids, v_lkeys, v_due
       FROM unnest(v_ids, v_keys) AS x(id, key);
+    -- Leased with the registration it is notified to (lease_key). A runner
+    -- that stopped meanwhile (its row gone) leaves its rows due instead.
     IF v_lids IS NOT NULL THEN
-        UPDATE {{schema}}.flow_instances i SET
-            status = 'running', lease_token = i.lease_token + 1, updated_at = clock_timestamp(),
-            run_at = clock_timestamp() + (SELECT r.lease FROM {{schema}}.flow_runners r WHERE r.id = i.lease_owner)
-         WHERE i.id = ANY (v_lids);
-        PERFORM {{schema}}.flow_notify_leased(v_lkeys, v_lids);
+        WITH u AS (
+            UPDATE {{schema}}.flow_instances i SET
+                status = 'running', lease_token = i.lease_token + 1, updated_at = clock_timestamp(),
+                run_at = clock_timestamp() + r.lease, lease_key = r.key
+              FROM {{schema}}.flow_runners r
+             WHERE i.id = ANY (v_lids) AND r.id = i.lease_owner AND r.alive_until > clock_timestamp()
+            RETURNING i.id, r.key
+        )
+        SELECT array_agg(u.id), array_agg(u.key) INTO v_lids, v_lkeys FROM u;
+        IF v_lids IS NOT NULL THEN
+            PERFORM {{schema}}.flow_notify_leased(v_lkeys, v_lids);
+        END IF;
+        v_due := ARRAY(SELECT x.id FROM unnest(v_ids) AS x(id) WHERE x.id <> ALL (coalesce(v_lids, '{}')));
     END IF;
-    IF v_due IS NOT NULL THEN
+    IF cardinality(v_due) > 0 THEN
         UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp() WHERE i.id = ANY (v_due);
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
