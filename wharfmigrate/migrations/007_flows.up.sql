@@ -806,7 +806,7 @@ END $$;
 -- table with the await's conditions let the planner, on a table without
 -- statistics (it expects an IS NULL to match 0.5 % of the rows), read the
 -- claim index whole for every call and loop over it: 442 ms for a batch of
--- 500 signals with 37,000 active instances, more with every instance.
+-- 500 signals with 37,000 active instances.
 CREATE FUNCTION {{schema}}.flow_resume(p_ids bigint[]) RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
