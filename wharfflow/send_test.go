@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -82,4 +83,84 @@ func TestStartAndSendAreOneRoundTripAndSendIsAllOrNothing(t *testing.T) {
 	require.ErrorIs(t, err, wharfflow.ErrNoInstance)
 	var one int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "the transaction is still usable")
+}
+
+// A runner batches: its claims lease many steps at once, its outcome
+// writes carry many outcomes, and a step a signal resumes comes in the
+// signal's notification. So 1,000 three-step flows started before it, or
+// 1,000 flows awaiting a signal sent in one batch, cost it a small fraction
+// of a statement per step, every statement it sends counted (claims,
+// outcome writes, reads of leased steps, wakes, listening, registering,
+// heartbeats). A runner that wrote each outcome on its own, or read each
+// resumed step, would send at least one per step.
+func TestRunnerSendsAFractionOfAStatementPerStep(t *testing.T) {
+	t.Parallel()
+	next := func(step string) wharfflow.StepFunc[counter] {
+		return func(context.Context, *counter, wharfflow.Input) wharfflow.Outcome {
+			if step == "" {
+				return wharfflow.Done(nil)
+			}
+			return wharfflow.Next(step)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		flow   *wharfflow.Flow[counter]
+		steps  int
+		signal bool
+	}{
+		{"three steps", wharfflow.New[counter]("batched", nil).Step("a", next("b")).Step("b", next("c")).Step("c", next("")), 3, false},
+		{"await a signal", wharfflow.New[counter]("signalled", nil).
+			Step("a", func(context.Context, *counter, wharfflow.Input) wharfflow.Outcome { return wharfflow.Await("b", "go") }).
+			Step("b", next("")), 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			starts := make([]wharfflow.Start, 1000)
+			for i := range starts {
+				starts[i] = tc.flow.Start(counter{}, wharfflow.StartOptions{})
+			}
+			ids, err := b.client.Start(ctx, starts...)
+			require.NoError(t, err)
+
+			cfg := b.pool.Config()
+			queries := &queryCounter{}
+			cfg.ConnConfig.Tracer = queries
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{tc.flow},
+				RunnerID: "counted", Logger: testLogger()})
+			require.NoError(t, err)
+			require.NoError(t, r.Start(ctx))
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				_ = r.Stop(sctx)
+			}()
+			count := func(status string) func() bool {
+				return func() bool {
+					var n int
+					require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE status = $1", status).Scan(&n))
+					return n == len(ids)
+				}
+			}
+			if tc.signal {
+				require.Eventually(t, count("awaiting"), time.Minute, 10*time.Millisecond, "the flows never all awaited")
+				b.waitRegistered(t, "counted")
+				sigs := make([]wharfflow.Signal, len(ids))
+				for i, id := range ids {
+					sigs[i] = wharfflow.Signal{Instance: id, Name: "go"}
+				}
+				_, err := b.client.Send(ctx, sigs...)
+				require.NoError(t, err)
+			}
+			require.Eventually(t, count("done"), time.Minute, 10*time.Millisecond, "the flows never all ended")
+			perStep := float64(queries.n.Load()) / float64(tc.steps*len(ids))
+			t.Logf("%d statements for %d steps: %.3f per step", queries.n.Load(), tc.steps*len(ids), perStep)
+			require.Less(t, perStep, 0.2, "statements per step")
+		})
+	}
 }
