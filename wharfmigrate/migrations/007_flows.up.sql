@@ -812,13 +812,15 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_ids   bigint[];
-    v_keys  bigint[];
+    v_owned bigint[];
     v_lids  bigint[];
     v_lkeys bigint[];
-    v_due   bigint[];
 BEGIN
-    SELECT coalesce(array_agg(i.id ORDER BY i.id), '{}'), array_agg(r.key ORDER BY i.id)
-      INTO v_ids, v_keys
+    -- v_owned: those that may be leased (no keys, an owner to lease to).
+    SELECT coalesce(array_agg(i.id), '{}'),
+           coalesce(array_agg(i.id) FILTER (WHERE i.lease_owner IS NOT NULL
+                                             AND i.concurrency_key IS NULL AND i.rate_key IS NULL), '{}')
+      INTO v_ids, v_owned
       FROM (SELECT DISTINCT x.id FROM unnest(p_ids) AS x(id) ORDER BY x.id) AS x,
            LATERAL (SELECT f.id, f.lease_owner, f.concurrency_key, f.rate_key
                       FROM {{schema}}.flow_instances f
@@ -826,36 +828,26 @@ BEGIN
                        AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
                                     WHERE s.instance_id = f.id AND s.consumed_at IS NULL
                                       AND s.name = ANY (f.await_signals))
-                     LIMIT 1 FOR UPDATE OF f) AS i
-      LEFT JOIN {{schema}}.flow_runners r
-        ON r.id = i.lease_owner AND r.alive_until > clock_timestamp()
-       AND i.concurrency_key IS NULL AND i.rate_key IS NULL;
-    IF cardinality(v_ids) = 0 THEN
-        RETURN v_ids;
-    END IF;
-    SELECT array_agg(x.id) FILTER (WHERE x.key IS NOT NULL), array_agg(x.key) FILTER (WHERE x.key IS NOT NULL),
-           array_agg(x.id) FILTER (WHERE x.key IS NULL)
-      INTO v_lids, v_lkeys, v_due
-      FROM unnest(v_ids, v_keys) AS x(id, key);
-    -- Leased with the registration it is notified to (lease_key). A runner
-    -- that stopped meanwhile (its row gone) leaves its rows due instead.
-    IF v_lids IS NOT NULL THEN
+                     LIMIT 1 FOR UPDATE OF f) AS i;
+    -- Leased to their owner when it is alive, with the registration it is
+    -- notified as (lease_key); the others are due.
+    IF cardinality(v_owned) > 0 THEN
         WITH u AS (
             UPDATE {{schema}}.flow_instances i SET
                 status = 'running', lease_token = i.lease_token + 1, updated_at = clock_timestamp(),
                 run_at = clock_timestamp() + r.lease, lease_key = r.key
               FROM {{schema}}.flow_runners r
-             WHERE i.id = ANY (v_lids) AND r.id = i.lease_owner AND r.alive_until > clock_timestamp()
+             WHERE i.id = ANY (v_owned) AND r.id = i.lease_owner AND r.alive_until > clock_timestamp()
             RETURNING i.id, r.key
         )
         SELECT array_agg(u.id), array_agg(u.key) INTO v_lids, v_lkeys FROM u;
         IF v_lids IS NOT NULL THEN
             PERFORM {{schema}}.flow_notify_leased(v_lkeys, v_lids);
         END IF;
-        v_due := ARRAY(SELECT x.id FROM unnest(v_ids) AS x(id) WHERE x.id <> ALL (coalesce(v_lids, '{}')));
     END IF;
-    IF cardinality(v_due) > 0 THEN
-        UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp() WHERE i.id = ANY (v_due);
+    IF cardinality(v_ids) > coalesce(cardinality(v_lids), 0) THEN
+        UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp()
+         WHERE i.id = ANY (ARRAY(SELECT unnest(v_ids) EXCEPT SELECT unnest(v_lids)));
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
     RETURN v_ids;
