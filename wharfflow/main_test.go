@@ -75,11 +75,18 @@ func testLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard,
 // startRunner starts a runner on the bundle's schema and stops it at cleanup.
 func (b *testBundle) startRunner(t *testing.T, cfg wharfflow.Config) *wharfflow.Runner {
 	t.Helper()
+	return b.startRunnerOn(t, b.pool, cfg)
+}
+
+// startRunnerOn is startRunner with a pool of the test's own (a tracer, an
+// application_name).
+func (b *testBundle) startRunnerOn(t *testing.T, pool *pgxpool.Pool, cfg wharfflow.Config) *wharfflow.Runner {
+	t.Helper()
 	cfg.Schema = b.schema
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()
 	}
-	r, err := wharfflow.NewRunner(b.pool, &cfg)
+	r, err := wharfflow.NewRunner(pool, &cfg)
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {

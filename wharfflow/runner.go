@@ -1090,10 +1090,7 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 			r.leasedSteps = append(r.leasedSteps, steps...)
 			r.leasedIDs = append(r.leasedIDs, ids...)
 			r.mu.Unlock()
-			select {
-			case r.leaseSig <- struct{}{}:
-			default:
-			}
+			r.leaseLater()
 			continue
 		}
 		if strings.HasPrefix(n.Payload, "W") { // instances a signal could not resume
@@ -1137,10 +1134,7 @@ func (r *Runner) unheard(ctx context.Context, conn *pgxpool.Conn, key int64) err
 	r.mu.Lock()
 	r.leasedIDs = append(r.leasedIDs, ids...)
 	r.mu.Unlock()
-	select {
-	case r.leaseSig <- struct{}{}:
-	default:
-	}
+	r.leaseLater()
 	return nil
 }
 
@@ -1326,10 +1320,7 @@ func (r *Runner) leaseLoop(ctx context.Context) {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			select {
-			case r.leaseSig <- struct{}{}:
-			default:
-			}
+			r.leaseLater()
 			continue
 		}
 		r.admitLeased(ctx, rows)
@@ -1389,6 +1380,14 @@ func (r *Runner) startQueued(ctx context.Context) {
 }
 
 // wakeLater has wakeLoop wake the instances in wakeIDs.
+// leaseLater tells leaseLoop it has steps to admit or read.
+func (r *Runner) leaseLater() {
+	select {
+	case r.leaseSig <- struct{}{}:
+	default:
+	}
+}
+
 func (r *Runner) wakeLater() {
 	select {
 	case r.wakeSig <- struct{}{}:

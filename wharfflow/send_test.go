@@ -17,6 +17,20 @@ import (
 // included: pgx sends them as queries).
 type queryCounter struct{ n atomic.Int64 }
 
+// countedPool is a pool on the bundle's database whose statements queries
+// counts, connected before it returns (so its own queries are not).
+func (b *testBundle) countedPool(t *testing.T) (*pgxpool.Pool, *queryCounter) {
+	t.Helper()
+	cfg := b.pool.Config()
+	queries := &queryCounter{}
+	cfg.ConnConfig.Tracer = queries
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(context.Background()))
+	return pool, queries
+}
+
 func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
 	return ctx
@@ -32,15 +46,9 @@ func TestStartAndSendAreOneRoundTripAndSendIsAllOrNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	cfg := b.pool.Config()
-	queries := &queryCounter{}
-	cfg.ConnConfig.Tracer = queries
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool, queries := b.countedPool(t)
 	client, err := wharfflow.NewClient(pool, b.schema)
 	require.NoError(t, err)
-	require.NoError(t, pool.Ping(ctx)) // connect (and its own queries) before counting
 
 	f := wharfflow.New[counter]("send", nil).Step("wait", func(context.Context, *counter, wharfflow.Input) wharfflow.Outcome {
 		return wharfflow.Await("done", "go")
@@ -125,21 +133,8 @@ func TestRunnerSendsAFractionOfAStatementPerStep(t *testing.T) {
 			ids, err := b.client.Start(ctx, starts...)
 			require.NoError(t, err)
 
-			cfg := b.pool.Config()
-			queries := &queryCounter{}
-			cfg.ConnConfig.Tracer = queries
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			defer pool.Close()
-			r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{tc.flow},
-				RunnerID: "counted", Logger: testLogger()})
-			require.NoError(t, err)
-			require.NoError(t, r.Start(ctx))
-			defer func() {
-				sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				_ = r.Stop(sctx)
-			}()
+			pool, queries := b.countedPool(t)
+			b.startRunnerOn(t, pool, wharfflow.Config{Flows: []wharfflow.Definition{tc.flow}, RunnerID: "counted"})
 			count := func(status string) func() bool {
 				return func() bool {
 					var n int

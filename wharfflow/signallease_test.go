@@ -543,15 +543,7 @@ func TestStepLeasedWhileTheListenerWasDownRunsOnReconnect(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	f := paddedFlow("unheard")
-	r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{f},
-		RunnerID: "deaf", LeaseTTL: time.Hour, Logger: testLogger()})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(ctx))
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = r.Stop(sctx)
-	})
+	b.startRunnerOn(t, pool, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "deaf", LeaseTTL: time.Hour})
 	b.waitRegistered(t, "deaf")
 	ids, err := b.client.Start(ctx, f.Start(padded{}, wharfflow.StartOptions{}))
 	require.NoError(t, err)
