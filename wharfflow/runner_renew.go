@@ -1,0 +1,77 @@
+package wharfflow
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// renewLoop extends the leases of steps running longer than a third of
+// LeaseTTL, and cancels the steps whose lease was lost.
+func (r *Runner) renewLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if r.listening.Load() {
+			r.heartbeat(ctx)
+		}
+		r.mu.Lock()
+		var ids, tokens []int64
+		cutoff := time.Now().Add(-r.cfg.LeaseTTL / 3)
+		for id, s := range r.inflight {
+			if s.claim.Before(cutoff) {
+				ids = append(ids, id)
+				tokens = append(tokens, s.token)
+			}
+		}
+		r.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		rows, err := r.pool.Query(ctx, "SELECT * FROM "+r.cfg.Schema+".renew_flow_leases($1, $2, $3, $4)",
+			r.cfg.RunnerID, ids, tokens, r.cfg.LeaseTTL)
+		if err != nil {
+			r.cfg.Logger.Warn("wharfflow: renewing leases", "err", err)
+			continue
+		}
+		kept := map[int64]bool{}
+		for rows.Next() {
+			var id int64
+			if rows.Scan(&id) == nil {
+				kept[id] = true
+			}
+		}
+		rows.Close()
+		if rows.Err() != nil {
+			continue
+		}
+		wake := false
+		r.mu.Lock()
+		for i, id := range ids {
+			if s, ok := r.inflight[id]; ok && s.token == tokens[i] && !kept[id] {
+				s.cancel(errLeaseLost)
+				if s.queued {
+					delete(r.inflight, id)
+					r.queued = slices.DeleteFunc(r.queued, func(c claimed) bool { return c.ID == id })
+					// The runner that took it over may have written its
+					// await before the signal committed, and may have heard
+					// the notification while it ran nothing of it.
+					if r.late[id] {
+						delete(r.late, id)
+						r.wakeIDs = append(r.wakeIDs, id)
+						wake = true
+					}
+				}
+			}
+		}
+		r.mu.Unlock()
+		if wake {
+			r.wakeLater()
+		}
+	}
+}
