@@ -141,7 +141,7 @@ func (c *Client) Get(ctx context.Context, id int64) (Details, error) {
 	var d Details
 	i, err := scanInstance(c.pool.QueryRow(ctx, "SELECT "+instanceColumns+" FROM "+c.schema+".flow_instances WHERE id = $1", id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return d, fmt.Errorf("%w: instance %d", ErrNoInstance, id)
+		return d, errNoInstance("there is no instance %d", id)
 	}
 	if err != nil {
 		return d, fmt.Errorf("wharfflow: get: %w", err)

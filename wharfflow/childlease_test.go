@@ -184,9 +184,10 @@ func TestSpawnLeasesNoMoreChildrenThanFreeSlots(t *testing.T) {
 }
 
 // Children on concurrency or rate keys, and a parent with a key, go through
-// the claim, which applies the keys; a parent without keys whose children
-// were claimed still has its join leased by the write that ended its last
-// child.
+// the claim, which applies the keys, or (a step that waited for a slot of
+// its concurrency key) are leased by the write that frees the slot, under
+// the key's lock; a parent without keys whose children were claimed still
+// has its join leased by the write that ended its last child.
 func TestKeyedChildrenAndParentsGoThroughTheClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -222,10 +223,13 @@ func TestKeyedChildrenAndParentsGoThroughTheClaim(t *testing.T) {
 	tr.mu.Lock()
 	require.Equal(t, 1, tr.max, "the children on the concurrency key ran one at a time")
 	tr.mu.Unlock()
-	// Claimed: both parents' first steps, the eight children, the keyed
-	// parent's join; the other parent's join was leased.
-	require.EqualValues(t, 11, r.Stats().Claimed())
-	require.EqualValues(t, 1, r.Stats().Leased())
+	// Twelve steps: both parents' first steps, the eight children, two
+	// joins. Claimed: the parents' first steps, the children on the rate
+	// key, the keyed parent's join; the children on the concurrency key
+	// were claimed or leased when a slot freed; the other join was leased.
+	require.EqualValues(t, 12, r.Stats().Claimed()+r.Stats().Leased())
+	require.GreaterOrEqual(t, r.Stats().Claimed(), int64(7))
+	require.GreaterOrEqual(t, r.Stats().Leased(), int64(1))
 }
 
 // Cancelling a parent cancels the children leased to its runner by the

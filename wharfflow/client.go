@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,9 +16,20 @@ import (
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
-// ErrNoInstance is returned when a signal, cancel or retry addresses no
-// active instance.
-var ErrNoInstance = errors.New("wharfflow: no such active flow instance")
+// ErrNoInstance is returned (wrapped: test with errors.Is) when a signal,
+// cancel, retry or read finds no instance it can act on: none with that id
+// or key, or one that has ended. The error's text says which.
+var ErrNoInstance = errors.New("wharfflow: no such instance")
+
+// noInstance is an ErrNoInstance saying why.
+type noInstance struct{ msg string }
+
+func (e *noInstance) Error() string { return "wharfflow: " + e.msg }
+func (e *noInstance) Unwrap() error { return ErrNoInstance }
+
+func errNoInstance(format string, args ...any) error {
+	return &noInstance{msg: fmt.Sprintf(format, args...)}
+}
 
 // ErrNoPool is returned by the calls that need the client's own pool when it
 // was created without one.
@@ -242,7 +252,7 @@ func (c *Client) signal(ctx context.Context, query querier, sigs []Signal, stric
 	}
 	ids, err := ordIDs(ctx, query, "SELECT ord, id FROM "+c.schema+".signal_flows($1::jsonb, "+strconv.FormatBool(strict)+")", string(doc), len(sigs))
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == noDataFound {
-		return nil, fmt.Errorf("%w: %s", ErrNoInstance, strings.TrimPrefix(pgErr.Message, "no active flow instance for "))
+		return nil, &noInstance{msg: pgErr.Message}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("wharfflow: signal: %w", err)
@@ -251,10 +261,14 @@ func (c *Client) signal(ctx context.Context, query querier, sigs []Signal, stric
 	for i, id := range ids {
 		if id == nil {
 			s := sigs[i]
-			if s.Instance != 0 {
-				return nil, fmt.Errorf("%w: signal %d (%s) to instance %d", ErrNoInstance, i, s.Name, s.Instance)
+			which := "signal " + s.Name
+			if len(sigs) > 1 {
+				which = fmt.Sprintf("signal %d (%s)", i, s.Name)
 			}
-			return nil, fmt.Errorf("%w: signal %d (%s) to flow %s key %q", ErrNoInstance, i, s.Name, s.Flow, s.Key)
+			if s.Instance != 0 {
+				return nil, errNoInstance("%s: instance %d is not active (it ended, or there is none)", which, s.Instance)
+			}
+			return nil, errNoInstance("%s: flow %s has no active instance with key %q", which, s.Flow, s.Key)
 		}
 		out[i] = *id
 	}
@@ -287,7 +301,8 @@ func (c *Client) Send(ctx context.Context, sigs ...Signal) ([]int64, error) {
 const noDataFound = "P0002"
 
 // Cancel cancels instance id and its descendants that have not ended, and
-// returns how many it cancelled. ErrNoInstance when none was left to cancel.
+// returns how many it cancelled. ErrNoInstance when there is no instance id
+// or it has ended (done or cancelled) already.
 func (c *Client) Cancel(ctx context.Context, id int64) (int, error) {
 	if c.pool == nil {
 		return 0, ErrNoPool
@@ -297,22 +312,49 @@ func (c *Client) Cancel(ctx context.Context, id int64) (int, error) {
 		return 0, fmt.Errorf("wharfflow: cancel: %w", err)
 	}
 	if n == 0 {
-		return 0, fmt.Errorf("%w: instance %d is not running, awaiting or failed", ErrNoInstance, id)
+		status, err := c.status(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		return 0, errNoInstance("instance %d is %s already: there is nothing to cancel", id, status)
 	}
 	return n, nil
 }
 
 // Retry runs a failed instance's failed step again, from attempt 0.
+// ErrNoInstance when there is no instance id or it has not failed; an error
+// when its correlation key was taken by an instance started since it
+// failed (cancel that one first).
 func (c *Client) Retry(ctx context.Context, id int64) error {
 	if c.pool == nil {
 		return ErrNoPool
 	}
 	var ok bool
 	if err := c.pool.QueryRow(ctx, "SELECT "+c.schema+".retry_flow($1)", id).Scan(&ok); err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.Hint != "" {
+			return fmt.Errorf("wharfflow: retry: %s (%s)", pgErr.Message, pgErr.Hint)
+		}
 		return fmt.Errorf("wharfflow: retry: %w", err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: instance %d has not failed", ErrNoInstance, id)
+		status, err := c.status(ctx, id)
+		if err != nil {
+			return err
+		}
+		return errNoInstance("instance %d is %s: only failed instances can be retried", id, status)
 	}
 	return nil
+}
+
+// status is instance id's status; ErrNoInstance when there is none.
+func (c *Client) status(ctx context.Context, id int64) (string, error) {
+	var status string
+	err := c.pool.QueryRow(ctx, "SELECT status FROM "+c.schema+".flow_instances WHERE id = $1", id).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", errNoInstance("there is no instance %d", id)
+	}
+	if err != nil {
+		return "", fmt.Errorf("wharfflow: reading instance %d: %w", id, err)
+	}
+	return status, nil
 }

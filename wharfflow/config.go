@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"time"
 
@@ -39,6 +40,13 @@ type Config struct {
 	// RateLimits sets the token buckets of rate keys (Options.RateKey),
 	// written to the database when the runner starts.
 	RateLimits map[string]RateLimit
+	// ConcurrencyLimits sets the limits of concurrency keys
+	// (Options.ConcurrencyKey), written to the database when the runner
+	// starts. A key's limit is the key's, whatever the limit its instances
+	// were started with: set here, or else by the first instance of the key
+	// a claim sees (its Options.ConcurrencyLimit). The last runner started
+	// with a key in ConcurrencyLimits sets it.
+	ConcurrencyLimits map[string]int
 	// Retention is how long done and cancelled instances are kept. Defaults
 	// to 7 days.
 	Retention time.Duration
@@ -78,6 +86,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if f == nil || f.Name() == "" || f.firstStep() == "" {
 			return out, fmt.Errorf("wharfflow: Config.Flows[%d]: a flow needs a name and at least one step", i)
 		}
+		if err := checkText(f.Name()); err != nil {
+			return out, fmt.Errorf("wharfflow: Config.Flows[%d]: the flow's name %q %w", i, f.Name(), err)
+		}
 		if seen[f.Name()] {
 			return out, fmt.Errorf("wharfflow: Config.Flows: flow %s is given twice", f.Name())
 		}
@@ -98,7 +109,21 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.LeaseTTL < 100*time.Millisecond {
 		return out, fmt.Errorf("wharfflow: Config.LeaseTTL %s is too short: use at least 100ms", out.LeaseTTL)
 	}
+	for k, n := range out.ConcurrencyLimits {
+		if k == "" || checkText(k) != nil {
+			return out, fmt.Errorf("wharfflow: Config.ConcurrencyLimits: key %q must be non-empty valid UTF-8 without NUL", k)
+		}
+		if n <= 0 {
+			return out, fmt.Errorf("wharfflow: Config.ConcurrencyLimits[%q]: the limit must be at least 1, got %d", k, n)
+		}
+	}
+	// The caller's maps stay as they were (Burst's default is written here).
+	out.RateLimits = maps.Clone(out.RateLimits)
+	out.ConcurrencyLimits = maps.Clone(out.ConcurrencyLimits)
 	for k, rl := range out.RateLimits {
+		if k == "" || checkText(k) != nil {
+			return out, fmt.Errorf("wharfflow: Config.RateLimits: key %q must be non-empty valid UTF-8 without NUL", k)
+		}
 		if rl.PerSecond <= 0 {
 			return out, fmt.Errorf("wharfflow: Config.RateLimits[%q]: PerSecond must be positive", k)
 		}

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/backoff"
@@ -120,11 +123,15 @@ func New[S any](name string, cfg *FlowConfig) *Flow[S] {
 	return f
 }
 
-// Step adds a step called name. It panics on an empty or repeated name: a
-// flow's steps are fixed at startup.
+// Step adds a step called name. It panics on an empty, repeated or
+// unstorable name (invalid UTF-8, a NUL): a flow's steps are fixed at
+// startup.
 func (f *Flow[S]) Step(name string, fn StepFunc[S]) *Flow[S] {
 	if name == "" || fn == nil {
 		panic("wharfflow: a step needs a name and a function")
+	}
+	if err := checkText(name); err != nil {
+		panic(fmt.Sprintf("wharfflow: flow %s: step name %q %v", f.name, name, err))
 	}
 	if _, dup := f.steps[name]; dup {
 		panic(fmt.Sprintf("wharfflow: flow %s has two steps called %s", f.name, name))
@@ -173,6 +180,7 @@ type Definition interface {
 	Name() string
 	run(ctx context.Context, state []byte, in Input) ([]byte, Outcome)
 	firstStep() string
+	stepNames() []string
 	hasStep(name string) bool
 	config() FlowConfig
 }
@@ -180,6 +188,18 @@ type Definition interface {
 func (f *Flow[S]) firstStep() string        { return f.first }
 func (f *Flow[S]) config() FlowConfig       { return f.cfg }
 func (f *Flow[S]) hasStep(name string) bool { _, ok := f.steps[name]; return ok }
+
+// stepNames are the flow's steps, the first one first, then by name.
+func (f *Flow[S]) stepNames() []string {
+	out := []string{f.first}
+	for name := range f.steps {
+		if name != f.first {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out[1:])
+	return out
+}
 
 // run decodes the state, runs the step (a panic is a Retry) and encodes the
 // state it leaves.
@@ -324,6 +344,14 @@ type wireOutcome struct {
 	StartedAt   time.Time       `json:"started_at"`
 	// Cont asks to keep the lease for the next step (see continueChain).
 	Cont bool `json:"cont,omitempty"`
+	// Parent is the instance's parent, for a done or failed child: the
+	// write locks it before the child (as every writer does) and checks its
+	// join.
+	Parent int64 `json:"parent,omitempty"`
+	// refused: encode turned the step's outcome into a failure (an outcome
+	// the database would refuse, or a malformed one); its messages are not
+	// enqueued.
+	refused bool
 }
 
 type wireChild struct {
@@ -352,19 +380,36 @@ func ptrTime(t time.Time) *time.Time {
 }
 
 // encode turns a step's outcome into the row write, applying the flow's
-// retry policy; a malformed outcome fails the instance with the reason.
+// retry policy. A malformed outcome, or one the database would refuse (a
+// state, result or name it cannot store, a message the outbox refuses),
+// fails the instance alone with the reason, keeping its saved state and
+// enqueueing none of its messages: written with its batch, it would fail
+// every outcome of the batch.
 func encode(def Definition, c claimed, state []byte, o Outcome, started time.Time) wireOutcome {
+	w := encodeOutcome(def, c, state, o, started)
+	if w.Kind == "done" || w.Kind == "fail" {
+		w.Parent = c.parent
+	}
+	return w
+}
+
+func encodeOutcome(def Definition, c claimed, state []byte, o Outcome, started time.Time) wireOutcome {
 	w := wireOutcome{ID: c.ID, Token: c.Token, State: state, RanStep: c.Step, StartedAt: started}
 	for _, s := range c.Signals {
 		w.Consumed = append(w.Consumed, s.ID)
 	}
 	fail := func(err error) wireOutcome {
-		w.Kind, w.Attempt, w.Error = "fail", c.Attempt, err.Error()
-		w.Step = ""
+		w = wireOutcome{ID: c.ID, Token: c.Token, Kind: "fail", Attempt: c.Attempt, Error: storableText(err.Error()),
+			RanStep: c.Step, StartedAt: started, Consumed: w.Consumed, refused: true}
 		return w
 	}
 	if o.kind == kindNone {
 		return fail(errNoOutcome)
+	}
+	if state != nil {
+		if err := checkJSON(state); err != nil {
+			return fail(fmt.Errorf("the step's state cannot be saved: %w", err))
+		}
 	}
 	if len(o.emit) > 0 {
 		if err := validateEmit(o.emit); err != nil {
@@ -381,7 +426,7 @@ func encode(def Definition, c claimed, state []byte, o Outcome, started time.Tim
 	case kindRetry:
 		cfg := def.config()
 		if o.err != nil {
-			w.Error = o.err.Error()
+			w.Error = storableText(o.err.Error())
 		} else {
 			w.Error = "retry"
 		}
@@ -399,6 +444,14 @@ func encode(def Definition, c claimed, state []byte, o Outcome, started time.Tim
 	case kindAwait:
 		if len(o.signals) == 0 {
 			return fail(errors.New("Await needs at least one signal name"))
+		}
+		for _, name := range o.signals {
+			if name == "" {
+				return fail(errors.New("Await: a signal name is empty"))
+			}
+			if err := checkText(name); err != nil {
+				return fail(fmt.Errorf("Await: signal name %q %w", name, err))
+			}
 		}
 		if !def.hasStep(o.step) {
 			return fail(fmt.Errorf("Await: flow %s has no step %q", def.Name(), o.step))
@@ -423,6 +476,14 @@ func encode(def Definition, c claimed, state []byte, o Outcome, started time.Tim
 			if ch.flow == "" {
 				return fail(fmt.Errorf("Spawn: child %d has no flow (use Flow.Child)", i))
 			}
+			if err := checkJSON(ch.state); err != nil {
+				return fail(fmt.Errorf("Spawn: child %d state cannot be saved: %w", i, err))
+			}
+			for _, k := range [...]struct{ name, v string }{{"flow", ch.flow}, {"ConcurrencyKey", ch.opts.ConcurrencyKey}, {"RateKey", ch.opts.RateKey}} {
+				if err := checkText(k.v); err != nil {
+					return fail(fmt.Errorf("Spawn: child %d %s %q %w", i, k.name, k.v, err))
+				}
+			}
 			w.Children = append(w.Children, wireChild{
 				Flow: ch.flow, Step: ch.step, State: ch.state, Priority: ch.opts.Priority,
 				ConcurrencyKey: ch.opts.ConcurrencyKey, ConcurrencyLimit: ch.opts.ConcurrencyLimit, RateKey: ch.opts.RateKey,
@@ -434,18 +495,24 @@ func encode(def Definition, c claimed, state []byte, o Outcome, started time.Tim
 			if err != nil {
 				return fail(fmt.Errorf("Done: encoding the result: %w", err))
 			}
+			if err := checkJSON(b); err != nil {
+				return fail(fmt.Errorf("Done: the result cannot be saved: %w", err))
+			}
 			w.Result = b
 		}
 	case kindFail:
 		w.Attempt = c.Attempt
 		if o.err != nil {
-			w.Error = o.err.Error()
+			w.Error = storableText(o.err.Error())
 		} else {
 			w.Error = "failed"
 		}
 	case kindPaused:
 		if o.pauseKey == "" {
 			return fail(errors.New("RateLimited needs a key"))
+		}
+		if err := checkText(o.pauseKey); err != nil {
+			return fail(fmt.Errorf("RateLimited: key %q %w", o.pauseKey, err))
 		}
 		w.Attempt, w.PauseKey, w.RunAt, w.PauseUntil = c.Attempt, o.pauseKey, ptrTime(o.at), ptrTime(o.at)
 		w.Consumed = nil // the step runs again with them
@@ -460,11 +527,80 @@ func encode(def Definition, c claimed, state []byte, o Outcome, started time.Tim
 	return w
 }
 
+// validateEmit refuses the messages the outbox would refuse (EnqueueTx),
+// naming the message and the field.
 func validateEmit(msgs []wharf.Message) error {
 	for i, m := range msgs {
 		if m.Topic == "" {
 			return fmt.Errorf("Emit: message %d has no Topic", i)
 		}
+		for _, f := range [...]struct{ name, v string }{{"Topic", m.Topic}, {"Key", m.Key}, {"DedupKey", m.DedupKey}} {
+			if err := checkText(f.v); err != nil {
+				return fmt.Errorf("Emit: message %d: %s %w", i, f.name, err)
+			}
+		}
+		for k, v := range m.Headers {
+			if checkText(k) != nil || checkText(v) != nil {
+				return fmt.Errorf("Emit: message %d: header %q must be valid UTF-8 without NUL characters (encode binary values, e.g. base64)", i, k)
+			}
+		}
+	}
+	return nil
+}
+
+// checkText refuses what a PostgreSQL text value cannot hold.
+func checkText(s string) error {
+	if !utf8.ValidString(s) {
+		return errors.New("is not valid UTF-8")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return errors.New("holds a NUL character (PostgreSQL text cannot)")
+	}
+	return nil
+}
+
+// storableText is s as a text value can hold it: an error message keeps
+// its meaning with a NUL or a broken UTF-8 sequence replaced.
+func storableText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// checkJSON refuses JSON that PostgreSQL's jsonb refuses although
+// encoding/json writes it: invalid UTF-8, the escape \u0000 (a NUL
+// character in a string), and a \u escape of half a surrogate pair. The
+// input is JSON from encoding/json (or a json.RawMessage it checked).
+func checkJSON(b []byte) error {
+	if !utf8.Valid(b) {
+		return errors.New("it holds invalid UTF-8")
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		i++
+		if i >= len(b) || b[i] != 'u' || i+4 >= len(b) {
+			continue
+		}
+		v, err := strconv.ParseUint(string(b[i+1:i+5]), 16, 32)
+		if err != nil {
+			continue
+		}
+		switch {
+		case v == 0:
+			return errors.New("it holds a NUL character (\\u0000), which PostgreSQL's jsonb cannot store")
+		case v >= 0xD800 && v < 0xDC00: // a high surrogate must come with a low one
+			if i+10 >= len(b) || b[i+5] != '\\' || b[i+6] != 'u' {
+				return errors.New("it holds half a UTF-16 surrogate pair, which PostgreSQL's jsonb cannot store")
+			}
+			lo, err := strconv.ParseUint(string(b[i+7:i+11]), 16, 32)
+			if err != nil || lo < 0xDC00 || lo >= 0xE000 {
+				return errors.New("it holds half a UTF-16 surrogate pair, which PostgreSQL's jsonb cannot store")
+			}
+			i += 6 // and 4 below: past the low surrogate
+		case v >= 0xDC00 && v < 0xE000:
+			return errors.New("it holds half a UTF-16 surrogate pair, which PostgreSQL's jsonb cannot store")
+		}
+		i += 4
 	}
 	return nil
 }

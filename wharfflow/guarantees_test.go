@@ -70,8 +70,9 @@ func TestOutcomeCommitsOnceWithItsMessages(t *testing.T) {
 	require.Equal(t, 3*len(ids), distinct)
 }
 
-// When the outcome's messages cannot be enqueued, nothing of the outcome
-// commits: the step stays where it was, and runs again (once) later.
+// When the outbox refuses an outcome's messages, nothing of the outcome
+// commits: the instance fails alone with the reason (its state as it was,
+// no message), and once the cause is gone a retry runs the step again.
 func TestOutcomeRollsBackWithItsMessages(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -88,24 +89,26 @@ func TestOutcomeRollsBackWithItsMessages(t *testing.T) {
 		Step("b", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
 			return wharfflow.Done(s.N)
 		})
-	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, LeaseTTL: time.Second})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, LeaseTTL: time.Second})
 	ids, err := b.client.Start(ctx, f.Start(counter{}, wharfflow.StartOptions{}))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return r.Stats().Lost() >= 1 }, time.Minute, 10*time.Millisecond)
-	var step string
-	var state []byte
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT step, state FROM "+b.schema+".flow_instances WHERE id = $1", ids[0]).Scan(&step, &state))
-	require.Equal(t, "a", step)
-	require.JSONEq(t, `{"n": 0}`, string(state))
-	require.Empty(t, b.history(t, ids[0]))
+	b.waitStatus(t, ids[0], "failed")
+	d, err := b.client.Get(ctx, ids[0])
+	require.NoError(t, err)
+	require.Equal(t, "a", d.Step)
+	require.Contains(t, d.Error, "no_poison")
+	require.JSONEq(t, `{"n": 0}`, string(d.State))
+	require.Equal(t, []string{"a/0/fail"}, b.history(t, ids[0]))
+	require.EqualValues(t, 1, runs.Load())
 	var n int
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".outbox").Scan(&n))
 	require.Zero(t, n)
 
 	_, err = b.pool.Exec(ctx, "ALTER TABLE "+b.schema+".outbox DROP CONSTRAINT no_poison")
 	require.NoError(t, err)
+	require.NoError(t, b.client.Retry(ctx, ids[0]))
 	b.waitStatus(t, ids[0], "done")
-	require.Equal(t, []string{"a/0/next", "b/0/done"}, b.history(t, ids[0]))
+	require.Equal(t, []string{"a/0/fail", "a/0/next", "b/0/done"}, b.history(t, ids[0]))
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".outbox").Scan(&n))
 	require.Equal(t, 1, n)
 }

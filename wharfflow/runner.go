@@ -1,5 +1,38 @@
 package wharfflow
 
+// A Runner is a handful of goroutines around one set of slots (inflight,
+// reserved, under mu): at most MaxInFlight steps run at once, however they
+// came to the runner. Files, in the order a step goes through them:
+//
+//   - runner_claim.go: claimLoop leases due steps (claim_flow_steps) into
+//     free slots; handBack releases leases the runner will not use.
+//   - runner_exec.go: run executes one step in a goroutine and hands its
+//     outcome (encode, flow.go) to the completer.
+//   - runner_complete.go: complete batches outcomes and write commits them
+//     (complete_flow_steps), with the messages they emit; a batch the
+//     database refuses is split so that only the bad outcome fails. release
+//     frees the batch's slots and runs what the write leased to the runner:
+//     continued steps, children, joins, awaits whose signal came first, the
+//     next steps of its concurrency keys.
+//   - runner_listen.go: one LISTEN connection; notifications are hints
+//     (any role may NOTIFY): '' means something is due (claim), 'L' names
+//     steps a signal leased to the runner (leaseLoop reads them), 'W' names
+//     instances a signal could not resume (wakeLoop).
+//   - runner_leased.go: leaseLoop runs the steps signals leased to the
+//     runner once the database confirmed the lease (flow_leased_steps), and
+//     hands back those it has no slot or no flow for.
+//   - runner_wake.go: wakeLoop calls wake_flows for signalled instances.
+//   - runner_register.go: the runner's flow_runners row (signals lease only
+//     to live, listening runners).
+//   - runner_renew.go: renewLoop extends the leases of long steps and
+//     cancels steps whose lease was lost.
+//   - runner_maint.go: cleanupLoop deletes expired instances, repairs lost
+//     joins, removes dead runners' rows.
+//
+// Every time two processes must agree on (a lease's end, a due time, the
+// retention cut-off) is the database's: the runner only measures durations
+// on its own clock.
+
 import (
 	"context"
 	"errors"
@@ -8,6 +41,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wharfhq/wharf"
@@ -39,26 +73,37 @@ type Runner struct {
 	mu       sync.Mutex
 	inflight map[int64]*running
 	// reserved counts free slots promised to a claim in flight (as many as
-	// it asked for) and to the children an outcome write in flight may
-	// lease: neither takes the other's, so at most MaxInFlight steps run.
+	// it asked for) and to what an outcome write in flight may lease:
+	// neither takes the other's, so at most MaxInFlight steps run.
 	reserved int
 	wakeIDs  []int64 // notified instances for wakeLoop
+	// wakeAll is set when more ids were notified than wakeIDs keeps: the
+	// wake loop then checks every awaiting instance once.
+	wakeAll bool
 	// late are instances notified by a signal that could not resume them
 	// while the runner ran them (in inflight): a write of theirs in flight
 	// may have looked for pending signals before that signal committed, so
 	// they are woken once their write has committed (release).
 	late    map[int64]bool
 	wakeSig chan struct{} // wakeLoop has ids
-	// leasedSteps are steps signals leased to the runner, as their
-	// notifications carried them, and leasedIDs those notified by id only
-	// (too large to carry: leaseLoop reads them); leaseSig says there are
-	// some. queued are such steps waiting while every slot is taken: in
-	// inflight (so their leases are renewed), started as slots free,
-	// before any claim.
-	leasedSteps []claimed
-	leasedIDs   []int64
-	leaseSig    chan struct{}
-	queued      []claimed
+	// leasedIDs are the instances lease notifications named for leaseLoop
+	// to read (bounded: past maxPending it reads every step leased to the
+	// runner's registration instead, unheardAll); leaseSig says there are
+	// some.
+	leasedIDs  []int64
+	unheardAll bool
+	leaseSig   chan struct{}
+	// ran are the steps signals leased to the runner that it ran (id →
+	// token), kept while a read of leased steps (leaseLoop) that began
+	// before their outcome committed may still name them: such a read
+	// would otherwise run the step again once its slot was released.
+	// ranSeq numbers their releases; a read started at ranSeq s needs only
+	// the entries released since s.
+	ran    map[int64]ranStep
+	ranSeq uint64
+	// reading is the ranSeq at which the oldest read of leased steps in
+	// flight began (0: none).
+	reading uint64
 	// key addresses the runner in those notifications (flow_runners.key,
 	// set when its listener registers it). listening is set while the
 	// listener is connected: only then does the runner heartbeat, so that
@@ -67,21 +112,31 @@ type Runner struct {
 	key       atomic.Int64
 	listening atomic.Bool
 	leaving   atomic.Bool
-	started   bool
-	cancel    context.CancelFunc
-	stopped   chan struct{}
+	// twinWarned: another process registered with this RunnerID (logged
+	// once).
+	twinWarned atomic.Bool
+	// malformedSeen: a notification the runner could not read was logged.
+	malformedSeen atomic.Bool
+	started    bool
+	cancel     context.CancelFunc
+	stopped    chan struct{}
 }
 
 type running struct {
 	token int64
-	// claim is when the runner took the lease the step runs on (a step
-	// continued on its lease keeps its predecessor's: the outcome write
-	// keeps the lease's end while half of it is left, so that the row's
-	// update is HOT; see complete_flow_steps). renewLoop renews from it.
+	// claim is when the lease the step runs on began, on the runner's clock
+	// (a step continued on its lease keeps its predecessor's: the outcome
+	// write keeps the lease's end while half of it is left, so that the
+	// row's update is HOT; see complete_flow_steps). renewLoop renews from
+	// it.
 	claim  time.Time
 	chain  int // steps run in a row on this lease (continueChain)
 	cancel context.CancelCauseFunc
-	queued bool // leased by a signal, waiting for a slot (Runner.queued)
+}
+
+type ranStep struct {
+	token int64
+	seq   uint64
 }
 
 // continueChain is how many steps of one instance a runner runs in a row
@@ -91,9 +146,14 @@ const continueChain = 16
 
 // claimShare is the share of MaxInFlight one claim asks for at most (it
 // claims again at once when it got all it asked): the other slots stay free
-// for the children that an outcome write in flight meanwhile leases to the
-// runner.
+// for what an outcome write in flight meanwhile leases to the runner.
 const claimShare = 2
+
+// maxPending bounds the ids notifications queue for the wake and lease
+// loops: past it, a loop does the work for every instance at once
+// (wake_flows(NULL), flow_unheard_leases) instead of keeping more ids, so a
+// flood of notifications costs no memory.
+const maxPending = 10000
 
 // errLeaseLost is the cause of a step's context when its lease was lost.
 var errLeaseLost = errors.New("wharfflow: the step's lease was lost")
@@ -113,7 +173,7 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	}
 	r := &Runner{cfg: c, pool: pool, outbox: outbox, flows: map[string]Definition{}, stats: newStats(),
 		wake: make(chan struct{}, 1), wakeSig: make(chan struct{}, 1), leaseSig: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
-		inflight: map[int64]*running{}, late: map[int64]bool{}, stopped: make(chan struct{})}
+		inflight: map[int64]*running{}, late: map[int64]bool{}, ran: map[int64]ranStep{}, stopped: make(chan struct{})}
 	for _, f := range c.Flows {
 		r.flows[f.Name()] = f
 		r.names = append(r.names, f.Name())
@@ -124,8 +184,9 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 // ID is the runner's id (Config.RunnerID).
 func (r *Runner) ID() string { return r.cfg.RunnerID }
 
-// Start checks the schema, writes the rate limits and starts the runner's
-// goroutines; it returns at once. Stop stops them.
+// Start checks the schema, writes the flows' definitions, the concurrency
+// and rate limits, and starts the runner's goroutines; it returns at once.
+// Stop stops them.
 func (r *Runner) Start(ctx context.Context) error {
 	m, err := wharfmigrate.New(r.cfg.Schema)
 	if err != nil {
@@ -134,12 +195,8 @@ func (r *Runner) Start(ctx context.Context) error {
 	if err := m.Check(ctx, r.pool); err != nil {
 		return err
 	}
-	for k, rl := range r.cfg.RateLimits {
-		if _, err := r.pool.Exec(ctx, `INSERT INTO `+r.cfg.Schema+`.flow_keys AS k (key, rate, burst, tokens)
-VALUES ($1, $2, $3, $3) ON CONFLICT (key) DO UPDATE SET rate = excluded.rate, burst = excluded.burst,
-tokens = least(k.tokens, excluded.burst)`, k, rl.PerSecond, rl.Burst); err != nil {
-			return fmt.Errorf("wharfflow: writing rate limit %q: %w", k, err)
-		}
+	if err := r.writeSettings(ctx); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	if r.started {
@@ -174,6 +231,51 @@ tokens = least(k.tokens, excluded.burst)`, k, rl.PerSecond, rl.Burst); err != ni
 		close(r.stopped)
 	}()
 	return nil
+}
+
+// writeSettings writes, in one transaction, the definitions of the
+// runner's flows (their steps, for starts from SQL) and the keys' limits of
+// Config, under the keys' locks (flow_lock_keys) as claims read them.
+func (r *Runner) writeSettings(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		s := r.cfg.Schema
+		for _, f := range r.cfg.Flows {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+s+`.flow_definitions AS d (flow, first_step, steps, runner)
+VALUES ($1, $2, $3, $4) ON CONFLICT (flow) DO UPDATE SET first_step = excluded.first_step, steps = excluded.steps,
+runner = excluded.runner, updated_at = now()
+WHERE (d.first_step, d.steps) IS DISTINCT FROM (excluded.first_step, excluded.steps)`,
+				f.Name(), f.firstStep(), f.stepNames(), r.cfg.RunnerID); err != nil {
+				return fmt.Errorf("wharfflow: writing the definition of flow %s: %w", f.Name(), err)
+			}
+		}
+		var keys []string
+		for k := range r.cfg.RateLimits {
+			keys = append(keys, k)
+		}
+		for k := range r.cfg.ConcurrencyLimits {
+			keys = append(keys, k)
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, "SELECT "+s+".flow_lock_keys($1)", keys); err != nil {
+			return fmt.Errorf("wharfflow: locking the keys of Config: %w", err)
+		}
+		for k, rl := range r.cfg.RateLimits {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+s+`.flow_keys AS k (key, rate, burst, tokens)
+VALUES ($1, $2, $3, $3) ON CONFLICT (key) DO UPDATE SET rate = excluded.rate, burst = excluded.burst,
+tokens = least(k.tokens, excluded.burst)`, k, rl.PerSecond, rl.Burst); err != nil {
+				return fmt.Errorf("wharfflow: writing rate limit %q: %w", k, err)
+			}
+		}
+		for k, n := range r.cfg.ConcurrencyLimits {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+s+`.flow_keys AS k (key, concurrency_limit)
+VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET concurrency_limit = excluded.concurrency_limit`, k, n); err != nil {
+				return fmt.Errorf("wharfflow: writing concurrency limit %q: %w", k, err)
+			}
+		}
+		return nil
+	})
 }
 
 // Stop stops claiming, waits for the running steps to end and their
@@ -216,4 +318,9 @@ func (r *Runner) poke() {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// freeSlots is how many steps the runner may start now. r.mu is held.
+func (r *Runner) freeSlots() int {
+	return r.cfg.MaxInFlight - len(r.inflight) - r.reserved
 }

@@ -4,10 +4,13 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/wharfhq/wharf"
 )
@@ -53,58 +56,15 @@ func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
 // write applies one batch of outcomes: one statement, or a transaction of
 // two when outcomes emit outbox messages. Outcomes of steps whose lease was
 // lost are not applied, and their messages are not enqueued. The write may
-// lease to the runner the children its spawns start and the joins of the
-// parents whose last child it ends (planLeases); release runs them.
+// lease instances to the runner (planLeases); release runs them.
 func (r *Runner) write(runCtx context.Context, batch []result) {
 	ctx := context.WithoutCancel(runCtx)
-	ws := make([]wireOutcome, len(batch))
-	emits := false
-	for i := range batch {
-		ws[i] = batch[i].w
-		emits = emits || len(batch[i].emit) > 0
-	}
-	flows, reserve := r.planLeases(runCtx, ws)
-	// In id order, the order the write then locks the instances in, as
-	// wake_flows does: the two never wait on each other in a cycle.
-	slices.SortFunc(ws, func(a, b wireOutcome) int { return cmp.Compare(a.ID, b.ID) })
-	doc, err := json.Marshal(ws)
-	if err != nil {
-		r.cfg.Logger.Error("wharfflow: encoding outcomes", "err", err)
-		r.release(runCtx, batch, writeResult{}, reserve)
-		return
-	}
-	q := "SELECT id, token, flow, step, state, attempt, parent_id, children, signals FROM " + r.cfg.Schema +
-		".complete_flow_steps($1, $2::jsonb, $3, $4)"
-	var wr writeResult
-	for attempt := 0; ; attempt++ {
-		wr = writeResult{applied: map[int64]int64{}}
-		if !emits {
-			err = r.scanApplied(ctx, r.pool, q, string(doc), flows, &wr)
-		} else {
-			err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-				if err := r.scanApplied(ctx, tx, q, string(doc), flows, &wr); err != nil {
-					return err
-				}
-				var msgs []wharf.Message
-				for i := range batch {
-					if _, ok := wr.applied[batch[i].c.ID]; ok {
-						msgs = append(msgs, batch[i].emit...)
-					}
-				}
-				_, err := r.outbox.EnqueueTx(ctx, tx, msgs...)
-				return err
-			})
-		}
-		if err == nil || attempt >= 4 {
-			break
-		}
-		r.cfg.Logger.Warn("wharfflow: writing outcomes, will retry", "err", err, "steps", len(batch))
-		time.Sleep(time.Duration(50<<attempt) * time.Millisecond)
-	}
-	if err != nil {
-		r.cfg.Logger.Error("wharfflow: writing outcomes failed; the steps run again after their leases", "err", err, "steps", len(batch))
-		wr = writeResult{}
-	}
+	// In id order, the order the write locks the instances in, as every
+	// writer does: none waits on another in a cycle. Halves of the batch
+	// (writeSplit) keep it.
+	slices.SortFunc(batch, func(a, b result) int { return cmp.Compare(a.c.ID, b.c.ID) })
+	plan := r.planLeases(runCtx, batch)
+	wr := r.writeSplit(ctx, runCtx, batch, plan.flows, plan.budget)
 	if len(wr.leased) > 0 {
 		r.leasedTraces(ctx, batch, wr.leased)
 	}
@@ -117,7 +77,131 @@ func (r *Runner) write(runCtx context.Context, batch []result) {
 			wr.resumed[i].Trace = traces[wr.resumed[i].ID]
 		}
 	}
-	r.release(runCtx, batch, wr, reserve)
+	r.release(runCtx, batch, wr, plan.reserve)
+}
+
+// writeSplit writes part, and when the database refuses it (a value it
+// cannot store, a limit: refused), writes each half of it alone, down to
+// the one outcome it refuses, which fails its instance alone with the
+// reason (refusedOutcome): no other step of the batch runs again. A write
+// that fails otherwise (the database unreachable) is retried as a whole
+// (writeRetrying).
+func (r *Runner) writeSplit(ctx, runCtx context.Context, part []result, flows []string, budget int) writeResult {
+	wr, err := r.writeRetrying(ctx, runCtx, part, flows, budget)
+	if err == nil {
+		return wr
+	}
+	if !refused(err) {
+		r.cfg.Logger.Error("wharfflow: writing outcomes failed; the steps run again after their leases", "err", err, "steps", len(part))
+		return writeResult{}
+	}
+	if len(part) == 1 {
+		res := &part[0]
+		if res.w.refused {
+			// Even the failure was refused: the fault is not this outcome's.
+			r.cfg.Logger.Error("wharfflow: writing an outcome failed; the step runs again after its lease", "err", err,
+				"instance", res.c.ID, "step", res.c.Step)
+			return writeResult{}
+		}
+		r.cfg.Logger.Warn("wharfflow: the database refused a step's outcome; failing its instance", "err", err,
+			"instance", res.c.ID, "flow", res.c.Flow, "step", res.c.Step)
+		res.w = refusedOutcome(res.c, res.w, err)
+		res.emit = nil
+		return r.writeSplit(ctx, runCtx, part, flows, budget)
+	}
+	half := len(part) / 2
+	a := r.writeSplit(ctx, runCtx, part[:half], flows, budget)
+	b := r.writeSplit(ctx, runCtx, part[half:], flows, budget-a.leasedBySQL)
+	return a.merge(b)
+}
+
+// refusedOutcome is the failure of a step whose outcome the database
+// refused: the instance fails with the reason, its saved state kept, its
+// messages not enqueued; its signals are consumed (the failure is its
+// outcome) and its attempt counted in its history.
+func refusedOutcome(c claimed, w wireOutcome, err error) wireOutcome {
+	return wireOutcome{ID: w.ID, Token: w.Token, Kind: "fail", Attempt: c.Attempt, RanStep: w.RanStep, StartedAt: w.StartedAt,
+		Consumed: w.Consumed, Parent: c.parent, refused: true,
+		Error: storableText(fmt.Sprintf("the database refused the step's outcome (%s): %s", w.Kind, oneLine(err)))}
+}
+
+// refused reports whether the database refused what a write carried (a
+// value, a size), as opposed to failing whatever it carried (unreachable,
+// restarting, a deadlock, a missing right): data exceptions, integrity
+// violations and program limits.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		var syntax *json.SyntaxError
+		var marshal *json.MarshalerError
+		return errors.As(err, &syntax) || errors.As(err, &marshal)
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
+}
+
+// writeRetrying writes part, retrying a write that failed for reasons not
+// its own (refused: returned at once) until it commits: the steps' leases
+// are renewed meanwhile (they stay in inflight until release). Once the
+// runner is stopping it gives up after a few attempts. Each attempt has a
+// lease's time: a write longer than that is fenced anyway.
+func (r *Runner) writeRetrying(ctx, runCtx context.Context, part []result, flows []string, budget int) (writeResult, error) {
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
+		wr, err := r.writeOnce(actx, part, flows, budget)
+		cancel()
+		if err == nil || refused(err) || (runCtx.Err() != nil && attempt >= 4) {
+			return wr, err
+		}
+		r.cfg.Logger.Warn("wharfflow: writing outcomes, will retry", "err", err, "steps", len(part))
+		time.Sleep(min(time.Duration(50<<min(attempt, 10))*time.Millisecond, 5*time.Second))
+	}
+}
+
+// completeSQL calls complete_flow_steps; its rows are read by scanApplied.
+func (r *Runner) completeSQL() string {
+	return "SELECT kind, id, token, flow, step, state, attempt, parent_id, children, signals, concurrency_key, rate_key, wait FROM " +
+		r.cfg.Schema + ".complete_flow_steps($1, $2::jsonb, $3, $4, $5)"
+}
+
+// writeOnce writes part in one transaction: its outcomes, and the messages
+// of those applied.
+func (r *Runner) writeOnce(ctx context.Context, part []result, flows []string, budget int) (writeResult, error) {
+	ws := make([]wireOutcome, len(part))
+	emits := false
+	for i := range part {
+		ws[i] = part[i].w
+		emits = emits || len(part[i].emit) > 0
+	}
+	doc, err := json.Marshal(ws)
+	if err != nil {
+		return writeResult{}, err
+	}
+	wr := writeResult{applied: map[int64]int64{}}
+	if !emits {
+		err = r.scanApplied(ctx, r.pool, string(doc), flows, budget, &wr)
+	} else {
+		err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			if err := r.scanApplied(ctx, tx, string(doc), flows, budget, &wr); err != nil {
+				return err
+			}
+			var msgs []wharf.Message
+			for i := range part {
+				if _, ok := wr.applied[part[i].c.ID]; ok {
+					msgs = append(msgs, part[i].emit...)
+				}
+			}
+			_, err := r.outbox.EnqueueTx(ctx, tx, msgs...)
+			return err
+		})
+	}
+	if err != nil {
+		return writeResult{}, err
+	}
+	return wr, nil
 }
 
 // writeResult is what complete_flow_steps answered.
@@ -126,37 +210,73 @@ type writeResult struct {
 	// that continue on their lease (0 for the others).
 	applied map[int64]int64
 	// leased are the instances the write leased to the runner: spawned
-	// children, and parents at their join step.
+	// children, parents at their join step, steps that waited for a slot
+	// of a concurrency key.
 	leased []claimed
 	// resumed are the awaits of the batch whose signal came first, leased
 	// back to the runner with their signals.
 	resumed []claimed
+	// leasedBySQL counts the leases taken from the write's budget (all but
+	// the children the runner marked).
+	leasedBySQL int
 	// due is how many steps the write made due for any runner's claim.
 	due int64
 }
 
-// planLeases decides which spawned children the write asks to lease to the
-// runner, marking them in ws, and returns the flows to pass (nil: lease
-// nothing, the runner is stopping) and the slots it reserved for them.
+func (a writeResult) merge(b writeResult) writeResult {
+	if a.applied == nil {
+		a.applied = map[int64]int64{}
+	}
+	for id, t := range b.applied {
+		a.applied[id] = t
+	}
+	a.leased = append(a.leased, b.leased...)
+	a.resumed = append(a.resumed, b.resumed...)
+	a.leasedBySQL += b.leasedBySQL
+	a.due += b.due
+	return a
+}
+
+// leasePlan is what a write may lease to the runner.
+type leasePlan struct {
+	flows   []string // the runner's flows; nil: lease nothing (stopping)
+	budget  int      // leases complete_flow_steps may give besides marked children
+	reserve int      // slots reserved for the write beyond those its batch frees
+}
+
+// planLeases decides how many instances the write may lease to the
+// runner, marking in the batch's spawns the children it asks to lease, and
+// reserves the slots they need.
 //
-// A child qualifies when the runner runs its flow and it has no keys (a
-// keyed child goes through the claim, which applies its keys). Every
-// outcome but a continued Next frees its slot with the write; a done or
-// failed one may lease its parent's join in it, the others' slots go to
-// children, and beyond those the write reserves free slots (not those of a
-// claim in flight). Children left over are inserted runnable, for any
-// runner's claim.
-func (r *Runner) planLeases(ctx context.Context, ws []wireOutcome) (flows []string, reserve int) {
-	freed, joins, want := 0, 0, 0
-	for i := range ws {
-		if !ws[i].Cont {
+// Every outcome but a continued Next frees its slot with the write. Those
+// slots, and beyond them free slots not promised to a claim in flight, go
+// first to what the write may lease in its own statements (budget): an
+// await of an instance without keys whose signal came first, the join of a
+// done or failed child's parent, the next waiting step of the concurrency
+// key of a step that ended; then to spawned children (of the runner's
+// flows, without keys: a keyed child goes through the claim, which applies
+// its keys). Children left over are inserted due, for any runner's claim.
+func (r *Runner) planLeases(ctx context.Context, batch []result) leasePlan {
+	freed, other, want := 0, 0, 0
+	for i := range batch {
+		c, w := &batch[i].c, &batch[i].w
+		if !w.Cont {
 			freed++
+			if c.ckey != "" {
+				other++
+			}
 		}
-		switch ws[i].Kind {
+		switch w.Kind {
+		case "await":
+			if c.ckey == "" && c.rkey == "" {
+				other++
+			}
 		case "done", "fail":
-			joins++
+			if c.parent != 0 {
+				other++
+			}
 		case "spawn":
-			for _, ch := range ws[i].Children {
+			for _, ch := range w.Children {
 				if r.leasable(ch) {
 					want++
 				}
@@ -166,29 +286,29 @@ func (r *Runner) planLeases(ctx context.Context, ws []wireOutcome) (flows []stri
 	r.mu.Lock()
 	if r.closing || ctx.Err() != nil {
 		r.mu.Unlock()
-		return nil, 0
+		return leasePlan{}
 	}
-	budget := freed - joins
-	if want > budget {
-		reserve = max(0, min(want-budget, r.cfg.MaxInFlight-len(r.inflight)-r.reserved))
-		r.reserved += reserve
-		budget += reserve
-	}
+	reserve := max(0, min(other+want-freed, r.freeSlots()))
+	r.reserved += reserve
 	r.mu.Unlock()
-	for i := range ws {
-		if ws[i].Kind != "spawn" || budget <= 0 {
+	budget := freed + reserve
+	other = min(other, budget)
+	budget -= other
+	for i := range batch {
+		w := &batch[i].w
+		if w.Kind != "spawn" || budget <= 0 {
 			continue
 		}
-		kids := slices.Clone(ws[i].Children)
+		kids := slices.Clone(w.Children)
 		for j := range kids {
 			if budget > 0 && r.leasable(kids[j]) {
 				kids[j].Lease = true
 				budget--
 			}
 		}
-		ws[i].Children = kids
+		w.Children = kids
 	}
-	return r.names, reserve
+	return leasePlan{flows: r.names, budget: other, reserve: reserve}
 }
 
 // leasable: a child the write may lease to this runner.
@@ -199,7 +319,7 @@ func (r *Runner) leasable(ch wireChild) bool {
 
 // leasedTraces gives the instances a write leased their trace context: a
 // child its spawning step's (a child has none of its own, its nearest
-// ancestor's is its parent's), a join its own, read as a claim's are.
+// ancestor's is its parent's), the others their own, read as a claim's are.
 func (r *Runner) leasedTraces(ctx context.Context, batch []result, leased []claimed) {
 	if r.cfg.Tracer == nil {
 		return
@@ -208,22 +328,22 @@ func (r *Runner) leasedTraces(ctx context.Context, batch []result, leased []clai
 	for i := range batch {
 		spawners[batch[i].c.ID] = batch[i].c.Trace
 	}
-	var joins []claimed
+	var others []claimed
 	var at []int
 	for i := range leased {
-		if t, ok := spawners[leased[i].parent]; ok && leased[i].Children == nil {
+		if t, ok := spawners[leased[i].parent]; ok && leased[i].child {
 			leased[i].Trace = t
 			continue
 		}
-		joins = append(joins, leased[i])
+		others = append(others, leased[i])
 		at = append(at, i)
 	}
-	if err := r.loadTraces(ctx, joins); err != nil {
-		r.cfg.Logger.Warn("wharfflow: reading the leased joins' trace context", "err", err)
+	if err := r.loadTraces(ctx, others); err != nil {
+		r.cfg.Logger.Warn("wharfflow: reading the leased steps' trace context", "err", err)
 		return
 	}
 	for k, i := range at {
-		leased[i].Trace = joins[k].Trace
+		leased[i].Trace = others[k].Trace
 	}
 }
 
@@ -231,34 +351,37 @@ type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// scanApplied reads complete_flow_steps's answer into wr.
-func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, flows []string, wr *writeResult) error {
-	rows, err := q.Query(ctx, sql, r.cfg.RunnerID, doc, r.cfg.LeaseTTL, flows)
+// scanApplied runs complete_flow_steps and reads its answer into wr.
+func (r *Runner) scanApplied(ctx context.Context, q queryer, doc string, flows []string, budget int, wr *writeResult) error {
+	rows, err := q.Query(ctx, r.completeSQL(), r.cfg.RunnerID, doc, r.cfg.LeaseTTL, flows, budget)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	read := time.Now()
 	for rows.Next() {
+		var kind string
 		var id int64
 		var token, parent *int64
-		var flow, step *string
+		var flow, step, ckey, rkey *string
 		var state, children, signals []byte
 		var attempt *int
-		if err := rows.Scan(&id, &token, &flow, &step, &state, &attempt, &parent, &children, &signals); err != nil {
+		var wait *float64
+		if err := rows.Scan(&kind, &id, &token, &flow, &step, &state, &attempt, &parent, &children, &signals, &ckey, &rkey, &wait); err != nil {
 			return err
 		}
-		switch {
-		case id == 0: // the steps made due
+		switch kind {
+		case "due": // the steps made due
 			if token != nil {
 				wr.due = *token
 			}
-		case flow == nil: // an applied outcome
+		case "applied":
 			wr.applied[id] = 0
 			if token != nil {
 				wr.applied[id] = *token
 			}
 		default: // an instance leased to the runner
-			c := claimed{ID: id, Flow: *flow, State: state}
+			c := claimed{ID: id, Flow: *flow, State: state, child: kind == "child"}
 			if token != nil {
 				c.Token = *token
 			}
@@ -268,22 +391,20 @@ func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, fl
 			if attempt != nil {
 				c.Attempt = *attempt
 			}
-			if parent != nil {
-				c.parent = *parent
+			if err := c.decode(wait, signals, children, parent, ckey, rkey); err != nil {
+				return err
 			}
-			if len(children) > 0 {
-				if err := json.Unmarshal(children, &c.Children); err != nil {
-					return err
-				}
+			// The lease began when the write's statement did: LeaseTTL
+			// before its end.
+			c.leased = read.Add(c.left - r.cfg.LeaseTTL)
+			if !c.child {
+				wr.leasedBySQL++
 			}
-			if len(signals) > 0 {
-				if err := json.Unmarshal(signals, &c.Signals); err != nil {
-					return err
-				}
+			if kind == "await" {
 				wr.resumed = append(wr.resumed, c)
-				continue
+			} else {
+				wr.leased = append(wr.leased, c)
 			}
-			wr.leased = append(wr.leased, c)
 		}
 	}
 	return rows.Err()
@@ -295,9 +416,10 @@ func (r *Runner) scanApplied(ctx context.Context, q queryer, sql, doc string, fl
 // slots, counts the batch and wakes the claim loop when a claim may find
 // something.
 func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, reserve int) {
-	var backIDs, backTokens []int64
+	var back []claimed
 	lateWoken := false
 	r.mu.Lock()
+	r.ranSeq++
 	for i := range batch {
 		res := &batch[i]
 		id := res.c.ID
@@ -305,12 +427,16 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 			s.cancel(nil)
 			delete(r.inflight, id)
 		}
+		if len(res.c.Signals) > 0 && r.reading != 0 {
+			r.ran[id] = ranStep{token: res.c.Token, seq: r.ranSeq}
+		}
 		if r.late[id] {
 			delete(r.late, id)
 			r.wakeIDs = append(r.wakeIDs, id)
 			lateWoken = true
 		}
 	}
+	r.reserved -= reserve
 	stopping := r.closing || ctx.Err() != nil
 	for i := range batch {
 		res := &batch[i]
@@ -319,45 +445,36 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 		if token == 0 {
 			continue
 		}
+		next := claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token, Trace: res.c.Trace,
+			parent: res.c.parent, leased: res.c.leased}
 		if stopping {
-			backIDs = append(backIDs, id)
-			backTokens = append(backTokens, token)
+			back = append(back, next)
 			continue
 		}
-		r.run(ctx, claimed{ID: id, Flow: res.c.Flow, Step: res.w.Step, State: res.w.State, Token: token, Trace: res.c.Trace,
-			leased: res.c.leased}, res.chain+1)
+		r.run(ctx, next, res.chain+1)
 	}
 	for _, c := range wr.leased {
 		if stopping {
-			backIDs = append(backIDs, c.ID)
-			backTokens = append(backTokens, c.Token)
+			back = append(back, c)
 			continue
 		}
 		r.stats.leased.Add(1) // before the step starts, for whoever it tells
 		r.run(ctx, c, 0)
 	}
 	for _, c := range wr.resumed {
-		if stopping {
-			backIDs = append(backIDs, c.ID)
-			backTokens = append(backTokens, c.Token)
+		if stopping || r.freeSlots() <= 0 {
+			back = append(back, c)
 			continue
 		}
-		c.leased = time.Now()
-		r.queue(c)
-	}
-	r.reserved -= reserve
-	if !stopping {
-		r.startQueued(ctx)
+		r.stats.signalled.Add(1)
+		r.run(ctx, c, 0)
 	}
 	r.mu.Unlock()
 	if lateWoken {
 		r.wakeLater()
 	}
-	if len(backIDs) > 0 {
-		if _, err := r.pool.Exec(context.WithoutCancel(ctx), "SELECT "+r.cfg.Schema+".release_flow_leases($1, $2, $3)",
-			r.cfg.RunnerID, backIDs, backTokens); err != nil {
-			r.cfg.Logger.Warn("wharfflow: handing back steps; they run after their lease", "err", err)
-		}
+	if len(back) > 0 {
+		r.handBack(ctx, back)
 	}
 	// A claim may find something when the write made steps due (children
 	// it did not lease, joins and keys' next steps, awaits whose signal
@@ -365,9 +482,9 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 	// listener's round trip is slower than this), when an outcome
 	// scheduled its own instance (NextAt, Retry, RateLimited, an Await's
 	// deadline: the claim sets the timer), or a slot freed while the claim
-	// loop waited for one. Steps continued on their lease, and children
-	// and joins leased to the runner, need no claim.
-	wake := r.starved.Load() || wr.due > 0
+	// loop waited for one. Steps continued on their lease, and instances
+	// leased to the runner, need no claim.
+	wake := r.starved.Load() || wr.due > 0 || len(back) > 0
 	for i := range batch {
 		token, ok := wr.applied[batch[i].c.ID]
 		r.stats.observe(batch[i], ok)
@@ -389,4 +506,13 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 	if wake {
 		r.poke()
 	}
+}
+
+// oneLine is err's text on one line.
+func oneLine(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message + " (SQLSTATE " + pgErr.Code + ")"
+	}
+	return err.Error()
 }

@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// leaseLoop runs the steps that signals leased to the runner
-// (admitLeased): those their notifications carried, and those notified by
-// id, which it reads. A loop of its own, like wakeLoop.
+// leaseLoop runs the steps the runner's lease notifications name, once the
+// database confirmed that each is leased to the runner (flow_leased_steps):
+// a notification is a hint, which any role may send. A loop of its own,
+// like wakeLoop.
 func (r *Runner) leaseLoop(ctx context.Context) {
 	for {
 		select {
@@ -16,28 +17,27 @@ func (r *Runner) leaseLoop(ctx context.Context) {
 		case <-r.leaseSig:
 		}
 		r.mu.Lock()
-		steps, ids := r.leasedSteps, r.leasedIDs
-		r.leasedSteps, r.leasedIDs = nil, nil
-		r.mu.Unlock()
-		if len(steps) > 0 {
-			if err := r.loadTraces(ctx, steps); err != nil {
-				r.cfg.Logger.Warn("wharfflow: reading the steps' trace context", "err", err)
-			}
-			r.admitLeased(ctx, steps)
-		}
-		if len(ids) == 0 {
+		ids, all := r.leasedIDs, r.unheardAll
+		r.leasedIDs, r.unheardAll = nil, false
+		if len(ids) == 0 && !all {
+			r.mu.Unlock()
 			continue
 		}
-		rows, _, err := r.queryClaimed(ctx, "SELECT id, flow, step, state, attempt, lease_token, lease_until, signals, children FROM "+
-			r.cfg.Schema+".flow_leased_steps($1, $2)", r.cfg.RunnerID, ids)
+		r.ranSeq++
+		r.reading = r.ranSeq
+		r.mu.Unlock()
+		rows, err := r.readLeased(ctx, ids, all)
 		if err != nil {
+			r.mu.Lock()
+			r.reading = 0
+			clear(r.ran)
+			r.leasedIDs = append(ids, r.leasedIDs...)
+			r.unheardAll = r.unheardAll || all
+			r.mu.Unlock()
 			if ctx.Err() != nil {
 				return
 			}
 			r.cfg.Logger.Warn("wharfflow: reading steps signals leased to the runner", "err", err)
-			r.mu.Lock()
-			r.leasedIDs = append(ids, r.leasedIDs...)
-			r.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return
@@ -50,59 +50,63 @@ func (r *Runner) leaseLoop(ctx context.Context) {
 	}
 }
 
-// admitLeased runs steps signals leased to the runner, queues them while
-// every slot is taken, or hands them back when the runner is stopping.
-func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
-	r.mu.Lock()
-	if r.closing || ctx.Err() != nil {
-		r.mu.Unlock()
-		r.handBack(ctx, rows)
-		return
+// readLeased reads the steps of ids leased to the runner, or with all every
+// step signals leased to its registration (flow_unheard_leases).
+func (r *Runner) readLeased(ctx context.Context, ids []int64, all bool) ([]claimed, error) {
+	s := r.cfg.Schema
+	var rows []claimed
+	var err error
+	if all {
+		rows, _, err = r.queryClaimed(ctx, "SELECT "+claimColumns+" FROM "+s+".flow_leased_steps($1, ARRAY(SELECT "+s+
+			".flow_unheard_leases($1, $2)))", r.cfg.RunnerID, r.key.Load())
+	} else {
+		rows, _, err = r.queryClaimed(ctx, "SELECT "+claimColumns+" FROM "+s+".flow_leased_steps($1, $2)", r.cfg.RunnerID, ids)
 	}
-	now := time.Now()
+	return rows, err
+}
+
+// admitLeased runs the steps the database confirmed signals leased to the
+// runner: not those it runs or ran already (a notification repeated,
+// forged, or read before their outcome committed), and it hands back those
+// it will not run: when it is stopping, has no free slot (a busy runner
+// holds nothing an idle one could run) or does not run their flow.
+func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
+	read := time.Now()
+	var back []claimed
+	r.mu.Lock()
+	stopping := r.closing || ctx.Err() != nil
 	for _, c := range rows {
-		if !c.Until.After(now) {
-			// Its notification came a lease late: any runner may have
-			// claimed it since.
+		s, running := r.inflight[c.ID]
+		if running && s.token >= c.Token {
+			continue // notified twice, or claimed again once its lease ended
+		}
+		if ran, ok := r.ran[c.ID]; ok && ran.token >= c.Token {
+			continue // ran it; its outcome committed after the read began
+		}
+		if stopping || r.flows[c.Flow] == nil || (!running && r.freeSlots() <= 0) {
+			back = append(back, c)
 			continue
 		}
-		if s, ok := r.inflight[c.ID]; ok {
-			if s.token >= c.Token {
-				continue // notified twice, or claimed again once its lease ended
-			}
+		if running {
 			// The step that wrote the await, whose write committed (the
-			// signal saw it) but is not released yet: release leaves an
-			// entry of another token alone.
+			// signal saw it) but is not released yet: the new step takes
+			// its slot (release leaves an entry of another token alone).
 			s.cancel(nil)
 		}
-		// The lease began with the signal: renewLoop counts from there.
-		c.leased = c.Until.Add(-r.cfg.LeaseTTL)
-		r.queue(c)
-	}
-	r.startQueued(ctx)
-	r.mu.Unlock()
-}
-
-// queue adds a step a signal leased to the runner to the steps waiting for
-// a slot (startQueued starts them). r.mu is held.
-func (r *Runner) queue(c claimed) {
-	r.stats.signalled.Add(1)
-	r.inflight[c.ID] = &running{token: c.Token, claim: c.leased, cancel: func(error) {}, queued: true}
-	r.queued = append(r.queued, c)
-}
-
-// startQueued starts queued steps while slots are free (not promised to a
-// claim or a write in flight). r.mu is held.
-func (r *Runner) startQueued(ctx context.Context) {
-	for len(r.queued) > 0 && len(r.inflight)-len(r.queued)+r.reserved < r.cfg.MaxInFlight {
-		c := r.queued[0]
-		r.queued = r.queued[1:]
-		delete(r.inflight, c.ID)
+		// The lease began LeaseTTL before its end.
+		c.leased = read.Add(c.left - r.cfg.LeaseTTL)
+		r.stats.signalled.Add(1)
 		r.run(ctx, c, 0)
 	}
+	r.reading = 0
+	clear(r.ran)
+	r.mu.Unlock()
+	if len(back) > 0 {
+		r.handBack(ctx, back)
+	}
 }
 
-// leaseLater tells leaseLoop it has steps to admit or read.
+// leaseLater tells leaseLoop it has steps to read.
 func (r *Runner) leaseLater() {
 	select {
 	case r.leaseSig <- struct{}{}:

@@ -2,7 +2,7 @@ package wharfflow
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -81,46 +81,80 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if strings.HasPrefix(n.Payload, "L") { // instances a signal leased to a runner
-			steps, ids, mine, err := parseLeased(n.Payload, r.key.Load())
-			if err != nil {
-				r.cfg.Logger.Warn("wharfflow: a notification of leased steps", "err", err)
-				continue
-			}
-			if !mine {
-				continue
-			}
-			r.mu.Lock()
-			r.leasedSteps = append(r.leasedSteps, steps...)
+		r.notified(n.Payload)
+	}
+}
+
+// notified acts on one notification. Any role may NOTIFY, so each is a
+// hint checked against the database: 'L' names steps a signal leased to a
+// runner, which leaseLoop reads (flow_leased_steps) before running any;
+// 'W' names instances a signal could not resume, which wakeLoop hands to
+// wake_flows; anything else makes the claim loop look. The ids kept for
+// the loops are bounded (maxPending): past that, a loop does its work for
+// every instance once.
+func (r *Runner) notified(payload string) {
+	switch {
+	case strings.HasPrefix(payload, "L"): // instances a signal leased to a runner
+		ids, mine, err := parseIDs(payload, r.key.Load())
+		if err != nil {
+			r.malformed(payload, err)
+			return
+		}
+		if !mine {
+			return
+		}
+		r.mu.Lock()
+		if len(r.leasedIDs)+len(ids) > maxPending {
+			r.leasedIDs, r.unheardAll = nil, true
+		} else if !r.unheardAll {
 			r.leasedIDs = append(r.leasedIDs, ids...)
-			r.mu.Unlock()
-			r.leaseLater()
-			continue
 		}
-		if strings.HasPrefix(n.Payload, "W") { // instances a signal could not resume
-			ids, mine, err := parseLate(n.Payload, r.key.Load())
-			if err != nil {
-				r.cfg.Logger.Warn("wharfflow: a notification of signalled instances", "err", err)
-				continue
-			}
-			wake := false
-			r.mu.Lock()
-			for _, id := range ids {
-				if _, running := r.inflight[id]; running {
-					r.late[id] = true
-				} else if mine {
-					r.wakeIDs = append(r.wakeIDs, id)
-					wake = true
+		r.mu.Unlock()
+		r.leaseLater()
+	case strings.HasPrefix(payload, "W"): // instances a signal could not resume
+		ids, mine, err := parseIDs(payload, r.key.Load())
+		if err != nil {
+			r.malformed(payload, err)
+			return
+		}
+		mine = mine || strings.HasPrefix(payload, "W0 ")
+		wake := false
+		r.mu.Lock()
+		for _, id := range ids {
+			if _, running := r.inflight[id]; running {
+				r.late[id] = true
+			} else if mine {
+				if len(r.wakeIDs) >= maxPending {
+					r.wakeIDs, r.wakeAll = nil, true
 				}
+				if !r.wakeAll {
+					r.wakeIDs = append(r.wakeIDs, id)
+				}
+				wake = true
 			}
-			r.mu.Unlock()
-			if wake {
-				r.wakeLater()
-			}
-			continue
 		}
+		r.mu.Unlock()
+		if wake {
+			r.wakeLater()
+		}
+	default:
 		r.poke()
 	}
+}
+
+// malformed logs a notification the runner cannot read: the first at
+// Warn (something other than Wharf notifies on the channel), the rest at
+// Debug, so that a flood of them costs no log volume.
+func (r *Runner) malformed(payload string, err error) {
+	if len(payload) > 100 {
+		payload = payload[:100] + "..."
+	}
+	if r.malformedSeen.CompareAndSwap(false, true) {
+		r.cfg.Logger.Warn("wharfflow: ignoring a notification it cannot read on the flows' channel (any role may NOTIFY; more are logged at debug level)",
+			"payload", payload, "err", err)
+		return
+	}
+	r.cfg.Logger.Debug("wharfflow: ignoring a notification it cannot read", "payload", payload, "err", err)
 }
 
 // unheard queues for leaseLoop the steps signals leased to the runner's
@@ -142,74 +176,29 @@ func (r *Runner) unheard(ctx context.Context, conn *pgxpool.Conn, key int64) err
 	return nil
 }
 
-// parseLeased reads a notification of leased steps (flow_notify_leased):
-// "L<key> [<step>,...]", each step an object shaped as flow_leased_steps
-// returns it, or the bare id of one too large to carry. One addressed to
-// another runner key than key is not mine, and not read further: every
-// runner hears every runner's.
-func parseLeased(payload string, key int64) (steps []claimed, ids []int64, mine bool, err error) {
+// parseIDs reads a notification naming instances, "L<key> <id>,..." (steps
+// flow_notify_leased leased to the registration key) or "W<key> <id>,..."
+// (instances signal_flows could not resume, for the runner registered as
+// key, or for every runner with key 0). mine: addressed to key. At most 300
+// ids, as the database sends them.
+func parseIDs(payload string, key int64) (ids []int64, mine bool, err error) {
 	head, list, ok := strings.Cut(payload[1:], " ")
 	if !ok {
-		return nil, nil, false, fmt.Errorf("no steps in %q", payload)
+		return nil, false, errors.New("no instance ids")
 	}
 	to, err := strconv.ParseInt(head, 10, 64)
 	if err != nil {
-		return nil, nil, false, fmt.Errorf("runner key in %q: %w", payload, err)
+		return nil, false, fmt.Errorf("runner key: %w", err)
 	}
-	if to != key {
-		return nil, nil, false, nil
-	}
-	var elems []json.RawMessage
-	if err := json.Unmarshal([]byte(list), &elems); err != nil {
-		return nil, nil, false, fmt.Errorf("leased steps in %q: %w", payload, err)
-	}
-	for _, e := range elems {
-		if len(e) > 0 && e[0] != '{' {
-			id, err := strconv.ParseInt(string(e), 10, 64)
-			if err != nil {
-				return nil, nil, false, fmt.Errorf("instance id %s in %q: %w", e, payload, err)
-			}
-			ids = append(ids, id)
-			continue
-		}
-		var w struct {
-			ID      int64            `json:"id"`
-			Token   int64            `json:"token"`
-			Flow    string           `json:"flow"`
-			Step    string           `json:"step"`
-			Attempt int              `json:"attempt"`
-			Until   time.Time        `json:"until"`
-			State   json.RawMessage  `json:"state"`
-			Signals []ReceivedSignal `json:"signals"`
-		}
-		if err := json.Unmarshal(e, &w); err != nil {
-			return nil, nil, false, fmt.Errorf("leased step %s: %w", e, err)
-		}
-		steps = append(steps, claimed{ID: w.ID, Flow: w.Flow, Step: w.Step, State: w.State, Attempt: w.Attempt,
-			Token: w.Token, Until: w.Until, Signals: w.Signals})
-	}
-	return steps, ids, true, nil
-}
-
-// parseLate reads a notification of instances a signal could not resume
-// (signal_flows): "W<key> <id>,...". mine: addressed to key, or to 0 (every
-// runner). Whatever the address, the listener marks the ids whose steps
-// the runner runs, to wake once their write has committed.
-func parseLate(payload string, key int64) (ids []int64, mine bool, err error) {
-	head, list, ok := strings.Cut(payload[1:], " ")
-	if !ok {
-		return nil, false, fmt.Errorf("no instance ids in %q", payload)
-	}
-	to, err := strconv.ParseInt(head, 10, 64)
-	if err != nil {
-		return nil, false, fmt.Errorf("runner key in %q: %w", payload, err)
+	if strings.Count(list, ",") >= 300 {
+		return nil, false, errors.New("more than 300 ids")
 	}
 	for f := range strings.SplitSeq(list, ",") {
 		id, err := strconv.ParseInt(f, 10, 64)
-		if err != nil {
-			return nil, false, fmt.Errorf("instance id %q in %q: %w", f, payload, err)
+		if err != nil || id <= 0 {
+			return nil, false, fmt.Errorf("instance id %q", f)
 		}
 		ids = append(ids, id)
 	}
-	return ids, to == 0 || to == key, nil
+	return ids, to == key, nil
 }

@@ -7,7 +7,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// cleanupLoop deletes instances past their retention, in batches.
+// cleanupLoop deletes instances past their retention, in batches, repairs
+// lost joins and removes dead runners' rows, every CleanupInterval.
 func (r *Runner) cleanupLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.CleanupInterval)
 	defer t.Stop()
@@ -17,11 +18,36 @@ func (r *Runner) cleanupLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if _, err := Cleanup(ctx, r.pool, r.cfg.Schema, time.Now().Add(-r.cfg.Retention), 1000); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("wharfflow: deleting expired instances", "err", err)
-		}
-		r.sweepDeadRunners(ctx)
+		r.maintain(ctx)
 	}
+}
+
+// maintain runs the cleanup loop's work once.
+func (r *Runner) maintain(ctx context.Context) {
+	// The cut-off is the database's now: runners' clocks need not agree.
+	for {
+		var n int
+		if err := r.pool.QueryRow(ctx, "SELECT "+r.cfg.Schema+".cleanup_flows(clock_timestamp() - $1::interval, 1000)",
+			r.cfg.Retention).Scan(&n); err != nil {
+			if ctx.Err() == nil {
+				r.cfg.Logger.Warn("wharfflow: deleting expired instances", "err", err)
+			}
+			break
+		}
+		if n < 1000 {
+			break
+		}
+	}
+	var n int
+	if err := r.pool.QueryRow(ctx, "SELECT "+r.cfg.Schema+".repair_flow_joins(1000)").Scan(&n); err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: repairing lost joins", "err", err)
+		}
+	} else if n > 0 {
+		r.cfg.Logger.Warn("wharfflow: parents waited for children that had all ended; their joins run now", "parents", n)
+		r.poke()
+	}
+	r.sweepDeadRunners(ctx)
 }
 
 // sweepDeadRunners removes the rows of runners whose heartbeat ended more

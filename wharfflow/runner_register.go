@@ -60,8 +60,17 @@ func (r *Runner) heartbeat(ctx context.Context) {
 	err = r.pool.QueryRow(ctx, "INSERT INTO "+r.cfg.Schema+`.flow_runners AS f (id, lease, alive_until)
 VALUES ($1, $2, clock_timestamp() + $3) ON CONFLICT (id) DO NOTHING RETURNING f.key`,
 		r.cfg.RunnerID, r.cfg.LeaseTTL, r.aliveFor()).Scan(&key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another process registered with this RunnerID: signals lease to
+		// the id's steps only through the last registration.
+		if r.twinWarned.CompareAndSwap(false, true) {
+			r.cfg.Logger.Warn("wharfflow: another runner process registered with this RunnerID; signals lease this id's steps to it alone: give each process its own RunnerID",
+				"runner", r.cfg.RunnerID)
+		}
+		return
+	}
 	if err != nil {
-		if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
+		if ctx.Err() == nil {
 			r.cfg.Logger.Warn("wharfflow: heartbeat", "err", err)
 		}
 		return

@@ -7,7 +7,8 @@ import (
 )
 
 // renewLoop extends the leases of steps running longer than a third of
-// LeaseTTL, and cancels the steps whose lease was lost.
+// LeaseTTL, and cancels the steps whose lease was lost. It heartbeats the
+// runner's registration on the same tick.
 func (r *Runner) renewLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.LeaseTTL / 3)
 	defer t.Stop()
@@ -21,13 +22,18 @@ func (r *Runner) renewLoop(ctx context.Context) {
 			r.heartbeat(ctx)
 		}
 		r.mu.Lock()
-		var ids, tokens []int64
+		var ids []int64
 		cutoff := time.Now().Add(-r.cfg.LeaseTTL / 3)
 		for id, s := range r.inflight {
 			if s.claim.Before(cutoff) {
 				ids = append(ids, id)
-				tokens = append(tokens, s.token)
 			}
+		}
+		// In id order, as every writer locks instances.
+		slices.Sort(ids)
+		tokens := make([]int64, len(ids))
+		for i, id := range ids {
+			tokens[i] = r.inflight[id].token
 		}
 		r.mu.Unlock()
 		if len(ids) == 0 {
@@ -50,28 +56,12 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		if rows.Err() != nil {
 			continue
 		}
-		wake := false
 		r.mu.Lock()
 		for i, id := range ids {
 			if s, ok := r.inflight[id]; ok && s.token == tokens[i] && !kept[id] {
 				s.cancel(errLeaseLost)
-				if s.queued {
-					delete(r.inflight, id)
-					r.queued = slices.DeleteFunc(r.queued, func(c claimed) bool { return c.ID == id })
-					// The runner that took it over may have written its
-					// await before the signal committed, and may have heard
-					// the notification while it ran nothing of it.
-					if r.late[id] {
-						delete(r.late, id)
-						r.wakeIDs = append(r.wakeIDs, id)
-						wake = true
-					}
-				}
 			}
 		}
 		r.mu.Unlock()
-		if wake {
-			r.wakeLater()
-		}
 	}
 }

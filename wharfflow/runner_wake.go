@@ -26,11 +26,14 @@ func (r *Runner) wakeLoop(ctx context.Context) {
 		case <-r.wakeSig:
 		}
 		r.mu.Lock()
-		ids := r.wakeIDs
-		r.wakeIDs = nil
+		ids, all := r.wakeIDs, r.wakeAll
+		r.wakeIDs, r.wakeAll = nil, false
 		r.mu.Unlock()
-		if len(ids) == 0 {
+		if len(ids) == 0 && !all {
 			continue
+		}
+		if all {
+			ids = nil // every awaiting instance with a pending signal
 		}
 		if !r.wakeOnce(ctx, ids) {
 			if ctx.Err() != nil {
@@ -38,6 +41,7 @@ func (r *Runner) wakeLoop(ctx context.Context) {
 			}
 			r.mu.Lock()
 			r.wakeIDs = append(ids, r.wakeIDs...)
+			r.wakeAll = r.wakeAll || all
 			r.mu.Unlock()
 			select {
 			case <-ctx.Done():
@@ -49,7 +53,8 @@ func (r *Runner) wakeLoop(ctx context.Context) {
 	}
 }
 
-// wakeOnce runs wake_flows for ids (and wakes the claim loop when it made
+// wakeOnce runs wake_flows for ids, or for every awaiting instance with a
+// pending signal when ids is nil (and wakes the claim loop when it made
 // steps due); false when it failed.
 func (r *Runner) wakeOnce(ctx context.Context, ids []int64) bool {
 	var n int

@@ -63,12 +63,12 @@ func TestStartAndSendAreOneRoundTripAndSendIsAllOrNothing(t *testing.T) {
 	_, err = client.Send(ctx, wharfflow.Signal{Instance: ids[0], Name: "go", DedupKey: "a"},
 		wharfflow.Signal{Instance: 1 << 40, Name: "go"})
 	require.ErrorIs(t, err, wharfflow.ErrNoInstance)
-	require.ErrorContains(t, err, "signal 1 (go) to instance 1099511627776")
+	require.EqualError(t, err, "wharfflow: signal 1 (go): there is no instance 1099511627776")
 	require.Equal(t, int64(1), queries.n.Load()-n0, "Send is one statement, failed or not")
 	_, err = client.Send(ctx, wharfflow.Signal{Instance: ids[1], Name: "go"},
 		wharfflow.Signal{Flow: "send", Key: "order-2", Name: "go"})
 	require.ErrorIs(t, err, wharfflow.ErrNoInstance)
-	require.ErrorContains(t, err, `signal 1 (go) to flow send key "order-2"`)
+	require.EqualError(t, err, `wharfflow: signal 1 (go): flow send has no active instance with key "order-2"`)
 	var n int
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_signals").Scan(&n))
 	require.Zero(t, n, "a failed Send records none of its signals")
@@ -89,6 +89,7 @@ func TestStartAndSendAreOneRoundTripAndSendIsAllOrNothing(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = b.client.SignalTx(ctx, tx, wharfflow.Signal{Instance: 1 << 40, Name: "go"})
 	require.ErrorIs(t, err, wharfflow.ErrNoInstance)
+	require.EqualError(t, err, "wharfflow: signal go: instance 1099511627776 is not active (it ended, or there is none)")
 	var one int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "the transaction is still usable")
 }

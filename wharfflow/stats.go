@@ -8,14 +8,15 @@ import (
 // Stats are a runner's counters since it was created. Read them with the
 // methods; they are safe for concurrent use.
 type Stats struct {
-	steps     atomic.Int64
-	claimed   atomic.Int64
-	leased    atomic.Int64
-	signalled atomic.Int64
-	lost      atomic.Int64
-	failed    atomic.Int64
-	stepNanos atomic.Int64
-	byOutcome [kindPaused + 1]atomic.Int64
+	steps      atomic.Int64
+	claimed    atomic.Int64
+	leased     atomic.Int64
+	signalled  atomic.Int64
+	handedBack atomic.Int64
+	lost       atomic.Int64
+	failed     atomic.Int64
+	stepNanos  atomic.Int64
+	byOutcome  [kindPaused + 1]atomic.Int64
 }
 
 func newStats() *Stats { return &Stats{} }
@@ -55,6 +56,12 @@ func (s *Stats) Leased() int64 { return s.leased.Load() }
 // awaited a signal, resumed by it on the runner that wrote their await,
 // without a claim.
 func (s *Stats) Signalled() int64 { return s.signalled.Load() }
+
+// HandedBack is how many steps leased to the runner it released unrun,
+// due at once for any runner's claim: a signal leased them while every
+// slot was taken, or the runner was stopping, or they were of a flow it
+// does not run.
+func (s *Stats) HandedBack() int64 { return s.handedBack.Load() }
 
 // Lost is how many outcomes were not committed because the step's lease was
 // lost, its instance was cancelled, or the write failed.

@@ -137,7 +137,7 @@ END IF; END $wharf$`,
 		`GRANT EXECUTE ON FUNCTION {S}.start_flows(jsonb) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.start_flow(text, jsonb, text, text, integer, timestamptz, text, integer, text) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.signal_flows(jsonb, boolean) TO {R}`,
-		`GRANT EXECUTE ON FUNCTION {S}.signal(text, text, text, jsonb, text) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.signal(text, text, text, jsonb, text, boolean) TO {R}`,
 	}
 	// flowRunnerGrants: what a wharfflow runner does (wharfflow/runner.go
 	// and the functions of migration 7 it calls, which run with its
@@ -156,16 +156,23 @@ END IF; END $wharf$`,
 		`GRANT SELECT, UPDATE, DELETE ON {S}.flow_signals TO {R}`,
 		// One history row per outcome; cleanup deletes an instance's.
 		`GRANT SELECT, INSERT, DELETE ON {S}.flow_steps TO {R}`,
-		// Token buckets (the runner writes Config.RateLimits; the claim
-		// takes tokens) and pauses (RateLimited outcomes).
+		// Concurrency limits and token buckets (the runner writes
+		// Config.ConcurrencyLimits and RateLimits; the claim takes slots
+		// and tokens) and pauses (RateLimited outcomes).
 		`GRANT SELECT, INSERT, UPDATE ON {S}.flow_keys TO {R}`,
+		// The runner writes its flows' steps when it starts (a start from
+		// SQL without a step begins at the first).
+		`GRANT SELECT, INSERT, UPDATE ON {S}.flow_definitions TO {R}`,
 		// Registers and heartbeats while it listens, removes itself when
 		// it stops (signals lease awaiting instances to live runners).
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON {S}.flow_runners TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.claim_flow_steps(text, text[], integer, interval) TO {R}`,
-		`GRANT EXECUTE ON FUNCTION {S}.complete_flow_steps(text, jsonb, interval, text[]) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.complete_flow_steps(text, jsonb, interval, text[], integer) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.flow_outcomes(jsonb) TO {R}`,
-		`GRANT EXECUTE ON FUNCTION {S}.flow_signal_pending(bigint, text[]) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.flow_lock_keys(text[]) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.flow_signals_for(bigint, text[]) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.flow_key_free(text[], text, text[], integer, interval) TO {R}`,
+		`GRANT EXECUTE ON FUNCTION {S}.repair_flow_joins(integer) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.next_flow_due(timestamptz) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.flow_leased_steps(text, bigint[]) TO {R}`,
 		`GRANT EXECUTE ON FUNCTION {S}.flow_unheard_leases(text, bigint) TO {R}`,
@@ -181,7 +188,7 @@ END IF; END $wharf$`,
 	flowReaderGrants = []string{
 		`GRANT USAGE ON SCHEMA {S} TO {R}`,
 		`GRANT SELECT ON {S}.schema_migrations TO {R}`,
-		`GRANT SELECT ON {S}.flow_instances, {S}.flow_signals, {S}.flow_steps, {S}.flow_keys, {S}.flow_runners TO {R}`,
+		`GRANT SELECT ON {S}.flow_instances, {S}.flow_signals, {S}.flow_steps, {S}.flow_keys, {S}.flow_runners, {S}.flow_definitions TO {R}`,
 	}
 	relayGrants = []string{
 		`GRANT USAGE ON SCHEMA {S} TO {R}`,
@@ -220,7 +227,7 @@ END IF; END $wharf$`,
 // tables are every table of the schema, for the REVOKE that makes a second
 // run leave exactly the grants above.
 var tables = []string{"outbox", "lanes", "relays", "retries", "dead_letters", "schema_migrations",
-	"flow_instances", "flow_signals", "flow_steps", "flow_keys", "flow_runners"}
+	"flow_instances", "flow_signals", "flow_steps", "flow_keys", "flow_runners", "flow_definitions"}
 
 // roleStatements returns the statements that create (if missing) and grant
 // one role; password writes the SQL value of its password.

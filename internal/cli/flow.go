@@ -234,7 +234,7 @@ func newFlowSignalCmd(g *globals) *cobra.Command {
 			defer closeFn()
 			ids, err := c.Send(cmd.Context(), s)
 			if err != nil {
-				return err
+				return noInstanceErr(err)
 			}
 			fmt.Fprintf(g.stdout, "signal %d recorded\n", ids[0])
 			return nil
@@ -256,7 +256,7 @@ func newFlowCancelCmd(g *globals) *cobra.Command {
 			if err == nil {
 				fmt.Fprintf(g.stdout, "cancelled %d instance(s)\n", n)
 			}
-			return err
+			return noInstanceErr(err)
 		})
 }
 
@@ -267,7 +267,7 @@ func newFlowRetryCmd(g *globals) *cobra.Command {
 			if err == nil {
 				fmt.Fprintf(g.stdout, "instance %d will run its failed step again\n", id)
 			}
-			return err
+			return noInstanceErr(err)
 		})
 }
 
@@ -291,4 +291,13 @@ func newFlowInstanceCmd(g *globals, use, short string, run func(context.Context,
 			return run(cmd.Context(), c, id)
 		},
 	}
+}
+
+// noInstanceErr is err for the command line: an instance the command cannot
+// act on is said as the library says it, without its package's name.
+func noInstanceErr(err error) error {
+	if errors.Is(err, wharfflow.ErrNoInstance) {
+		return errors.New(strings.TrimPrefix(err.Error(), "wharfflow: "))
+	}
+	return err
 }

@@ -25,7 +25,13 @@ CREATE TABLE {{schema}}.flow_instances (
     -- the steps leased to it that it never heard of (flow_unheard_leases).
     lease_key         bigint,
     concurrency_key   text,
+    -- The limit this instance was started with: the key's limit when the
+    -- key has none yet (flow_keys.concurrency_limit decides).
     concurrency_limit integer NOT NULL DEFAULT 1 CHECK (concurrency_limit > 0),
+    -- waiting_key: a claim found its concurrency key full and put it off
+    -- (run_at is then the key's earliest lease end, a safety net): the
+    -- write or cancel that ends a running step of the key wakes it.
+    waiting_key       boolean NOT NULL DEFAULT false,
     rate_key          text,
     await_signals     text[],
     timeout_step      text,
@@ -39,6 +45,11 @@ CREATE TABLE {{schema}}.flow_instances (
     joined            boolean NOT NULL DEFAULT false,
     result            jsonb,
     error             text,
+    -- The W3C trace context (a JSON object of its header fields) of the
+    -- transaction that started the instance, when the starting client has a
+    -- tracer (wharfflow.WithTracer): the runner makes each step's span a
+    -- child of it, and of its nearest ancestor's for children.
+    trace_context     jsonb,
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
     finished_at       timestamptz
@@ -57,15 +68,24 @@ CREATE INDEX flow_instances_due ON {{schema}}.flow_instances (priority DESC, run
 -- one entry per signal that leases.
 CREATE INDEX flow_instances_lease_key ON {{schema}}.flow_instances (lease_key)
     WHERE lease_key IS NOT NULL;
--- A correlation key addresses one active instance of a flow.
+-- A correlation key addresses one instance of a flow that has not ended:
+-- a failed instance gives its key up (a new start takes it; retrying the
+-- failed one then fails while the key is taken).
 CREATE UNIQUE INDEX flow_instances_correlation ON {{schema}}.flow_instances (flow, correlation_key)
-    WHERE correlation_key IS NOT NULL AND status NOT IN ('done', 'cancelled');
+    WHERE correlation_key IS NOT NULL AND status NOT IN ('done', 'cancelled', 'failed');
 -- Children of a parent: the join, cancellation, the FK's cascade.
 CREATE INDEX flow_instances_parent ON {{schema}}.flow_instances (parent_id, spawn_round)
     WHERE parent_id IS NOT NULL;
--- Running steps per concurrency key, and the next waiting one to wake.
-CREATE INDEX flow_instances_concurrency ON {{schema}}.flow_instances (concurrency_key, priority DESC, not_before)
-    WHERE concurrency_key IS NOT NULL AND status IN ('ready', 'running', 'awaiting');
+-- Running steps per concurrency key (a claim counts them: as many entries
+-- as the key's limit, whatever its backlog), and the steps waiting for a
+-- slot, in the order they are woken.
+CREATE INDEX flow_instances_key_running ON {{schema}}.flow_instances (concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND status = 'running';
+CREATE INDEX flow_instances_key_waiting ON {{schema}}.flow_instances (concurrency_key, priority DESC, not_before, id)
+    WHERE waiting_key;
+-- Parents waiting for their children (repair_flow_joins looks at them).
+CREATE INDEX flow_instances_joining ON {{schema}}.flow_instances (id)
+    WHERE status = 'joining';
 -- Retention: finished top-level instances by age.
 CREATE INDEX flow_instances_finished ON {{schema}}.flow_instances (finished_at)
     WHERE status IN ('done', 'cancelled') AND parent_id IS NULL;
@@ -107,14 +127,32 @@ CREATE TABLE {{schema}}.flow_steps (
 ) WITH (autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 50000);
 CREATE INDEX flow_steps_instance ON {{schema}}.flow_steps (instance_id, finished_at);
 
--- Keys: token buckets (rate, burst) and pauses ("rate limited until").
+-- Keys: concurrency limits, token buckets (rate, burst) and pauses ("rate
+-- limited until"). A row is written and read only under the key's lock
+-- (flow_lock_keys), so nobody waits for its row lock while holding others.
+-- concurrency_limit is the key's: set by a runner's
+-- Config.ConcurrencyLimits, or else by the first instance of the key a
+-- claim sees (its Options.ConcurrencyLimit); instances started with
+-- another limit follow the key's.
 CREATE TABLE {{schema}}.flow_keys (
-    key          text PRIMARY KEY,
-    rate         double precision CHECK (rate > 0),
-    burst        double precision CHECK (burst >= 1),
-    tokens       double precision NOT NULL DEFAULT 0,
-    refilled_at  timestamptz NOT NULL DEFAULT now(),
-    paused_until timestamptz
+    key               text PRIMARY KEY,
+    concurrency_limit integer CHECK (concurrency_limit > 0),
+    rate              double precision CHECK (rate > 0),
+    burst             double precision CHECK (burst >= 1),
+    tokens            double precision NOT NULL DEFAULT 0,
+    refilled_at       timestamptz NOT NULL DEFAULT now(),
+    paused_until      timestamptz
+);
+
+-- Flow definitions as runners run them: a runner writes its flows' steps
+-- when it starts. A start that names no step (start_flow from SQL) begins
+-- at its flow's first step, and one naming a step the flow lacks fails.
+CREATE TABLE {{schema}}.flow_definitions (
+    flow       text PRIMARY KEY,
+    first_step text NOT NULL,
+    steps      text[] NOT NULL,
+    runner     text NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
 );
 
 -- Live runners, for signals: a signal resumes an awaiting instance by
@@ -131,25 +169,51 @@ CREATE TABLE {{schema}}.flow_runners (
 );
 
 -- start_flows inserts a JSON array of starts ({flow, step, state, key,
--- priority, run_at, concurrency_key, concurrency_limit, rate_key}) and returns
--- each start's position and instance id: the existing active instance's id
--- when its (flow, key) is taken.
+-- priority, run_at, concurrency_key, concurrency_limit, rate_key, trace})
+-- and returns each start's position and instance id: the existing
+-- instance's id when its (flow, key) is taken by one that has not ended.
+-- A start without a step begins at its flow's first step as the runners
+-- registered it (flow_definitions); one naming no step of an unregistered
+-- flow, or a step its registered flow lacks, fails the call, naming it.
+-- trace is the W3C trace context of the starting request (wharfflow
+-- WithTracer), stored in trace_context.
 CREATE FUNCTION {{schema}}.start_flows(p_starts jsonb) RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_ids bigint[];
+    v_bad record;
 BEGIN
+    SELECT e.n, e.doc->>'flow' AS flow, e.doc->>'step' AS step, d.first_step, d.steps
+      INTO v_bad
+      FROM jsonb_array_elements(p_starts) WITH ORDINALITY AS e(doc, n)
+      LEFT JOIN {{schema}}.flow_definitions d ON d.flow = e.doc->>'flow'
+     WHERE (e.doc->>'step' IS NULL AND d.flow IS NULL)
+        OR (e.doc->>'step' IS NOT NULL AND d.flow IS NOT NULL AND NOT (e.doc->>'step' = ANY (d.steps)))
+     ORDER BY e.n LIMIT 1;
+    IF FOUND THEN
+        IF v_bad.step IS NULL THEN
+            RAISE EXCEPTION 'start %: flow % is unknown: no runner has registered it, so its first step is unknown', v_bad.n - 1, v_bad.flow
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Check the flow''s name, start a runner that runs it, or name the step to start at.';
+        END IF;
+        RAISE EXCEPTION 'start %: flow % has no step % (its steps: %)', v_bad.n - 1, v_bad.flow, v_bad.step, array_to_string(v_bad.steps, ', ')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = format('Leave the step out to start at the first step, %s.', v_bad.first_step);
+    END IF;
     v_ids := ARRAY(SELECT nextval('{{schema}}.flow_instances_id_seq') FROM generate_series(1, jsonb_array_length(p_starts)));
     INSERT INTO {{schema}}.flow_instances AS i
         (id, flow, step, state, correlation_key, priority, run_at, not_before,
-         concurrency_key, concurrency_limit, rate_key)
-    SELECT v_ids[e.n], e.doc->>'flow', coalesce(e.doc->>'step', 'start'), coalesce(e.doc->'state', '{}'),
+         concurrency_key, concurrency_limit, rate_key, trace_context)
+    SELECT v_ids[e.n], e.doc->>'flow',
+           coalesce(e.doc->>'step', (SELECT d.first_step FROM {{schema}}.flow_definitions d WHERE d.flow = e.doc->>'flow')),
+           coalesce(e.doc->'state', '{}'),
            e.doc->>'key', coalesce((e.doc->>'priority')::integer, 0),
            coalesce((e.doc->>'run_at')::timestamptz, now()), coalesce((e.doc->>'run_at')::timestamptz, now()),
-           e.doc->>'concurrency_key', coalesce((e.doc->>'concurrency_limit')::integer, 1), e.doc->>'rate_key'
+           e.doc->>'concurrency_key', coalesce((e.doc->>'concurrency_limit')::integer, 1), e.doc->>'rate_key',
+           e.doc->'trace'
       FROM jsonb_array_elements(p_starts) WITH ORDINALITY AS e(doc, n)
-        ON CONFLICT (flow, correlation_key) WHERE correlation_key IS NOT NULL AND status NOT IN ('done', 'cancelled')
+        ON CONFLICT (flow, correlation_key) WHERE correlation_key IS NOT NULL AND status NOT IN ('done', 'cancelled', 'failed')
         DO NOTHING;
     PERFORM pg_notify('{{schema}}_flows', '');
     -- A new statement, so a start that conflicted with one committed meanwhile
@@ -160,27 +224,35 @@ BEGIN
     SELECT e.n, coalesce((SELECT i.id FROM {{schema}}.flow_instances i WHERE i.id = v_ids[e.n]),
                          (SELECT x.id FROM {{schema}}.flow_instances x
                            WHERE x.flow = e.doc->>'flow' AND x.correlation_key = e.doc->>'key'
-                             AND x.status NOT IN ('done', 'cancelled')))
+                             AND x.status NOT IN ('done', 'cancelled', 'failed')))
       FROM jsonb_array_elements(p_starts) WITH ORDINALITY AS e(doc, n);
 END $$;
 
--- start_flow starts one instance, for callers in any language.
+-- start_flow starts one instance, for callers in any language. Without
+-- p_step it starts at the flow's first step (see start_flows). With p_key,
+-- a start whose key an instance of the flow that has not ended holds
+-- starts nothing and returns that instance's id.
 CREATE FUNCTION {{schema}}.start_flow(
-    p_flow text, p_state jsonb DEFAULT '{}', p_key text DEFAULT NULL, p_step text DEFAULT 'start',
+    p_flow text, p_state jsonb DEFAULT '{}', p_key text DEFAULT NULL, p_step text DEFAULT NULL,
     p_priority integer DEFAULT 0, p_run_at timestamptz DEFAULT NULL,
     p_concurrency_key text DEFAULT NULL, p_concurrency_limit integer DEFAULT 1, p_rate_key text DEFAULT NULL)
 RETURNS bigint LANGUAGE sql AS $$
-    SELECT s.id FROM {{schema}}.start_flows(jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
-        'flow', p_flow, 'state', p_state, 'key', p_key, 'step', p_step, 'priority', p_priority,
-        'run_at', p_run_at, 'concurrency_key', p_concurrency_key,
-        'concurrency_limit', p_concurrency_limit, 'rate_key', p_rate_key)))) s
+    -- Only the top level's nulls are left out: a state's own null fields stay.
+    SELECT s.id FROM {{schema}}.start_flows(jsonb_build_array((
+        SELECT jsonb_object_agg(f.key, f.value) FROM jsonb_each(jsonb_build_object(
+            'flow', p_flow, 'state', p_state, 'key', p_key, 'step', p_step, 'priority', p_priority,
+            'run_at', p_run_at, 'concurrency_key', p_concurrency_key,
+            'concurrency_limit', p_concurrency_limit, 'rate_key', p_rate_key)) AS f
+         WHERE f.value <> 'null'::jsonb))) s
 $$;
 
 -- signal_flows records a JSON array of signals ({instance} or {flow, key},
 -- name, payload, dedup_key) and returns each one's position and signal id,
--- NULL when no active instance matches. With p_strict, a signal that
+-- NULL when no instance matches: by id, one that is not done or cancelled
+-- (a failed one keeps its signals for a retry); by key, the one of the flow
+-- with that key that has not ended. With p_strict, a signal that
 -- matches none fails the call instead (SQLSTATE P0002, no_data_found,
--- naming the first such signal) and records nothing: a batch sent in a
+-- naming the first such signal and why) and records nothing: a batch sent in a
 -- transaction of its own is all or nothing in one statement, one round
 -- trip. A signal whose dedup_key the instance already has is not recorded
 -- again; its id is the first one's. Set-based: one statement finds the
@@ -204,18 +276,21 @@ BEGIN
                            WHERE i.id = (x.doc->>'instance')::bigint AND i.status NOT IN ('done', 'cancelled'))
                     ELSE (SELECT i.id FROM {{schema}}.flow_instances i
                            WHERE i.flow = x.doc->>'flow' AND i.correlation_key = x.doc->>'key'
-                             AND i.status NOT IN ('done', 'cancelled')) END
+                             AND i.status NOT IN ('done', 'cancelled', 'failed')) END
           FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n) ORDER BY x.n);
     IF p_strict THEN
-        SELECT CASE WHEN x.doc ? 'instance'
-                    THEN format('signal %s (%s) to instance %s', x.n - 1, x.doc->>'name', x.doc->>'instance')
-                    ELSE format('signal %s (%s) to flow %s key %s', x.n - 1, x.doc->>'name', x.doc->>'flow',
-                                to_json(x.doc->>'key')) END
+        SELECT CASE WHEN jsonb_array_length(p_signals) > 1 THEN format('signal %s (%s): ', x.n - 1, x.doc->>'name')
+                    ELSE format('signal %s: ', x.doc->>'name') END ||
+               CASE WHEN x.doc ? 'instance'
+                    THEN coalesce((SELECT format('instance %s is %s', i.id, i.status) FROM {{schema}}.flow_instances i
+                                    WHERE i.id = (x.doc->>'instance')::bigint),
+                                  format('there is no instance %s', x.doc->>'instance'))
+                    ELSE format('flow %s has no active instance with key %s', x.doc->>'flow', to_json(x.doc->>'key')) END
           INTO v_miss
           FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n)
          WHERE v_ins[x.n] IS NULL ORDER BY x.n LIMIT 1;
         IF v_miss IS NOT NULL THEN
-            RAISE EXCEPTION 'no active flow instance for %', v_miss USING ERRCODE = 'no_data_found';
+            RAISE EXCEPTION '%', v_miss USING ERRCODE = 'no_data_found';
         END IF;
     END IF;
     -- Record the signals (a duplicate's dedup_key is not recorded again),
@@ -262,19 +337,16 @@ BEGIN
       FROM jsonb_array_elements(p_signals) WITH ORDINALITY AS x(doc, n);
 END $$;
 
--- signal sends one signal to the active instance of p_flow with correlation
--- key p_key; NULL when there is none.
-CREATE FUNCTION {{schema}}.signal(p_flow text, p_key text, p_name text, p_payload jsonb DEFAULT NULL, p_dedup_key text DEFAULT NULL)
+-- signal sends one signal to the instance of p_flow with correlation key
+-- p_key that has not ended, and returns the signal's id; NULL when there is
+-- none (a mistyped flow or key, or an instance that ended), or, with
+-- p_strict, an error naming what did not match (SQLSTATE P0002), which
+-- rolls back the caller's transaction.
+CREATE FUNCTION {{schema}}.signal(p_flow text, p_key text, p_name text, p_payload jsonb DEFAULT NULL,
+                                  p_dedup_key text DEFAULT NULL, p_strict boolean DEFAULT false)
 RETURNS bigint LANGUAGE sql AS $$
     SELECT s.id FROM {{schema}}.signal_flows(jsonb_build_array(jsonb_build_object(
-        'flow', p_flow, 'key', p_key, 'name', p_name, 'payload', p_payload, 'dedup_key', p_dedup_key))) s
-$$;
-
--- flow_signal_pending: instance p_id has a pending signal named in p_names.
-CREATE FUNCTION {{schema}}.flow_signal_pending(p_id bigint, p_names text[]) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
-                    WHERE s.instance_id = p_id AND s.consumed_at IS NULL AND s.name = ANY (p_names))
+        'flow', p_flow, 'key', p_key, 'name', p_name, 'payload', p_payload, 'dedup_key', p_dedup_key)), p_strict) s
 $$;
 
 -- flow_outcomes unpacks complete_flow_steps's JSON. A function of its own
@@ -323,18 +395,61 @@ BEGIN
     RETURN v_min;
 END $$;
 
+-- flow_lock_keys takes the locks of keys (concurrency and rate keys), in
+-- one order (by the lock's number) whatever the caller: claims, outcome
+-- writes and cancels take all the key locks they need in one call, after
+-- their row locks, and once holding a key lock wait for no row lock (they
+-- skip locked rows), so no two of them wait on each other in a cycle. A
+-- key's flow_keys row is written only under its lock.
+CREATE FUNCTION {{schema}}.flow_lock_keys(p_keys text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_lock bigint;
+BEGIN
+    FOR v_lock IN
+        SELECT DISTINCT hashtextextended('{{schema}}.flow_key:' || k.key, 0)
+          FROM unnest(p_keys) AS k(key) WHERE k.key IS NOT NULL ORDER BY 1
+    LOOP
+        PERFORM pg_advisory_xact_lock(v_lock);
+    END LOOP;
+END $$;
+
+-- flow_signals_for is the pending signals of p_names an instance's step
+-- receives, oldest first, as JSON: at most 1000, and no more than 16 MB of
+-- payloads (at least one), so that a pile of signals cannot make a claim
+-- fail for every instance; the rest stay pending for the next await.
+CREATE FUNCTION {{schema}}.flow_signals_for(p_id bigint, p_names text[]) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload, 'at', s.created_at) ORDER BY s.id)
+      FROM (SELECT s.id, s.name, s.payload, s.created_at,
+                   sum(coalesce(pg_column_size(s.payload), 0)) OVER (ORDER BY s.id)
+                     - coalesce(pg_column_size(s.payload), 0) AS before
+              FROM {{schema}}.flow_signals s
+             WHERE s.instance_id = p_id AND s.consumed_at IS NULL AND s.name = ANY (p_names)
+             ORDER BY s.id LIMIT 1000) s
+     WHERE s.before < 16777216
+$$;
+
 -- claim_flow_steps leases up to p_limit due steps of p_flows to p_runner for
 -- p_lease, highest priority first, then oldest run_at, skipping rows other
--- claimers hold. A row whose key is paused, whose concurrency key is full or
--- whose token bucket is empty is not claimed: its run_at moves to when it may
--- run (without touching its attempt). Each returned row carries the signals
--- its step receives and, for a join step, its children's outcomes. When it
--- leased fewer than p_limit, a last row with id 0 carries in lease_until
--- the next time a row falls due (next_flow_due), NULL when none is
--- scheduled: the caller's timer, without another round trip.
+-- claimers hold. Rows with a concurrency or rate key are admitted under
+-- their keys' locks (flow_lock_keys), in the same order: while the
+-- concurrency key has a free slot of its limit (flow_keys, set from the
+-- row's own limit when the key has none yet) and the rate key a token. A
+-- row not admitted is put off without touching its attempt: to the end of
+-- its key's pause; to when its token accrues; or, when its concurrency key
+-- is full, to the key's earliest lease end, marked waiting_key, for the
+-- write or cancel that frees a slot of the key to wake. Each returned row
+-- carries the signals its step receives and, for a join step, its
+-- children's outcomes; wait is how long its lease lasts, in seconds from
+-- the database's now. When it leased fewer than p_limit, a last row with
+-- id 0 carries in wait the seconds until the next row falls due (0 when it
+-- put rows off and more may be due now; NULL when none is scheduled): the
+-- caller's timer, with no other round trip and no clock but the database's.
 CREATE FUNCTION {{schema}}.claim_flow_steps(p_runner text, p_flows text[], p_limit integer, p_lease interval)
 RETURNS TABLE (id bigint, flow text, step text, state jsonb, attempt integer, lease_token bigint,
-               lease_until timestamptz, signals jsonb, children jsonb)
+               wait double precision, signals jsonb, children jsonb, parent_id bigint,
+               concurrency_key text, rate_key text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -345,19 +460,33 @@ DECLARE
     v_awaits bigint[] := '{}';
     v_late   bigint[];
     v_n      integer := 0;
+    v_held   integer := 0;
     c        record;
     v_until  timestamptz;
-    v_count  integer;
+    v_next   timestamptz;
+    v_i      integer;
+    v_j      integer;
+    v_limit  integer;
+    v_free   integer;
+    v_end    timestamptz;
     v_rate   double precision;
-    v_burst  double precision;
     v_tokens double precision;
-    v_filled timestamptz;
+    -- Per concurrency key seen: free slots left, earliest lease end.
+    v_ckeys  text[] := '{}';
+    v_cfree  integer[] := '{}';
+    v_cend   timestamptz[] := '{}';
+    -- Per rate key seen: rate, burst, tokens left, rows put off.
+    v_rkeys  text[] := '{}';
+    v_rrate  double precision[] := '{}';
+    v_rtok   double precision[] := '{}';
+    v_rwait  integer[] := '{}';
 BEGIN
+    -- Candidates: unkeyed rows are admitted at once, keyed ones below.
     SELECT i.priority INTO v_prio FROM {{schema}}.flow_instances i
      WHERE i.status IN ('ready', 'running', 'awaiting') ORDER BY i.priority DESC LIMIT 1;
     WHILE v_prio IS NOT NULL AND v_n < p_limit LOOP
         FOR c IN
-            SELECT i.id, i.concurrency_key, i.concurrency_limit, i.rate_key, i.not_before,
+            SELECT i.id, i.concurrency_key IS NOT NULL OR i.rate_key IS NOT NULL AS keyed,
                    i.await_signals IS NOT NULL AS awaits
               FROM {{schema}}.flow_instances i
              WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority = v_prio
@@ -366,73 +495,125 @@ BEGIN
              LIMIT p_limit - v_n
                FOR UPDATE SKIP LOCKED
         LOOP
+            v_n := v_n + 1;
             IF c.awaits THEN
                 v_awaits := v_awaits || c.id;
             END IF;
-            IF c.concurrency_key IS NULL AND c.rate_key IS NULL THEN
+            IF c.keyed THEN
+                v_keyed := v_keyed || c.id;
+            ELSE
                 v_ids := v_ids || c.id;
-                v_n := v_n + 1;
-                CONTINUE;
             END IF;
-            SELECT max(k.paused_until) INTO v_until FROM {{schema}}.flow_keys k
-             WHERE k.key IN (c.concurrency_key, c.rate_key) AND k.paused_until > v_now;
-            IF v_until IS NOT NULL THEN
-                UPDATE {{schema}}.flow_instances i SET run_at = v_until WHERE i.id = c.id;
-                CONTINUE;
-            END IF;
-            IF c.concurrency_key IS NOT NULL THEN
-                -- Claimers of one key take turns, so each counts the others' claims.
-                PERFORM pg_advisory_xact_lock(hashtextextended('{{schema}}.flow_key:' || c.concurrency_key, 0));
-                SELECT count(*), min(i.run_at) INTO v_count, v_until FROM {{schema}}.flow_instances i
-                 WHERE i.concurrency_key = c.concurrency_key AND i.status = 'running' AND i.run_at > v_now;
-                IF v_count >= c.concurrency_limit THEN
-                    -- Woken when a running step of the key ends; at the latest when its lease does.
-                    UPDATE {{schema}}.flow_instances i SET run_at = greatest(v_until, c.not_before) WHERE i.id = c.id;
-                    CONTINUE;
-                END IF;
-            END IF;
-            IF c.rate_key IS NOT NULL THEN
-                SELECT k.rate, k.burst, k.tokens, k.refilled_at INTO v_rate, v_burst, v_tokens, v_filled
-                  FROM {{schema}}.flow_keys k WHERE k.key = c.rate_key AND k.rate IS NOT NULL FOR UPDATE;
-                IF FOUND THEN
-                    v_tokens := least(v_burst, v_tokens + v_rate * extract(epoch FROM v_now - v_filled));
-                    IF v_tokens < 1 THEN
-                        UPDATE {{schema}}.flow_keys k SET tokens = v_tokens, refilled_at = v_now WHERE k.key = c.rate_key;
-                        UPDATE {{schema}}.flow_instances i
-                           SET run_at = v_now + make_interval(secs => (1 - v_tokens) / v_rate) WHERE i.id = c.id;
-                        CONTINUE;
-                    END IF;
-                    UPDATE {{schema}}.flow_keys k SET tokens = v_tokens - 1, refilled_at = v_now WHERE k.key = c.rate_key;
-                END IF;
-            END IF;
-            -- Running now, so the next count of its key sees it.
-            UPDATE {{schema}}.flow_instances i SET status = 'running', run_at = v_now + p_lease WHERE i.id = c.id;
-            v_ids := v_ids || c.id;
-            v_keyed := v_keyed || c.id;
-            v_n := v_n + 1;
         END LOOP;
         SELECT i.priority INTO v_prio FROM {{schema}}.flow_instances i
          WHERE i.status IN ('ready', 'running', 'awaiting') AND i.priority < v_prio ORDER BY i.priority DESC LIMIT 1;
     END LOOP;
-    IF v_n < p_limit THEN
-        RETURN QUERY SELECT 0::bigint, ''::text, ''::text, 'null'::jsonb, 0, 0::bigint,
-                            {{schema}}.next_flow_due(v_now), NULL::jsonb, NULL::jsonb;
+
+    IF cardinality(v_keyed) > 0 THEN
+        PERFORM {{schema}}.flow_lock_keys(ARRAY(
+            SELECT k.key FROM {{schema}}.flow_instances i, LATERAL (VALUES (i.concurrency_key), (i.rate_key)) AS k(key)
+             WHERE i.id = ANY (v_keyed)));
+        -- Each statement below reads what the writers that held the locks
+        -- before committed (a new snapshot per statement).
+        FOR c IN
+            SELECT i.id, i.concurrency_key, i.concurrency_limit, i.rate_key, i.not_before
+              FROM unnest(v_keyed) WITH ORDINALITY AS x(id, n),
+                   LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id) AS i
+             ORDER BY x.n
+        LOOP
+            SELECT max(k.paused_until) INTO v_until FROM {{schema}}.flow_keys k
+             WHERE k.key IN (c.concurrency_key, c.rate_key) AND k.paused_until > v_now;
+            IF v_until IS NOT NULL THEN
+                UPDATE {{schema}}.flow_instances i SET run_at = v_until, waiting_key = false WHERE i.id = c.id;
+                v_held := v_held + 1;
+                CONTINUE;
+            END IF;
+            v_i := NULL;
+            IF c.concurrency_key IS NOT NULL THEN
+                v_i := array_position(v_ckeys, c.concurrency_key);
+                IF v_i IS NULL THEN
+                    SELECT k.concurrency_limit INTO v_limit FROM {{schema}}.flow_keys k WHERE k.key = c.concurrency_key;
+                    IF v_limit IS NULL THEN
+                        v_limit := c.concurrency_limit;
+                        INSERT INTO {{schema}}.flow_keys AS k (key, concurrency_limit) VALUES (c.concurrency_key, v_limit)
+                            ON CONFLICT (key) DO UPDATE SET concurrency_limit = excluded.concurrency_limit
+                         WHERE k.concurrency_limit IS NULL;
+                    END IF;
+                    SELECT v_limit - count(*), coalesce(min(r.run_at), v_now + p_lease) INTO v_free, v_end
+                      FROM {{schema}}.flow_instances r
+                     WHERE r.concurrency_key = c.concurrency_key AND r.status = 'running' AND r.run_at > v_now;
+                    v_ckeys := v_ckeys || c.concurrency_key;
+                    v_cfree := v_cfree || v_free;
+                    v_cend := v_cend || v_end;
+                    v_i := cardinality(v_ckeys);
+                END IF;
+                IF v_cfree[v_i] <= 0 THEN
+                    UPDATE {{schema}}.flow_instances i SET run_at = greatest(v_cend[v_i], c.not_before), waiting_key = true
+                     WHERE i.id = c.id;
+                    v_held := v_held + 1;
+                    CONTINUE;
+                END IF;
+            END IF;
+            IF c.rate_key IS NOT NULL THEN
+                v_j := array_position(v_rkeys, c.rate_key);
+                IF v_j IS NULL THEN
+                    v_rate := NULL;
+                    v_tokens := NULL;
+                    SELECT k.rate, least(k.burst, k.tokens + k.rate * greatest(extract(epoch FROM v_now - k.refilled_at), 0))
+                      INTO v_rate, v_tokens
+                      FROM {{schema}}.flow_keys k WHERE k.key = c.rate_key AND k.rate IS NOT NULL;
+                    v_rkeys := v_rkeys || c.rate_key;
+                    v_rrate := v_rrate || v_rate;
+                    v_rtok := v_rtok || v_tokens;
+                    v_rwait := v_rwait || 0;
+                    v_j := cardinality(v_rkeys);
+                END IF;
+                IF v_rrate[v_j] IS NOT NULL THEN
+                    IF v_rtok[v_j] < 1 THEN
+                        -- Due when its token has accrued: the n-th row put off
+                        -- here when n tokens have.
+                        v_rwait[v_j] := v_rwait[v_j] + 1;
+                        UPDATE {{schema}}.flow_instances i
+                           SET run_at = v_now + make_interval(secs => (v_rwait[v_j] - v_rtok[v_j]) / v_rrate[v_j]),
+                               waiting_key = false
+                         WHERE i.id = c.id;
+                        v_held := v_held + 1;
+                        CONTINUE;
+                    END IF;
+                    v_rtok[v_j] := v_rtok[v_j] - 1;
+                END IF;
+            END IF;
+            IF v_i IS NOT NULL THEN
+                v_cfree[v_i] := v_cfree[v_i] - 1;
+            END IF;
+            v_ids := v_ids || c.id;
+        END LOOP;
+        IF cardinality(v_rkeys) > 0 THEN
+            UPDATE {{schema}}.flow_keys k SET tokens = x.tokens, refilled_at = v_now
+              FROM unnest(v_rkeys, v_rtok) AS x(key, tokens)
+             WHERE k.key = x.key AND x.tokens IS NOT NULL;
+        END IF;
     END IF;
-    IF v_n = 0 THEN
+
+    IF cardinality(v_ids) < p_limit THEN
+        v_next := CASE WHEN v_n >= p_limit AND v_held > 0 THEN v_now ELSE {{schema}}.next_flow_due(v_now) END;
+        RETURN QUERY SELECT 0::bigint, ''::text, ''::text, 'null'::jsonb, 0, 0::bigint,
+                            extract(epoch FROM v_next - clock_timestamp())::double precision,
+                            NULL::jsonb, NULL::jsonb, NULL::bigint, NULL::text, NULL::text;
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
     -- An awaiting row claimed with no awaited signal pending has reached
     -- its deadline: it runs its timeout step. Checked once per row, for the
-    -- rows that await (a call of flow_signal_pending is not inlined: it ran
-    -- as a statement of its own, three times per row); the rows are locked,
-    -- so their await cannot change meanwhile. The update finds its rows by
-    -- the array, not by a join: joined to the ids, the planner chose a
-    -- sequential scan of the whole table (all instances kept for the
-    -- retention period) and a hash join, half of the claim's time with
-    -- 20,000 instances.
+    -- rows that await; the rows are locked, so their await cannot change
+    -- meanwhile. The update finds its rows by the array, not by a join:
+    -- joined to the ids, the planner chose a sequential scan of the whole
+    -- table (all instances kept for the retention period) and a hash join,
+    -- half of the claim's time with 20,000 instances.
     IF cardinality(v_awaits) > 0 THEN
         SELECT array_agg(x.id) INTO v_late FROM {{schema}}.flow_instances x
-         WHERE x.id = ANY (v_awaits) AND NOT EXISTS (
+         WHERE x.id = ANY (v_awaits) AND x.id = ANY (v_ids) AND NOT EXISTS (
                SELECT 1 FROM {{schema}}.flow_signals s
                 WHERE s.instance_id = x.id AND s.consumed_at IS NULL AND s.name = ANY (x.await_signals));
     END IF;
@@ -440,58 +621,126 @@ BEGIN
     WITH u AS (
         UPDATE {{schema}}.flow_instances i SET
             status = 'running', lease_owner = p_runner, lease_token = i.lease_token + 1,
-            run_at = v_now + p_lease, updated_at = v_now, lease_key = NULL,
+            run_at = v_now + p_lease, updated_at = v_now, lease_key = NULL, waiting_key = false,
             step = CASE WHEN i.id = ANY (v_late) THEN coalesce(i.timeout_step, i.step) ELSE i.step END,
             await_signals = CASE WHEN i.id = ANY (v_late) THEN NULL ELSE i.await_signals END,
             timeout_step = CASE WHEN i.id = ANY (v_late) THEN NULL ELSE i.timeout_step END
          WHERE i.id = ANY (v_ids)
         RETURNING i.*
     )
-    SELECT u.id, u.flow, u.step, u.state, u.attempt, u.lease_token, u.run_at,
-           CASE WHEN u.await_signals IS NOT NULL THEN (
-               SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
-                                                   'at', s.created_at) ORDER BY s.id)
-                 FROM {{schema}}.flow_signals s
-                WHERE s.instance_id = u.id AND s.consumed_at IS NULL AND s.name = ANY (u.await_signals)) END,
+    SELECT u.id, u.flow, u.step, u.state, u.attempt, u.lease_token,
+           extract(epoch FROM u.run_at - clock_timestamp())::double precision,
+           CASE WHEN u.await_signals IS NOT NULL THEN {{schema}}.flow_signals_for(u.id, u.await_signals) END,
            CASE WHEN u.joined THEN (
                SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'flow', ch.flow, 'status', ch.status,
                                                    'result', ch.result, 'error', ch.error) ORDER BY ch.id)
                  FROM {{schema}}.flow_instances ch
-                WHERE ch.parent_id = u.id AND ch.spawn_round = u.spawn_round) END
+                WHERE ch.parent_id = u.id AND ch.spawn_round = u.spawn_round) END,
+           u.parent_id, u.concurrency_key, u.rate_key
       FROM u;
 END $$;
 
+
+-- flow_key_free wakes, for each concurrency key of p_keys, as many of the
+-- steps waiting for a slot of it (waiting_key) as it has free slots, in
+-- priority order, skipping rows a claim holds (the claim decides them once
+-- it has the key's lock, which this holds). Up to p_budget of those that
+-- may run at once (ready, no rate key, of one of p_flows, key not paused)
+-- are leased to p_runner for p_lease; the others are made due, for any
+-- runner's claim. Returns the rows it woke and whether each was leased.
+-- Callers: outcome writes and cancels that end running steps of the keys.
+CREATE FUNCTION {{schema}}.flow_key_free(p_keys text[], p_runner text, p_flows text[], p_budget integer, p_lease interval)
+RETURNS TABLE (id bigint, leased boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := clock_timestamp();
+    v_key    text;
+    v_free   integer;
+    v_paused boolean;
+    v_budget integer := coalesce(p_budget, 0);
+    w        record;
+BEGIN
+    PERFORM {{schema}}.flow_lock_keys(p_keys);
+    FOR v_key IN SELECT DISTINCT k.key FROM unnest(p_keys) AS k(key) WHERE k.key IS NOT NULL ORDER BY 1 LOOP
+        v_free := NULL;
+        SELECT coalesce(k.concurrency_limit, 1), coalesce(k.paused_until > v_now, false) INTO v_free, v_paused
+          FROM {{schema}}.flow_keys k WHERE k.key = v_key;
+        IF v_free IS NULL THEN
+            v_free := 1;
+            v_paused := false;
+        END IF;
+        SELECT v_free - count(*) INTO v_free FROM {{schema}}.flow_instances r
+         WHERE r.concurrency_key = v_key AND r.status = 'running' AND r.run_at > v_now;
+        CONTINUE WHEN v_free <= 0;
+        FOR w IN
+            SELECT i.id, coalesce(i.status = 'ready' AND i.rate_key IS NULL AND i.flow = ANY (p_flows) AND NOT v_paused, false) AS runnable
+              FROM {{schema}}.flow_instances i
+             WHERE i.concurrency_key = v_key AND i.waiting_key AND i.status IN ('ready', 'awaiting')
+             ORDER BY i.priority DESC, i.not_before, i.id
+             LIMIT v_free
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            id := w.id;
+            leased := w.runnable AND v_budget > 0;
+            IF leased THEN
+                UPDATE {{schema}}.flow_instances i SET
+                    status = 'running', lease_owner = p_runner, lease_token = i.lease_token + 1, lease_key = NULL,
+                    run_at = v_now + p_lease, updated_at = v_now, waiting_key = false
+                 WHERE i.id = w.id;
+                v_budget := v_budget - 1;
+            ELSE
+                UPDATE {{schema}}.flow_instances i SET run_at = greatest(i.not_before, v_now), waiting_key = false
+                 WHERE i.id = w.id;
+            END IF;
+            RETURN NEXT;
+        END LOOP;
+    END LOOP;
+END $$;
 
 -- complete_flow_steps writes a batch of step outcomes (a JSON array, see
 -- wharfflow's outcome encoding) for p_runner: only rows p_runner still
 -- holds, with the claim's token and an unexpired lease. Everything else an
 -- outcome carries (consumed signals, children, history, the parent's join,
--- pauses) follows in the same transaction.
+-- pauses, the next steps of its keys) follows in the same transaction.
+-- Locks are taken in one order, as cancel_flow does: the parents of the
+-- children it ends (given as "parent" in their outcomes), then the
+-- outcomes' rows, in id order (ancestors have lower ids), then keys
+-- (flow_lock_keys); once holding key locks it skips locked rows.
 -- A "next" outcome marked cont, of an instance without concurrency or rate
 -- key, keeps its lease for the next step (a new token): the runner runs it
--- at once, without a claim. Likewise, with p_flows (the flows p_runner
--- runs; NULL: none of this), a spawned child marked lease, without keys, of
--- one of p_flows is inserted leased to p_runner, and a parent whose last
--- child of the round this write ended, without keys, of one of p_flows, is
--- leased to p_runner at its join step.
--- An await whose signal came first is leased back to p_runner (see below).
--- Rows returned: one per applied outcome (id, and token when it continued
--- on its lease; flow NULL); one per instance leased by the write (id,
--- token, flow, step, state, attempt, parent_id, for a join its children's
--- outcomes as the claim returns them, for an await the signals it
--- receives, as the claim returns them); last, id 0 with token
--- the number of steps the write made due for any runner's claim (and
--- notified). Nothing when no outcome was applied.
-CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval, p_flows text[] DEFAULT NULL)
-RETURNS TABLE (id bigint, token bigint, flow text, step text, state jsonb, attempt integer, parent_id bigint, children jsonb,
-               signals jsonb)
+-- at once, without a claim. A spawned child marked lease, without keys, of
+-- one of p_flows (the flows p_runner runs; NULL: the runner is stopping,
+-- and nothing is leased) is inserted leased to p_runner. Besides those, up
+-- to p_budget instances are leased to p_runner, in this order: awaits of
+-- the batch whose signal came first, parents whose last child of the round
+-- this write ended (at their join step, without keys, of one of p_flows),
+-- and steps waiting for a slot of the concurrency keys whose steps this
+-- write ended (flow_key_free). The others are made due for any runner's
+-- claim (and notified).
+-- Rows returned, by kind: 'applied', one per applied outcome (id, and
+-- token when it continued on its lease); one per instance leased by the
+-- write (id, token, flow, step, state, attempt, parent_id, for a join its
+-- children's outcomes, for an await the signals it receives, as the claim
+-- returns them, its keys and its lease's seconds left): 'child' a spawned
+-- child, 'await' an await whose signal came first, 'leased' a join or a
+-- step that waited for its key; last, 'due' with token the number of steps
+-- the write made due for any runner's claim. Nothing when no outcome was
+-- applied.
+CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval,
+                                               p_flows text[] DEFAULT NULL, p_budget integer DEFAULT 0)
+RETURNS TABLE (kind text, id bigint, token bigint, flow text, step text, state jsonb, attempt integer, parent_id bigint,
+               children jsonb, signals jsonb, concurrency_key text, rate_key text, wait double precision)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_now      timestamptz := clock_timestamp();
+    v_budget   integer := CASE WHEN p_flows IS NULL THEN 0 ELSE greatest(coalesce(p_budget, 0), 0) END;
     v_applied  bigint[];
     v_parents  bigint[];
     v_keys     text[];
+    v_pkeys    text[];
+    v_puntil   timestamptz[];
     v_awaits   bigint[];
     v_tokens   bigint[];
     v_kids     bigint[];
@@ -501,9 +750,13 @@ DECLARE
     v_kparents bigint[];
     v_joins    bigint[];
     v_resumed  bigint[];
+    v_next     bigint[];
     v_woken    integer := 0;
     v_n        integer;
 BEGIN
+    PERFORM 1 FROM (SELECT DISTINCT (x.doc->>'parent')::bigint AS id FROM jsonb_array_elements(p_outcomes) AS x(doc)
+                     WHERE x.doc->>'kind' IN ('done', 'fail') AND x.doc->>'parent' IS NOT NULL ORDER BY 1) AS p,
+            LATERAL (SELECT 1 FROM {{schema}}.flow_instances f WHERE f.id = p.id FOR UPDATE) AS l;
     WITH o AS (
         SELECT * FROM {{schema}}.flow_outcomes(p_outcomes)
     ), u AS (
@@ -543,6 +796,7 @@ BEGIN
             result = CASE WHEN o.kind = 'done' THEN o.result END,
             error = o.error,
             updated_at = v_now,
+            waiting_key = false,
             -- Kept while the step continues on the lease a signal made
             -- (an update in place, HOT: no index entry changes).
             lease_key = CASE WHEN o.cont AND o.kind = 'next' AND o.run_at IS NULL
@@ -582,10 +836,6 @@ BEGIN
                                                             rate_key text, lease boolean)
                  WHERE o.kind = 'spawn') AS c
         RETURNING n.id, n.flow, n.step, n.state, n.parent_id, n.status = 'running' AS leased
-    ), pauses AS (
-        INSERT INTO {{schema}}.flow_keys AS k (key, paused_until)
-        SELECT o.pause_key, max(o.pause_until) FROM a AS o WHERE o.kind = 'paused' AND o.pause_key IS NOT NULL GROUP BY o.pause_key
-        ON CONFLICT (key) DO UPDATE SET paused_until = greatest(k.paused_until, excluded.paused_until)
     ), kids AS (
         SELECT array_agg(ch.id) FILTER (WHERE ch.leased) AS ids, array_agg(ch.flow) FILTER (WHERE ch.leased) AS flows,
                array_agg(ch.step) FILTER (WHERE ch.leased) AS steps, array_agg(ch.state) FILTER (WHERE ch.leased) AS states,
@@ -596,10 +846,15 @@ BEGIN
            count(*) FILTER (WHERE a.kind = 'next' AND NOT a.continued) + (SELECT kids.due FROM kids),
            array_agg(a.id) FILTER (WHERE a.kind = 'await'),
            array_agg(DISTINCT a.parent_id) FILTER (WHERE a.parent_id IS NOT NULL AND a.kind IN ('done', 'fail')),
-           array_agg(DISTINCT a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL),
+           -- Every applied outcome but a continued one ends a running step:
+           -- a slot of its concurrency key is free.
+           array_agg(DISTINCT a.concurrency_key) FILTER (WHERE a.concurrency_key IS NOT NULL AND NOT a.continued),
+           array_agg(a.pause_key) FILTER (WHERE a.kind = 'paused' AND a.pause_key IS NOT NULL),
+           array_agg(a.pause_until) FILTER (WHERE a.kind = 'paused' AND a.pause_key IS NOT NULL),
            (SELECT kids.ids FROM kids), (SELECT kids.flows FROM kids), (SELECT kids.steps FROM kids),
            (SELECT kids.states FROM kids), (SELECT kids.parents FROM kids)
-      INTO v_applied, v_tokens, v_n, v_awaits, v_parents, v_keys, v_kids, v_kflows, v_ksteps, v_kstates, v_kparents
+      INTO v_applied, v_tokens, v_n, v_awaits, v_parents, v_keys, v_pkeys, v_puntil,
+           v_kids, v_kflows, v_ksteps, v_kstates, v_kparents
       FROM a;
     IF v_applied IS NULL THEN
         RETURN;
@@ -614,142 +869,148 @@ BEGIN
     -- its locks), a wake_flows that locked and released a row just before
     -- the update lost the signal (TestSignalsRacingTheirAwaitsAreAllDelivered).
     -- Those the update gave p_runner (no keys, not stopping) are leased
-    -- back to it and returned with their signals: it runs them with no
-    -- claim; the others are due for any runner's claim.
+    -- back to it, within the budget, and returned with their signals: it
+    -- runs them with no claim; the others are due for any runner's claim.
     IF v_awaits IS NOT NULL THEN
-        WITH r AS (
-            UPDATE {{schema}}.flow_instances i SET
-                status = CASE WHEN i.lease_owner = p_runner THEN 'running' ELSE i.status END,
-                lease_token = i.lease_token + CASE WHEN i.lease_owner = p_runner THEN 1 ELSE 0 END,
-                run_at = CASE WHEN i.lease_owner = p_runner THEN v_now + p_lease ELSE v_now END
-              FROM unnest(v_awaits) AS x(id)
-             WHERE i.id = x.id AND i.status = 'awaiting'
+        WITH p AS (
+            SELECT i.id, i.lease_owner = p_runner
+                         AND count(*) FILTER (WHERE i.lease_owner = p_runner) OVER (ORDER BY i.id) <= v_budget AS lease
+              FROM unnest(v_awaits) AS x(id),
+                   LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id) AS i
+             WHERE i.status = 'awaiting'
                AND EXISTS (SELECT 1 FROM {{schema}}.flow_signals s
                             WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals))
-            RETURNING i.id, i.status = 'running' AS leased
+        ), r AS (
+            UPDATE {{schema}}.flow_instances i SET
+                status = CASE WHEN p.lease THEN 'running' ELSE i.status END,
+                lease_token = i.lease_token + CASE WHEN p.lease THEN 1 ELSE 0 END,
+                run_at = CASE WHEN p.lease THEN v_now + p_lease ELSE v_now END
+              FROM p
+             WHERE i.id = p.id
+            RETURNING i.id, p.lease
         )
-        SELECT array_agg(r.id) FILTER (WHERE r.leased), count(*) FILTER (WHERE NOT r.leased)
+        SELECT array_agg(r.id) FILTER (WHERE r.lease), count(*) FILTER (WHERE NOT r.lease)
           INTO v_resumed, v_n FROM r;
         v_woken := v_woken + v_n;
+        v_budget := v_budget - coalesce(cardinality(v_resumed), 0);
     END IF;
 
     -- Joins: a parent whose children of this round have all ended runs its
-    -- join step: leased to p_runner (no claim) when it has no keys and is
-    -- of one of p_flows, otherwise due for any runner's claim. Parents are
-    -- locked first (in id order), so of two batches ending a parent's last
-    -- two children the second sees the first's.
+    -- join step: leased to p_runner (no claim) when it has no keys, is of
+    -- one of p_flows and the budget allows, otherwise due for any runner's
+    -- claim. The parents were locked first (a parent this write did not
+    -- know of is locked now), so of two writes ending a parent's last two
+    -- children, or a write and a cancel, the second sees the first's.
     IF v_parents IS NOT NULL THEN
         PERFORM 1 FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_parents) ORDER BY p.id FOR UPDATE;
-        WITH j AS (
-            UPDATE {{schema}}.flow_instances p SET
-                status = CASE WHEN p.concurrency_key IS NULL AND p.rate_key IS NULL AND p.flow = ANY (p_flows)
-                              THEN 'running' ELSE 'ready' END,
-                run_at = CASE WHEN p.concurrency_key IS NULL AND p.rate_key IS NULL AND p.flow = ANY (p_flows)
-                              THEN v_now + p_lease ELSE v_now END,
-                lease_owner = CASE WHEN p.concurrency_key IS NULL AND p.rate_key IS NULL AND p.flow = ANY (p_flows)
-                                   THEN p_runner ELSE p.lease_owner END,
-                lease_token = p.lease_token + 1,
-                not_before = v_now, joined = true, updated_at = v_now
-             WHERE p.id = ANY (v_parents) AND p.status = 'joining' AND NOT EXISTS (
+        WITH p AS (
+            SELECT j.id, j.concurrency_key IS NULL AND j.rate_key IS NULL AND j.flow = ANY (p_flows)
+                         AND count(*) FILTER (WHERE j.concurrency_key IS NULL AND j.rate_key IS NULL AND j.flow = ANY (p_flows))
+                               OVER (ORDER BY j.id) <= v_budget AS lease
+              FROM {{schema}}.flow_instances j
+             WHERE j.id = ANY (v_parents) AND j.status = 'joining' AND NOT EXISTS (
                    SELECT 1 FROM {{schema}}.flow_instances ch
-                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round
+                    WHERE ch.parent_id = j.id AND ch.spawn_round = j.spawn_round
                       AND ch.status NOT IN ('done', 'failed', 'cancelled'))
-            RETURNING p.id, p.status = 'running' AS leased
+        ), j AS (
+            UPDATE {{schema}}.flow_instances x SET
+                status = CASE WHEN p.lease THEN 'running' ELSE 'ready' END,
+                run_at = CASE WHEN p.lease THEN v_now + p_lease ELSE v_now END,
+                lease_owner = CASE WHEN p.lease THEN p_runner ELSE x.lease_owner END,
+                lease_token = x.lease_token + 1,
+                not_before = v_now, joined = true, updated_at = v_now
+              FROM p
+             WHERE x.id = p.id
+            RETURNING x.id, p.lease
         )
-        SELECT array_agg(j.id) FILTER (WHERE j.leased), count(*) FILTER (WHERE NOT j.leased)
+        SELECT array_agg(j.id) FILTER (WHERE j.lease), count(*) FILTER (WHERE NOT j.lease)
           INTO v_joins, v_n FROM j;
         v_woken := v_woken + v_n;
+        v_budget := v_budget - coalesce(cardinality(v_joins), 0);
     END IF;
 
-    -- A step of a concurrency key ended: the key's next waiting row may run.
-    IF v_keys IS NOT NULL THEN
-        UPDATE {{schema}}.flow_instances i SET run_at = greatest(i.not_before, v_now)
-          FROM unnest(v_keys) AS k(key), LATERAL (
-               SELECT w.id FROM {{schema}}.flow_instances w
-                WHERE w.concurrency_key = k.key AND w.status = 'ready' AND w.run_at > greatest(w.not_before, v_now)
-                ORDER BY w.priority DESC, w.not_before LIMIT 1) AS nxt
-         -- Checked again on the row itself: if a claimer leased it meanwhile,
-         -- the update waits for it and must then leave its lease alone.
-         WHERE i.id = nxt.id AND i.status = 'ready' AND i.run_at > greatest(i.not_before, v_now);
-        GET DIAGNOSTICS v_n = ROW_COUNT;
-        v_woken := v_woken + v_n;
+    -- Keys: pauses, and the steps waiting for a slot of the keys whose steps
+    -- ended. Every key lock in one call, in the one order.
+    IF v_keys IS NOT NULL OR v_pkeys IS NOT NULL THEN
+        PERFORM {{schema}}.flow_lock_keys(coalesce(v_keys, '{}') || coalesce(v_pkeys, '{}'));
+        IF v_pkeys IS NOT NULL THEN
+            INSERT INTO {{schema}}.flow_keys AS k (key, paused_until)
+            SELECT x.key, max(x.until) FROM unnest(v_pkeys, v_puntil) AS x(key, until) GROUP BY x.key
+            ON CONFLICT (key) DO UPDATE SET paused_until = greatest(k.paused_until, excluded.paused_until);
+        END IF;
+        IF v_keys IS NOT NULL THEN
+            SELECT array_agg(f.id) FILTER (WHERE f.leased), count(*) FILTER (WHERE NOT f.leased)
+              INTO v_next, v_n
+              FROM {{schema}}.flow_key_free(v_keys, p_runner, p_flows, v_budget, p_lease) AS f;
+            v_woken := v_woken + v_n;
+        END IF;
     END IF;
 
     IF v_woken > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
-    RETURN QUERY SELECT x.id, x.token, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb, NULL::jsonb
+    RETURN QUERY SELECT 'applied', x.id, x.token, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb,
+                        NULL::jsonb, NULL::text, NULL::text, NULL::double precision
                    FROM unnest(v_applied, v_tokens) AS x(id, token);
     IF v_kids IS NOT NULL THEN
-        RETURN QUERY SELECT x.id, 1::bigint, x.flow, x.step, x.state, 0, x.parent_id, NULL::jsonb, NULL::jsonb
+        RETURN QUERY SELECT 'child', x.id, 1::bigint, x.flow, x.step, x.state, 0, x.parent_id, NULL::jsonb, NULL::jsonb,
+                            NULL::text, NULL::text, extract(epoch FROM v_now + p_lease - clock_timestamp())::double precision
                        FROM unnest(v_kids, v_kflows, v_ksteps, v_kstates, v_kparents) AS x(id, flow, step, state, parent_id);
     END IF;
     IF v_resumed IS NOT NULL THEN
         RETURN QUERY
-        SELECT l.id, l.lease_token, l.flow, l.step, l.state, l.attempt, NULL::bigint, NULL::jsonb, l.signals
+        SELECT 'await', l.id, l.lease_token, l.flow, l.step, l.state, l.attempt, l.parent_id, NULL::jsonb, l.signals,
+               l.concurrency_key, l.rate_key, l.wait
           FROM {{schema}}.flow_leased_steps(p_runner, v_resumed) l;
     END IF;
-    IF v_joins IS NOT NULL THEN
+    v_joins := coalesce(v_joins, '{}') || coalesce(v_next, '{}');
+    IF cardinality(v_joins) > 0 THEN
         RETURN QUERY
-        SELECT p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, p.parent_id, (
+        SELECT 'leased', p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, p.parent_id, CASE WHEN p.joined THEN (
                    SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'flow', ch.flow, 'status', ch.status,
                                                        'result', ch.result, 'error', ch.error) ORDER BY ch.id)
                      FROM {{schema}}.flow_instances ch
-                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round), NULL::jsonb
+                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round) END, NULL::jsonb,
+               p.concurrency_key, p.rate_key, extract(epoch FROM p.run_at - clock_timestamp())::double precision
           FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_joins);
     END IF;
-    RETURN QUERY SELECT 0::bigint, v_woken::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint, NULL::jsonb, NULL::jsonb;
+    RETURN QUERY SELECT 'due', 0::bigint, v_woken::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer, NULL::bigint,
+                        NULL::jsonb, NULL::jsonb, NULL::text, NULL::text, NULL::double precision;
 END $$;
 
--- flow_leased_steps returns the steps of p_ids that signals leased to
--- p_runner (flow_notify_leased named them: too large to carry in the
--- notification) as claim_flow_steps returns
--- its rows, with the signals each receives; rows leased to it no more are
--- left out. Each id is looked up by the primary key (a subquery the
--- planner cannot flatten): with = ANY over the table, it chose to read the
--- claim index's every row (tens of thousands) and filter them.
+-- flow_leased_steps returns the steps of p_ids that signals (or an outcome
+-- write's await whose signal came first) leased to p_runner, as
+-- claim_flow_steps returns its rows, with the signals each receives; rows
+-- not leased to it, or no more, are left out. A runner runs what a lease
+-- notification names only once this confirmed it: the notification is a
+-- hint (any role may NOTIFY). Each id is looked up by the primary key (a
+-- subquery the planner cannot flatten): with = ANY over the table, it chose
+-- to read the claim index's every row (tens of thousands) and filter them.
 CREATE FUNCTION {{schema}}.flow_leased_steps(p_runner text, p_ids bigint[])
 RETURNS TABLE (id bigint, flow text, step text, state jsonb, attempt integer, lease_token bigint,
-               lease_until timestamptz, signals jsonb, children jsonb)
+               wait double precision, signals jsonb, children jsonb, parent_id bigint,
+               concurrency_key text, rate_key text)
 LANGUAGE sql STABLE AS $$
-    SELECT i.id, i.flow, i.step, i.state, i.attempt, i.lease_token, i.run_at, (
-               SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
-                                                   'at', s.created_at) ORDER BY s.id)
-                 FROM {{schema}}.flow_signals s
-                WHERE s.instance_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.await_signals)),
-           NULL::jsonb
+    SELECT i.id, i.flow, i.step, i.state, i.attempt, i.lease_token,
+           extract(epoch FROM i.run_at - clock_timestamp())::double precision,
+           {{schema}}.flow_signals_for(i.id, i.await_signals), NULL::jsonb, i.parent_id, i.concurrency_key, i.rate_key
       FROM unnest(p_ids) AS x(id),
            LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id LIMIT 1) AS i
      WHERE i.lease_owner = p_runner AND i.status = 'running'
        AND i.await_signals IS NOT NULL AND i.run_at > clock_timestamp()
 $$;
 
--- flow_notify_leased tells runners (by key) of the instances (p_ids, in
--- the same order) a signal leased to them: 'L<key> [<step>,...]', each step
--- as flow_leased_steps returns it (the one definition of a leased step the
--- runner reads), in JSON ({id, token, flow, step, attempt, until, state,
--- signals}), so that the runner runs it without reading it. A step whose
--- JSON is over 2000 bytes goes as its bare id, for the runner to read
--- (flow_leased_steps). Each payload stays under PostgreSQL's limit (8000
--- bytes): a new notification starts every 5000 bytes of steps. Each
--- step's JSON is built once (OFFSET 0 keeps the planner from copying its
--- expression into the three places that use it, which built it three
--- times). It runs
--- after the statement that leased the steps, so it sees the signals that
--- statement inserted.
+-- flow_notify_leased tells runners (by registration key) of the instances
+-- (p_ids, in the same order) a signal leased to them: 'L<key> <id>,...',
+-- at most 300 ids per notification (under PostgreSQL's 8000-byte payload
+-- limit). Ids only: the runner reads the steps (flow_leased_steps), so a
+-- notification neither carries state or signals to whoever listens nor
+-- makes a runner run anything the database did not lease to it.
 CREATE FUNCTION {{schema}}.flow_notify_leased(p_keys bigint[], p_ids bigint[]) RETURNS void
 LANGUAGE sql AS $$
-    SELECT pg_notify('{{schema}}_flows', 'L' || g.key || ' [' || string_agg(g.elem, ',' ORDER BY g.id) || ']')
-      FROM (SELECT e.key, e.id, e.elem,
-                   sum(octet_length(e.elem) + 1) OVER (PARTITION BY e.key ORDER BY e.id) / 5000 AS part
-              FROM (SELECT k.key, l.id, CASE WHEN octet_length(l.doc) <= 2000 THEN l.doc ELSE l.id::text END AS elem
-                      FROM (SELECT x.key, array_agg(x.id) AS ids FROM unnest(p_keys, p_ids) AS x(key, id) GROUP BY x.key) k
-                      JOIN {{schema}}.flow_runners r ON r.key = k.key,
-                           LATERAL (SELECT s.id, jsonb_build_object(
-                                        'id', s.id, 'token', s.lease_token, 'flow', s.flow, 'step', s.step,
-                                        'attempt', s.attempt, 'until', s.lease_until, 'state', s.state,
-                                        'signals', s.signals)::text AS doc
-                                      FROM {{schema}}.flow_leased_steps(r.id, k.ids) s OFFSET 0) AS l) e) g
+    SELECT pg_notify('{{schema}}_flows', 'L' || g.key || ' ' || string_agg(g.id::text, ',' ORDER BY g.id))
+      FROM (SELECT x.key, x.id, (row_number() OVER (PARTITION BY x.key ORDER BY x.id) - 1) / 300 AS part
+              FROM unnest(p_keys, p_ids) AS x(key, id)) AS g
      GROUP BY g.key, g.part
 $$;
 
@@ -909,39 +1170,86 @@ END $$;
 
 -- cancel_flow cancels an instance that has not ended and its descendants;
 -- returns how many instances it cancelled. A runner executing a step of one
--- of them commits nothing for it.
+-- of them commits nothing for it. It locks before it decides, in the order
+-- outcome writes lock (ancestors first): the instance's parent, whose join
+-- it may complete; the instance, waiting for a write in flight on it (a
+-- spawn's children commit with it); then its descendants in id order,
+-- looking at the tree again after each round of locks until no new one
+-- appears. Running steps of concurrency keys free their slots
+-- (flow_key_free); the parent's join is checked under its lock.
 CREATE FUNCTION {{schema}}.cancel_flow(p_id bigint) RETURNS integer
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_n      integer;
     v_parent bigint;
+    v_locked bigint[];
+    v_new    bigint[];
+    v_keys   text[];
 BEGIN
-    UPDATE {{schema}}.flow_instances i SET status = 'cancelled', run_at = 'infinity', lease_owner = NULL,
-                                          finished_at = clock_timestamp(), updated_at = clock_timestamp()
-     WHERE i.id = ANY ({{schema}}.flow_tree(ARRAY[p_id])) AND i.status NOT IN ('done', 'cancelled');
-    GET DIAGNOSTICS v_n = ROW_COUNT;
     SELECT i.parent_id INTO v_parent FROM {{schema}}.flow_instances i WHERE i.id = p_id;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF v_parent IS NOT NULL THEN
+        PERFORM 1 FROM {{schema}}.flow_instances p WHERE p.id = v_parent FOR UPDATE;
+    END IF;
+    PERFORM 1 FROM {{schema}}.flow_instances i WHERE i.id = p_id FOR UPDATE;
+    v_locked := ARRAY[p_id];
+    LOOP
+        v_new := ARRAY(SELECT t.id FROM unnest({{schema}}.flow_tree(ARRAY[p_id])) AS t(id)
+                        WHERE t.id <> ALL (v_locked) ORDER BY t.id);
+        EXIT WHEN cardinality(v_new) = 0;
+        PERFORM 1 FROM unnest(v_new) AS x(id),
+                LATERAL (SELECT 1 FROM {{schema}}.flow_instances f
+                          WHERE f.id = x.id AND f.status NOT IN ('done', 'cancelled') FOR UPDATE) AS l;
+        v_locked := v_locked || v_new;
+    END LOOP;
+    SELECT array_agg(DISTINCT i.concurrency_key) INTO v_keys FROM {{schema}}.flow_instances i
+     WHERE i.id = ANY (v_locked) AND i.status = 'running' AND i.concurrency_key IS NOT NULL;
+    UPDATE {{schema}}.flow_instances i SET status = 'cancelled', run_at = 'infinity', lease_owner = NULL,
+                                          waiting_key = false, lease_key = NULL,
+                                          finished_at = clock_timestamp(), updated_at = clock_timestamp()
+     WHERE i.id = ANY (v_locked) AND i.status NOT IN ('done', 'cancelled');
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_keys IS NOT NULL THEN
+        PERFORM {{schema}}.flow_key_free(v_keys, NULL, NULL, 0, NULL);
+    END IF;
     IF v_n > 0 AND v_parent IS NOT NULL THEN
         UPDATE {{schema}}.flow_instances p SET status = 'ready', run_at = clock_timestamp(),
-                                              not_before = clock_timestamp(), joined = true
+                                              not_before = clock_timestamp(), joined = true, updated_at = clock_timestamp()
          WHERE p.id = v_parent AND p.status = 'joining' AND NOT EXISTS (
                SELECT 1 FROM {{schema}}.flow_instances ch
                 WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round
                   AND ch.status NOT IN ('done', 'failed', 'cancelled'));
+    END IF;
+    IF v_n > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
     END IF;
     RETURN v_n;
 END $$;
 
 -- retry_flow makes a failed instance run its failed step again, from
--- attempt 0. Returns false when the instance is not failed.
+-- attempt 0. Returns false when the instance is not failed. Fails (SQLSTATE
+-- 23505) when its correlation key was taken by an instance started since
+-- it failed.
 CREATE FUNCTION {{schema}}.retry_flow(p_id bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_other bigint;
 BEGIN
-    UPDATE {{schema}}.flow_instances i SET status = 'ready', attempt = 0, run_at = clock_timestamp(),
-                                          not_before = clock_timestamp(), finished_at = NULL, updated_at = clock_timestamp()
-     WHERE i.id = p_id AND i.status = 'failed';
+    BEGIN
+        UPDATE {{schema}}.flow_instances i SET status = 'ready', attempt = 0, run_at = clock_timestamp(),
+                                              not_before = clock_timestamp(), finished_at = NULL,
+                                              lease_owner = NULL, waiting_key = false, updated_at = clock_timestamp()
+         WHERE i.id = p_id AND i.status = 'failed';
+    EXCEPTION WHEN unique_violation THEN
+        SELECT x.id INTO v_other FROM {{schema}}.flow_instances f, {{schema}}.flow_instances x
+         WHERE f.id = p_id AND x.flow = f.flow AND x.correlation_key = f.correlation_key
+           AND x.status NOT IN ('done', 'cancelled', 'failed');
+        RAISE EXCEPTION 'instance % cannot be retried: instance % of its flow has taken its key since', p_id, v_other
+            USING ERRCODE = 'unique_violation', HINT = 'Cancel that instance first, or leave this one failed.';
+    END;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -951,20 +1259,69 @@ END $$;
 
 -- cleanup_flows deletes up to p_limit top-level instances that ended (done
 -- or cancelled) before p_before, with their children, signals and history;
--- returns how many top-level instances it deleted.
+-- returns how many top-level instances it deleted. A tree with an instance
+-- that has not ended is kept whole (cancel_flow and the joins leave none;
+-- it would be a defect's trace, for an operator to look at).
 CREATE FUNCTION {{schema}}.cleanup_flows(p_before timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_ids  bigint[];
     v_tree bigint[];
+    v_root bigint;
 BEGIN
     v_ids := ARRAY(SELECT x.id FROM {{schema}}.flow_instances x
                     WHERE x.status IN ('done', 'cancelled') AND x.parent_id IS NULL AND x.finished_at < p_before
                     ORDER BY x.finished_at LIMIT p_limit FOR UPDATE SKIP LOCKED);
     v_tree := {{schema}}.flow_tree(v_ids);
+    IF EXISTS (SELECT 1 FROM {{schema}}.flow_instances i
+                WHERE i.id = ANY (v_tree) AND i.status NOT IN ('done', 'failed', 'cancelled')) THEN
+        FOREACH v_root IN ARRAY v_ids LOOP
+            IF EXISTS (SELECT 1 FROM {{schema}}.flow_instances i
+                        WHERE i.id = ANY ({{schema}}.flow_tree(ARRAY[v_root])) AND i.status NOT IN ('done', 'failed', 'cancelled')) THEN
+                v_ids := array_remove(v_ids, v_root);
+            END IF;
+        END LOOP;
+        v_tree := {{schema}}.flow_tree(v_ids);
+    END IF;
     DELETE FROM {{schema}}.flow_steps s WHERE s.instance_id = ANY (v_tree);
     DELETE FROM {{schema}}.flow_signals s WHERE s.instance_id = ANY (v_tree);
     DELETE FROM {{schema}}.flow_instances i WHERE i.id = ANY (v_tree);
     RETURN cardinality(v_ids);
+END $$;
+
+-- repair_flow_joins makes due up to p_limit parents left joining with
+-- every child of their round ended (a join lost before cancel_flow locked
+-- the parent): each is locked (skipping those a write or cancel holds, which
+-- check it themselves) and checked again under the lock. Returns how many.
+CREATE FUNCTION {{schema}}.repair_flow_joins(p_limit integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+    v_n   integer;
+BEGIN
+    v_ids := ARRAY(SELECT p.id FROM {{schema}}.flow_instances p
+                    WHERE p.status = 'joining' AND NOT EXISTS (
+                          SELECT 1 FROM {{schema}}.flow_instances ch
+                           WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round
+                             AND ch.status NOT IN ('done', 'failed', 'cancelled'))
+                    ORDER BY p.id LIMIT p_limit);
+    IF cardinality(v_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    v_ids := ARRAY(SELECT l.id FROM unnest(v_ids) AS x(id),
+                   LATERAL (SELECT f.id FROM {{schema}}.flow_instances f
+                             WHERE f.id = x.id AND f.status = 'joining' FOR UPDATE SKIP LOCKED) AS l);
+    UPDATE {{schema}}.flow_instances p SET status = 'ready', run_at = clock_timestamp(),
+                                          not_before = clock_timestamp(), joined = true, updated_at = clock_timestamp()
+     WHERE p.id = ANY (v_ids) AND p.status = 'joining' AND NOT EXISTS (
+           SELECT 1 FROM {{schema}}.flow_instances ch
+            WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round
+              AND ch.status NOT IN ('done', 'failed', 'cancelled'));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 THEN
+        PERFORM pg_notify('{{schema}}_flows', '');
+    END IF;
+    RETURN v_n;
 END $$;
