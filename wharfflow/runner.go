@@ -117,9 +117,9 @@ type Runner struct {
 	twinWarned atomic.Bool
 	// malformedSeen: a notification the runner could not read was logged.
 	malformedSeen atomic.Bool
-	started    bool
-	cancel     context.CancelFunc
-	stopped    chan struct{}
+	started       bool
+	cancel        context.CancelFunc
+	stopped       chan struct{}
 }
 
 type running struct {
