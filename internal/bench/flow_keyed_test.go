@@ -40,6 +40,7 @@ func TestFlowKeyed(t *testing.T) {
 		require.NotNil(t, r.Keyed, r.Workload)
 		require.Equal(t, 3, r.Keyed.ChildrenPerParent)
 		require.Positive(t, r.Keyed.ChildStepsPerSec, r.Workload)
+		require.Positive(t, r.Keyed.ChildWindowStepsPerSec, r.Workload)
 		require.Positive(t, r.Keyed.MaxRunning, r.Workload)
 		require.GreaterOrEqual(t, r.Keyed.StepTimeMeanMs, 1.0)
 		require.LessOrEqual(t, r.Keyed.StepTimeMeanMs, 3.0)
@@ -67,7 +68,7 @@ func TestFlowKeyed(t *testing.T) {
 	require.Contains(t, out.String(), "keyed: most running at once: ")
 	require.Contains(t, out.String(), ", limit 2, within the limit (by key ")
 	require.Contains(t, out.String(), "longest gap between two children's starts ")
-	require.Regexp(t, `keyed: children \d+ steps/s .*limit-bound ideal \d+/s \(4 keys × 2 ÷ [0-9.]+ ms\): [0-9.]+ of it; without keys \d+/s`, out.String())
+	require.Regexp(t, `keyed: children \d+ steps/s \(\d+/s over the children.s window; .*limit-bound ideal \d+/s \(4 keys × 2 ÷ [0-9.]+ ms\): [0-9.]+ of it; without keys \d+/s`, out.String())
 	require.Contains(t, out.String(), "keyed-unkeyed: runner log: ")
 }
 
