@@ -172,6 +172,17 @@ type roundTrips struct {
 	timing atomic.Bool
 	mu     sync.Mutex
 	took   map[string][]time.Duration
+	// While grants is on, granted gets the time each claim call was sent
+	// once per step it leased (ratelimited: each took a token).
+	grants  atomic.Bool
+	granted []time.Time
+}
+
+type claimAskKey struct{}
+
+type claimAsk struct {
+	ask  int
+	sent time.Time
 }
 
 type queryStartKey struct{}
@@ -183,6 +194,11 @@ type queryStart struct {
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	if r.grants.Load() && strings.Contains(d.SQL, "claim_flow_steps(") && len(d.Args) > 2 {
+		if ask, ok := d.Args[2].(int); ok {
+			ctx = context.WithValue(ctx, claimAskKey{}, claimAsk{ask: ask, sent: time.Now()})
+		}
+	}
 	if !r.timing.Load() {
 		return ctx
 	}
@@ -194,17 +210,42 @@ func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 	return ctx
 }
 
-func (r *roundTrips) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+func (r *roundTrips) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if c, ok := ctx.Value(claimAskKey{}).(claimAsk); ok && d.Err == nil {
+		r.noteGrants(c, d.CommandTag.RowsAffected())
+	}
 	s, ok := ctx.Value(queryStartKey{}).(queryStart)
 	if !ok {
 		return
 	}
-	d := time.Since(s.at)
+	took := time.Since(s.at)
 	r.mu.Lock()
 	if r.took == nil {
 		r.took = map[string][]time.Duration{}
 	}
-	r.took[s.kind] = append(r.took[s.kind], d)
+	r.took[s.kind] = append(r.took[s.kind], took)
+	r.mu.Unlock()
+}
+
+// noteGrants records the steps a claim call leased, at the time it was
+// sent: the claim takes their tokens as it starts, on the server's clock
+// (the same as this one's here), while its end comes after its whole run,
+// which varies with the rows it goes through by more than a token's
+// interval. claim_flow_steps returns a row per step and, when it leased
+// fewer than asked, one more giving the next due time: rows below the ask
+// carry it; rows equal to it are taken as a full claim.
+func (r *roundTrips) noteGrants(c claimAsk, rows int64) {
+	n := rows
+	if rows > 0 && rows < int64(c.ask) {
+		n--
+	}
+	if n <= 0 {
+		return
+	}
+	r.mu.Lock()
+	for range n {
+		r.granted = append(r.granted, c.sent)
+	}
 	r.mu.Unlock()
 }
 
@@ -596,6 +637,9 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (res F
 	rt0 := rt.n.Load()
 	server := newServerCPU(ctx, pool, flowAppName)
 	cpu0, _, _ := procstat.CPU(os.Getpid())
+	if rated != nil {
+		rt.grants.Store(true)
+	}
 	t0 := time.Now()
 	for range o.Runners {
 		r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: defs, MaxInFlight: o.MaxInFlight,
@@ -698,7 +742,11 @@ drain:
 		defer keyed.tracker.figures(res.Keyed)
 	}
 	if rated != nil {
-		rated.figures(&res)
+		rt.grants.Store(false)
+		rt.mu.Lock()
+		granted := slices.Clone(rt.granted)
+		rt.mu.Unlock()
+		rated.figures(&res, granted)
 	}
 	if stopped != nil {
 		_ = stopSenderWait()

@@ -97,10 +97,15 @@ func TestFlowRateLimited(t *testing.T) {
 	require.LessOrEqual(t, f.MaxIn1s, f.Starts)
 	require.Equal(t, float64(f.MaxIn1s)-210, f.Overshoot1s)
 	require.Equal(t, float64(f.MaxIn100ms)-30, f.Overshoot100ms)
+	// Every step was leased by a claim: counted there too.
+	require.Equal(t, f.Starts, f.ClaimGrants)
+	require.LessOrEqual(t, f.ClaimMaxIn100ms, f.ClaimMaxIn1s)
+	require.Equal(t, float64(f.ClaimMaxIn1s)-210, f.ClaimOvershoot1s)
 	var out bytes.Buffer
 	require.NoError(t, WriteFlowSummary(&out, rs))
 	require.Contains(t, out.String(), "ratelimited: ")
 	require.Contains(t, out.String(), "steps started/s after the first burst (bucket 200/s, burst 10)")
+	require.Contains(t, out.String(), "ratelimited: at the claims (51 steps leased, each counted when its claim was sent): most in any 1 s ")
 }
 
 func TestMaxInWindow(t *testing.T) {
