@@ -27,7 +27,13 @@ import (
 )
 
 // FlowWorkloads are the workloads of `wharf bench --mode flow`.
-var FlowWorkloads = []string{"steps", "signal", "children"}
+var FlowWorkloads = []string{"steps", "signal", "children", "keyed", "keyed-unkeyed", "ratelimited"}
+
+// DefaultFlowWorkloads are those run when none is named.
+var DefaultFlowWorkloads = []string{"steps", "signal", "children"}
+
+// flowWorkloadsHint lists the workloads for an error message.
+const flowWorkloadsHint = "use steps, signal, children, keyed, keyed-unkeyed or ratelimited"
 
 // FlowOptions configure the flow benchmark.
 type FlowOptions struct {
@@ -36,14 +42,20 @@ type FlowOptions struct {
 	// unless Keep.
 	Schema string
 	Keep   bool
-	// Workloads to run, in order; defaults to all of FlowWorkloads.
+	// Workloads to run, in order; defaults to DefaultFlowWorkloads. keyed
+	// is followed by keyed-unkeyed (unless SkipUnkeyed, or it is named).
 	Workloads []string
-	// Instances per workload for the drain (throughput). Defaults to 20000.
+	// Instances per workload for the drain (throughput): flows, or for
+	// keyed parents. Defaults to 20000. Not for ratelimited (RateFor).
 	Instances int
 	// Runners in this process. Defaults to 1.
 	Runners int
 	// MaxInFlight per runner. Defaults to 512.
 	MaxInFlight int
+	// LeaseTTL is the runners' Config.LeaseTTL (0: theirs, 30s). Rows
+	// waiting on a concurrency key wake at the latest when a running
+	// step's lease ends.
+	LeaseTTL time.Duration
 	// Paced is how long the latency phase starts flows at half the drained
 	// rate (0 = no latency phase). Defaults to 5s.
 	Paced time.Duration
@@ -52,14 +64,46 @@ type FlowOptions struct {
 	// the write of the await and take the path of a signal that came
 	// first).
 	SignalAfter time.Duration
-	Progress    io.Writer
-	Logger      *slog.Logger
+	// ConcurrencyKeys is how many concurrency keys the keyed workload's
+	// children are spread over (each child one, drawn at random), and
+	// ConcurrencyLimit each key's limit. Default 4 and 2.
+	ConcurrencyKeys  int
+	ConcurrencyLimit int
+	// StepTimeMin and StepTimeMax bound the keyed children's step time (a
+	// sleep drawn uniformly); both zero: 2ms and 10ms; StepTimeMax
+	// negative: no sleep.
+	StepTimeMin, StepTimeMax time.Duration
+	// SkipUnkeyed: keyed is not followed by keyed-unkeyed (the same
+	// children without keys, for the ratio).
+	SkipUnkeyed bool
+	// Seed seeds the keyed draws (keys and step times). Defaults to 1.
+	Seed uint64
+	// RateLimit and RateBurst are the ratelimited workload's token bucket
+	// (Config.RateLimits). Default 200/s and 10.
+	RateLimit, RateBurst float64
+	// RateFor is how long the ratelimited drain lasts at RateLimit: it
+	// starts RateLimit × RateFor + RateBurst steps' worth of instances.
+	// Defaults to 10s.
+	RateFor time.Duration
+	// DrainTimeout stops a drain that has not ended after it: its figures
+	// are over what it did, marked incomplete, and RunFlow returns an error
+	// once the other workloads ran. 0: no limit.
+	DrainTimeout time.Duration
+	Progress     io.Writer
+	Logger       *slog.Logger
 }
 
 // FlowResult is one workload's figures.
 type FlowResult struct {
-	Workload     string  `json:"workload"`
-	Instances    int     `json:"instances"`
+	Workload  string `json:"workload"`
+	Instances int    `json:"instances"`
+	// Runners drained the instances, in this process.
+	Runners int `json:"runners"`
+	// Incomplete: the drain stopped (DrainTimeout, or interrupted) with
+	// FlowsDone of Instances done; the rates are over the time it ran.
+	Incomplete   bool    `json:"incomplete,omitempty"`
+	FlowsDone    int64   `json:"flows_done,omitempty"`
+	StopReason   string  `json:"stop_reason,omitempty"`
 	StepsPerFlow int     `json:"steps_per_flow"`
 	Steps        int64   `json:"steps"`
 	Seconds      float64 `json:"seconds"`
@@ -111,6 +155,13 @@ type FlowResult struct {
 	// Calls is how long the flow functions' calls took, seen from the
 	// client, during the paced phase: the parts of a step-to-step gap.
 	Calls map[string]CallTime `json:"paced_calls,omitempty"`
+	// RunnerLog counts what the runners logged (deadlocks, warnings and
+	// errors) over the workload.
+	RunnerLog RunnerLog `json:"runner_log"`
+	// Keyed and Rate are the figures of the keyed (and keyed-unkeyed) and
+	// ratelimited workloads.
+	Keyed *KeyedFigures `json:"keyed,omitempty"`
+	Rate  *RateFigures  `json:"rate,omitempty"`
 }
 
 // roundTrips counts the queries a pool sends and, while timing is on,
@@ -121,6 +172,17 @@ type roundTrips struct {
 	timing atomic.Bool
 	mu     sync.Mutex
 	took   map[string][]time.Duration
+	// While grants is on, granted gets the time each claim call was sent
+	// once per step it leased (ratelimited: each took a token).
+	grants  atomic.Bool
+	granted []time.Time
+}
+
+type claimAskKey struct{}
+
+type claimAsk struct {
+	ask  int
+	sent time.Time
 }
 
 type queryStartKey struct{}
@@ -132,6 +194,11 @@ type queryStart struct {
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
+	if r.grants.Load() && strings.Contains(d.SQL, "claim_flow_steps(") && len(d.Args) > 2 {
+		if ask, ok := d.Args[2].(int); ok {
+			ctx = context.WithValue(ctx, claimAskKey{}, claimAsk{ask: ask, sent: time.Now()})
+		}
+	}
 	if !r.timing.Load() {
 		return ctx
 	}
@@ -143,17 +210,42 @@ func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 	return ctx
 }
 
-func (r *roundTrips) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+func (r *roundTrips) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if c, ok := ctx.Value(claimAskKey{}).(claimAsk); ok && d.Err == nil {
+		r.noteGrants(c, d.CommandTag.RowsAffected())
+	}
 	s, ok := ctx.Value(queryStartKey{}).(queryStart)
 	if !ok {
 		return
 	}
-	d := time.Since(s.at)
+	took := time.Since(s.at)
 	r.mu.Lock()
 	if r.took == nil {
 		r.took = map[string][]time.Duration{}
 	}
-	r.took[s.kind] = append(r.took[s.kind], d)
+	r.took[s.kind] = append(r.took[s.kind], took)
+	r.mu.Unlock()
+}
+
+// noteGrants records the steps a claim call leased, at the time it was
+// sent: the claim takes their tokens as it starts, on the server's clock
+// (the same as this one's here), while its end comes after its whole run,
+// which varies with the rows it goes through by more than a token's
+// interval. claim_flow_steps returns a row per step and, when it leased
+// fewer than asked, one more giving the next due time: rows below the ask
+// carry it; rows equal to it are taken as a full claim.
+func (r *roundTrips) noteGrants(c claimAsk, rows int64) {
+	n := rows
+	if rows > 0 && rows < int64(c.ask) {
+		n--
+	}
+	if n <= 0 {
+		return
+	}
+	r.mu.Lock()
+	for range n {
+		r.granted = append(r.granted, c.sent)
+	}
 	r.mu.Unlock()
 }
 
@@ -257,11 +349,54 @@ func RunFlow(ctx context.Context, o FlowOptions) ([]FlowResult, error) {
 		o.Paced = 5 * time.Second
 	}
 	if len(o.Workloads) == 0 {
-		o.Workloads = FlowWorkloads
+		o.Workloads = DefaultFlowWorkloads
 	}
+	if o.ConcurrencyKeys == 0 {
+		o.ConcurrencyKeys = 4
+	}
+	if o.ConcurrencyLimit == 0 {
+		o.ConcurrencyLimit = 2
+	}
+	switch {
+	case o.StepTimeMin == 0 && o.StepTimeMax == 0:
+		o.StepTimeMin, o.StepTimeMax = 2*time.Millisecond, 10*time.Millisecond
+	case o.StepTimeMax < 0:
+		o.StepTimeMin, o.StepTimeMax = 0, 0
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.RateLimit == 0 {
+		o.RateLimit = 200
+	}
+	if o.RateBurst == 0 {
+		o.RateBurst = 10
+	}
+	if o.RateFor == 0 {
+		o.RateFor = 10 * time.Second
+	}
+	switch {
+	case o.ConcurrencyKeys < 1:
+		return nil, fmt.Errorf("--concurrency-keys must be at least 1, got %d", o.ConcurrencyKeys)
+	case o.ConcurrencyLimit < 1:
+		return nil, fmt.Errorf("--concurrency-limit must be at least 1, got %d", o.ConcurrencyLimit)
+	case o.StepTimeMin < 0 || o.StepTimeMax < o.StepTimeMin:
+		return nil, fmt.Errorf("--step-time %s: use 0 <= MIN <= MAX", FormatStepTime(o.StepTimeMin, o.StepTimeMax))
+	case o.RateLimit < 0:
+		return nil, fmt.Errorf("--rate-limit must be positive, got %g", o.RateLimit)
+	case o.RateBurst < 1:
+		return nil, fmt.Errorf("--rate-burst must be at least 1, got %g", o.RateBurst)
+	case o.RateFor < 0:
+		return nil, fmt.Errorf("--rate-for must be positive, got %s", o.RateFor)
+	}
+	var workloads []string
 	for _, w := range o.Workloads {
 		if !slices.Contains(FlowWorkloads, w) {
-			return nil, fmt.Errorf("--workload %q: use steps, signal or children", w)
+			return nil, fmt.Errorf("--workload %q: %s", w, flowWorkloadsHint)
+		}
+		workloads = append(workloads, w)
+		if w == "keyed" && !o.SkipUnkeyed && !slices.Contains(o.Workloads, "keyed-unkeyed") {
+			workloads = append(workloads, "keyed-unkeyed")
 		}
 	}
 	if o.Progress == nil {
@@ -271,25 +406,58 @@ func RunFlow(ctx context.Context, o FlowOptions) ([]FlowResult, error) {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	var out []FlowResult
-	for _, w := range o.Workloads {
+	var errs []string
+	for _, w := range workloads {
 		res, err := runFlowWorkload(ctx, o, w)
-		if err != nil {
-			return out, fmt.Errorf("workload %s: %w", w, err)
+		if res.Incomplete || err == nil {
+			out = append(out, res)
 		}
-		out = append(out, res)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("workload %s: %s", w, oneLine(err)))
+			if ctx.Err() != nil || !res.Incomplete {
+				break
+			}
+		}
+		if k := res.Keyed; k != nil && k.Keys > 0 && k.MaxRunningPerKey > k.Limit {
+			errs = append(errs, fmt.Sprintf("workload %s: %d steps of one concurrency key ran at once, over its limit of %d (most by key: %v)",
+				w, k.MaxRunningPerKey, k.Limit, k.MaxRunningByKey))
+		}
+	}
+	linkUnkeyed(out)
+	if len(errs) > 0 {
+		return out, errors.New(strings.Join(errs, "; "))
 	}
 	return out, nil
 }
 
-func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowResult, error) {
-	res := FlowResult{Workload: workload, Instances: o.Instances}
+// linkUnkeyed gives keyed's result keyed-unkeyed's children's rate and its
+// share of it.
+func linkUnkeyed(rs []FlowResult) {
+	var keyed, unkeyed *KeyedFigures
+	for i := range rs {
+		switch rs[i].Workload {
+		case "keyed":
+			keyed = rs[i].Keyed
+		case "keyed-unkeyed":
+			unkeyed = rs[i].Keyed
+		}
+	}
+	if keyed == nil || unkeyed == nil || unkeyed.ChildStepsPerSec == 0 {
+		return
+	}
+	keyed.UnkeyedStepsPerSec = unkeyed.ChildStepsPerSec
+	keyed.OfUnkeyed = keyed.ChildStepsPerSec / unkeyed.ChildStepsPerSec
+}
+
+func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (res FlowResult, err error) {
+	res = FlowResult{Workload: workload, Instances: o.Instances, Runners: o.Runners}
 	schema := o.Schema
 	if schema == "" {
 		var b [4]byte
 		_, _ = rand.Read(b[:])
 		schema = "wharf_flowbench_" + hex.EncodeToString(b[:])
 	}
-	schema += "_" + workload
+	schema += "_" + strings.ReplaceAll(workload, "-", "_")
 	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
 	if err != nil {
 		return res, err
@@ -342,6 +510,9 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	var defs []wharfflow.Definition
 	var start func(i int) wharfflow.Start
 	var isDone func() int64
+	var keyed *keyedWorkload
+	var rated *rateWorkload
+	var rateLimits map[string]wharfflow.RateLimit
 	switch workload {
 	case "steps":
 		f := wharfflow.New[benchState]("steps", nil).Step("a", step("b")).Step("b", step("c")).Step("c", step(""))
@@ -398,45 +569,81 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		start = func(int) wharfflow.Start { return parent.Start(benchState{}, wharfflow.StartOptions{}) }
 		res.StepsPerFlow = 12
 		isDone = parentsDone.Load
+	case "keyed", "keyed-unkeyed":
+		// Parents spawning children of one step each (a sleep), under
+		// concurrency keys for keyed; the step-to-step gaps are the
+		// children's, as in children.
+		keyed = newKeyedWorkload(o, workload == "keyed", lat, span)
+		defs = []wharfflow.Definition{keyed.parent, keyed.child}
+		start = keyed.start
+		res.StepsPerFlow = keyedChildren + 2
+		isDone = keyed.parentsDone.Load
+	case "ratelimited":
+		rated = newRateWorkload(o)
+		rateLimits = map[string]wharfflow.RateLimit{rateKey: {PerSecond: o.RateLimit, Burst: o.RateBurst}}
+		defs = []wharfflow.Definition{rated.flow}
+		start = rated.start
+		res.StepsPerFlow = rateSteps
+		res.Instances = rated.instances(o.RateFor)
+		isDone = rated.done.Load
+		// Its steps' starts are the measure; a paced phase at half the
+		// rate would say nothing more.
+		o.Paced = -1
 	}
+	instances := res.Instances
 
 	// Pre-fill the instances, then time the runners draining them.
 	const batch = 1000
-	for i := 0; i < o.Instances; i += batch {
+	for i := 0; i < instances; i += batch {
 		var starts []wharfflow.Start
-		for j := i; j < min(i+batch, o.Instances); j++ {
+		for j := i; j < min(i+batch, instances); j++ {
 			starts = append(starts, start(j))
 		}
 		if _, err := client.Start(ctx, starts...); err != nil {
 			return res, err
 		}
 	}
-	var runners []*wharfflow.Runner
-	defer func() {
-		for _, r := range runners {
-			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			_ = r.Stop(stopCtx)
-			cancel()
-		}
-	}()
-	commits := func() (int64, error) {
-		var n int64
-		err := pool.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&n)
-		return n, err
+	if keyed != nil {
+		keyed.counting = false // the paced phase's draws are not the drain's
+	}
+	// The figures after the drain are read even when ctx ended it.
+	mctx := context.WithoutCancel(ctx)
+	commits := func() (n, deadlocks int64, err error) {
+		err = pool.QueryRow(mctx, "SELECT xact_commit, deadlocks FROM pg_stat_database WHERE datname = current_database()").Scan(&n, &deadlocks)
+		return n, deadlocks, err
 	}
 	_, _ = pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
-	c0, err := commits()
+	c0, dl0, err := commits()
 	if err != nil {
 		return res, err
 	}
+	logger, logged := newCountingLogger(o.Logger)
+	var runners []*wharfflow.Runner
+	defer func() {
+		for _, r := range runners {
+			stopCtx, cancel := context.WithTimeout(mctx, time.Minute)
+			_ = r.Stop(stopCtx)
+			cancel()
+		}
+		// What the runners logged, stopping included.
+		res.RunnerLog = logged.snapshot()
+		_, _ = pool.Exec(mctx, "SELECT pg_stat_clear_snapshot()")
+		if _, dl1, err := commits(); err == nil {
+			res.RunnerLog.ServerDeadlocks = dl1 - dl0
+		}
+	}()
 	stmts0, note := statementCalls(ctx, pool)
 	res.StatementsNote = note
 	rt0 := rt.n.Load()
 	server := newServerCPU(ctx, pool, flowAppName)
 	cpu0, _, _ := procstat.CPU(os.Getpid())
+	if rated != nil {
+		rt.grants.Store(true)
+	}
 	t0 := time.Now()
 	for range o.Runners {
-		r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: defs, MaxInFlight: o.MaxInFlight, Logger: o.Logger})
+		r, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: defs, MaxInFlight: o.MaxInFlight,
+			LeaseTTL: o.LeaseTTL, RateLimits: rateLimits, Logger: logger})
 		if err != nil {
 			return res, err
 		}
@@ -459,17 +666,28 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		}
 		return nil
 	}
-	target := int64(o.Instances)
+	target := int64(instances)
+	var timeout <-chan time.Time
+	if o.DrainTimeout > 0 {
+		tm := time.NewTimer(o.DrainTimeout)
+		defer tm.Stop()
+		timeout = tm.C
+	}
 	// The end is looked for every 2 ms (a drain of a few seconds is timed
 	// to within a fraction of a percent); progress and the server's CPU
 	// every 100 ms.
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
+	var stopped error
+drain:
 	for n := 0; isDone() < target; n++ {
 		select {
 		case <-ctx.Done():
-			_ = stopSenderWait()
-			return res, ctx.Err()
+			stopped = ctx.Err()
+			break drain
+		case <-timeout:
+			stopped = fmt.Errorf("stuck or slow: %d of %d flows done when the drain timeout (%s) passed", isDone(), target, o.DrainTimeout)
+			break drain
 		case <-tick.C:
 			if n%50 == 0 {
 				fmt.Fprintf(o.Progress, "\r%s: %d/%d flows done", workload, isDone(), target)
@@ -479,14 +697,19 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	}
 	elapsed := time.Since(t0)
 	cpu1, _, _ := procstat.CPU(os.Getpid())
-	server.note(ctx, pool)
+	server.note(mctx, pool)
 	rt1 := rt.n.Load()
-	_, _ = pool.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
-	c1, err := commits()
+	_, _ = pool.Exec(mctx, "SELECT pg_stat_clear_snapshot()")
+	c1, _, err := commits()
 	if err != nil {
 		return res, err
 	}
-	fmt.Fprintf(o.Progress, "\r%s: %d flows drained in %s\n", workload, target, elapsed.Round(time.Millisecond))
+	if stopped != nil {
+		res.Incomplete, res.FlowsDone, res.StopReason = true, isDone(), oneLine(stopped)
+		fmt.Fprintf(o.Progress, "\r%s: stopped with %d/%d flows done after %s\n", workload, res.FlowsDone, target, elapsed.Round(time.Millisecond))
+	} else {
+		fmt.Fprintf(o.Progress, "\r%s: %d flows drained in %s\n", workload, target, elapsed.Round(time.Millisecond))
+	}
 	var steps int64
 	for _, r := range runners {
 		steps += r.Stats().Steps()
@@ -504,12 +727,30 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 	}
 	res.Seconds = elapsed.Seconds()
 	res.StepsPerSec = float64(steps) / elapsed.Seconds()
-	res.FlowsPerSec = float64(target) / elapsed.Seconds()
-	res.RoundTripsPerStep = float64(rt1-rt0) / float64(steps)
-	res.CommitsPerStep = float64(c1-c0) / float64(steps)
-	res.ProcessCPUPerStepUs = float64((cpu1 - cpu0).Microseconds()) / float64(steps)
-	if d, ok := server.total(); ok {
-		res.ServerCPUPerStepUs = float64(d.Microseconds()) / float64(steps)
+	res.FlowsPerSec = float64(isDone()) / elapsed.Seconds()
+	if steps > 0 {
+		res.RoundTripsPerStep = float64(rt1-rt0) / float64(steps)
+		res.CommitsPerStep = float64(c1-c0) / float64(steps)
+		res.ProcessCPUPerStepUs = float64((cpu1 - cpu0).Microseconds()) / float64(steps)
+		if d, ok := server.total(); ok {
+			res.ServerCPUPerStepUs = float64(d.Microseconds()) / float64(steps)
+		}
+	}
+	if keyed != nil {
+		keyed.figures(&res, elapsed)
+		// The tracker's maxima are read again after the paced phase.
+		defer keyed.tracker.figures(res.Keyed)
+	}
+	if rated != nil {
+		rt.grants.Store(false)
+		rt.mu.Lock()
+		granted := slices.Clone(rt.granted)
+		rt.mu.Unlock()
+		rated.figures(&res, granted)
+	}
+	if stopped != nil {
+		_ = stopSenderWait()
+		return res, stopped
 	}
 	if stmts0 != nil {
 		stmts1, note := statementCalls(ctx, pool)
@@ -527,10 +768,7 @@ func runFlowWorkload(ctx context.Context, o FlowOptions, workload string) (FlowR
 		lat.on.Store(true)
 		span.on.Store(true)
 		rt.timing.Store(true)
-		base := done.Load()
-		if workload == "children" {
-			base = isDone()
-		}
+		base := isDone()
 		interval := 10 * time.Millisecond
 		perTick := rate * interval.Seconds()
 		pacedStart := time.Now()
@@ -774,7 +1012,7 @@ func statementsPerStep(before, after map[stmtKey]stmtCalls, steps int64) map[str
 
 // WriteFlowSummary prints the flow workloads' figures.
 func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
-	_, err := fmt.Fprintf(w, "%-9s %9s %10s %10s %9s %9s %10s %10s %10s %10s %s\n", "workload", "flows", "steps/s", "flows/s",
+	_, err := fmt.Fprintf(w, "%-13s %9s %10s %10s %9s %9s %10s %10s %10s %10s %s\n", "workload", "flows", "steps/s", "flows/s",
 		"rt/step", "tx/step", "cpu µs/st", "server µs", "p50 ms", "p99 ms", "(latency at flows/s)")
 	if err != nil {
 		return err
@@ -784,9 +1022,30 @@ func WriteFlowSummary(w io.Writer, rs []FlowResult) error {
 		if r.ServerCPUPerStepUs > 0 {
 			server = fmt.Sprintf("%.1f", r.ServerCPUPerStepUs)
 		}
-		if _, err := fmt.Fprintf(w, "%-9s %9d %10.0f %10.0f %9.3f %9.3f %10.1f %10s %10.2f %10.2f %.0f\n", r.Workload, r.Instances,
+		if _, err := fmt.Fprintf(w, "%-13s %9d %10.0f %10.0f %9.3f %9.3f %10.1f %10s %10.2f %10.2f %.0f\n", r.Workload, r.Instances,
 			r.StepsPerSec, r.FlowsPerSec, r.RoundTripsPerStep, r.CommitsPerStep, r.ProcessCPUPerStepUs, server,
 			r.P50Ms, r.P99Ms, r.PacedRate); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if r.Incomplete {
+			if _, err := fmt.Fprintf(w, "%s: INCOMPLETE: %d of %d flows done in %.1f s, the figures are over that time (%s)\n",
+				r.Workload, r.FlowsDone, r.Instances, r.Seconds, r.StopReason); err != nil {
+				return err
+			}
+		}
+	}
+	for _, r := range rs {
+		if err := writeKeyedSummary(w, r); err != nil {
+			return err
+		}
+		if err := writeRateSummary(w, r); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if err := writeRunnerLog(w, r); err != nil {
 			return err
 		}
 	}

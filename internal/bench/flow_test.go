@@ -21,7 +21,7 @@ func smokeFlow(t *testing.T, url string, paced time.Duration) []FlowResult {
 	defer cancel()
 	rs, err := RunFlow(ctx, FlowOptions{DatabaseURL: url, Instances: 200, Paced: paced})
 	require.NoError(t, err)
-	require.Len(t, rs, len(FlowWorkloads))
+	require.Len(t, rs, len(DefaultFlowWorkloads))
 	return rs
 }
 

@@ -65,3 +65,39 @@ func TestBenchMessagesPerTx(t *testing.T) {
 	require.Contains(t, out, "pre-fill (Enqueue, 1 per tx)")
 	require.Regexp(t, `delivered +500 \(0 redelivered\)`, out)
 }
+
+// The flow bench's flag mistakes are one-line usage errors naming the
+// flag, reported before any database is started.
+func TestBenchFlowFlagErrors(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--concurrency-keys", "0"}, "--concurrency-keys must be at least 1, got 0"},
+		{[]string{"--concurrency-limit", "-1"}, "--concurrency-limit must be at least 1, got -1"},
+		{[]string{"--step-time", "10ms-2ms"}, `invalid value "10ms-2ms" for --step-time: the minimum 10ms is above the maximum 2ms`},
+		{[]string{"--step-time", "fast"}, `invalid value "fast" for --step-time: use MIN-MAX, e.g. 2ms-10ms, or one duration`},
+		{[]string{"--rate-limit", "0"}, "--rate-limit must be above 0, got 0"},
+		{[]string{"--rate-burst", "0.5"}, "--rate-burst must be at least 1, got 0.5"},
+		{[]string{"--rate-for", "0s"}, "--rate-for must be above 0, got 0s"},
+		{[]string{"--drain-timeout", "-1s"}, "--drain-timeout must not be negative, got -1s"},
+		{[]string{"--workload", "keyed,bursty"}, `--workload "bursty": use steps, signal, children, keyed, keyed-unkeyed or ratelimited`},
+	} {
+		args := append([]string{"bench", "--mode", "flow", "--database-url", "postgres://nobody@127.0.0.1:1/none"}, c.args...)
+		code, _, errOut := run(args...)
+		require.Equal(t, 2, code, errOut)
+		require.Contains(t, errOut, c.want)
+		require.Equal(t, 1, strings.Count(strings.TrimSpace(errOut), "\n")+1, "one line: %q", errOut)
+	}
+}
+
+func TestBenchHelpDescribesFlowWorkloads(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := run("bench", "--help")
+	require.Equal(t, 0, code, errOut)
+	for _, want := range []string{"--concurrency-keys", "--concurrency-limit", "--step-time range", "--rate-limit", "--rate-burst",
+		"--rate-for", "--drain-timeout", "--skip-unkeyed", "keyed (a parent spawning 3 children", "ratelimited (3 empty steps"} {
+		require.Contains(t, out, want)
+	}
+}

@@ -126,7 +126,7 @@ func TestFlowBench(t *testing.T) {
 	requireOneLineError(t, errOut, "--flows must be at least 1")
 	code, _, errOut = s.run("bench", "--mode", "flow", "--workload", "nap", "--flows", "1", "--paced", "-1s", "--database-url", databaseURL)
 	require.Equal(t, 2, code)
-	requireOneLineError(t, errOut, `--workload "nap": use steps, signal or children`)
+	requireOneLineError(t, errOut, `--workload "nap": use steps, signal, children, keyed, keyed-unkeyed or ratelimited`)
 	code, _, errOut = s.run("bench", "--mode", "flow", "--signal-after", "-1ms", "--flows", "1", "--database-url", databaseURL)
 	require.Equal(t, 2, code)
 	requireOneLineError(t, errOut, "--signal-after must not be negative, got -1ms")
