@@ -178,7 +178,7 @@ CREATE TABLE {{schema}}.flow_runners (
 -- trace is the W3C trace context of the starting request (wharfflow
 -- WithTracer), stored in trace_context.
 CREATE FUNCTION {{schema}}.start_flows(p_starts jsonb) RETURNS TABLE (ord bigint, id bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ids bigint[];
@@ -260,7 +260,7 @@ $$;
 -- them, whatever the batch's size.
 CREATE FUNCTION {{schema}}.signal_flows(p_signals jsonb, p_strict boolean DEFAULT false)
 RETURNS TABLE (ord bigint, id bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_sids    bigint[];
@@ -373,7 +373,7 @@ END $$;
 -- flows' rows, rows another runner holds) do not count, or an idle runner
 -- would look again at once, over and over; rows that fell due since do.
 CREATE FUNCTION {{schema}}.next_flow_due(p_after timestamptz) RETURNS timestamptz
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan STABLE AS $$
 #variable_conflict use_column
 DECLARE
     v_prio integer;
@@ -450,7 +450,7 @@ CREATE FUNCTION {{schema}}.claim_flow_steps(p_runner text, p_flows text[], p_lim
 RETURNS TABLE (id bigint, flow text, step text, state jsonb, attempt integer, lease_token bigint,
                wait double precision, signals jsonb, children jsonb, parent_id bigint,
                concurrency_key text, rate_key text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := clock_timestamp();
@@ -649,53 +649,49 @@ END $$;
 -- are leased to p_runner for p_lease; the others are made due, for any
 -- runner's claim. Returns the rows it woke and whether each was leased.
 -- Callers: outcome writes and cancels that end running steps of the keys.
+-- One statement after the locks, whatever the number of keys.
 CREATE FUNCTION {{schema}}.flow_key_free(p_keys text[], p_runner text, p_flows text[], p_budget integer, p_lease interval)
 RETURNS TABLE (id bigint, leased boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    v_now    timestamptz := clock_timestamp();
-    v_key    text;
-    v_free   integer;
-    v_paused boolean;
-    v_budget integer := coalesce(p_budget, 0);
-    w        record;
+    v_now timestamptz := clock_timestamp();
 BEGIN
     PERFORM {{schema}}.flow_lock_keys(p_keys);
-    FOR v_key IN SELECT DISTINCT k.key FROM unnest(p_keys) AS k(key) WHERE k.key IS NOT NULL ORDER BY 1 LOOP
-        v_free := NULL;
-        SELECT coalesce(k.concurrency_limit, 1), coalesce(k.paused_until > v_now, false) INTO v_free, v_paused
-          FROM {{schema}}.flow_keys k WHERE k.key = v_key;
-        IF v_free IS NULL THEN
-            v_free := 1;
-            v_paused := false;
-        END IF;
-        SELECT v_free - count(*) INTO v_free FROM {{schema}}.flow_instances r
-         WHERE r.concurrency_key = v_key AND r.status = 'running' AND r.run_at > v_now;
-        CONTINUE WHEN v_free <= 0;
-        FOR w IN
-            SELECT i.id, coalesce(i.status = 'ready' AND i.rate_key IS NULL AND i.flow = ANY (p_flows) AND NOT v_paused, false) AS runnable
-              FROM {{schema}}.flow_instances i
-             WHERE i.concurrency_key = v_key AND i.waiting_key AND i.status IN ('ready', 'awaiting')
-             ORDER BY i.priority DESC, i.not_before, i.id
-             LIMIT v_free
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            id := w.id;
-            leased := w.runnable AND v_budget > 0;
-            IF leased THEN
-                UPDATE {{schema}}.flow_instances i SET
-                    status = 'running', lease_owner = p_runner, lease_token = i.lease_token + 1, lease_key = NULL,
-                    run_at = v_now + p_lease, updated_at = v_now, waiting_key = false
-                 WHERE i.id = w.id;
-                v_budget := v_budget - 1;
-            ELSE
-                UPDATE {{schema}}.flow_instances i SET run_at = greatest(i.not_before, v_now), waiting_key = false
-                 WHERE i.id = w.id;
-            END IF;
-            RETURN NEXT;
-        END LOOP;
-    END LOOP;
+    RETURN QUERY
+    WITH k AS (
+        SELECT x.key, coalesce(f.paused_until > v_now, false) AS paused,
+               greatest(coalesce(f.concurrency_limit, 1) - (
+                   SELECT count(*) FROM {{schema}}.flow_instances r
+                    WHERE r.concurrency_key = x.key AND r.status = 'running' AND r.run_at > v_now), 0) AS free
+          FROM (SELECT DISTINCT k.key FROM unnest(p_keys) AS k(key) WHERE k.key IS NOT NULL) AS x
+          LEFT JOIN {{schema}}.flow_keys f ON f.key = x.key
+    ), w AS (
+        SELECT w.id, w.runnable
+          FROM k, LATERAL (
+               SELECT i.id, coalesce(i.status = 'ready' AND i.rate_key IS NULL AND i.flow = ANY (p_flows) AND NOT k.paused, false) AS runnable
+                 FROM {{schema}}.flow_instances i
+                WHERE i.concurrency_key = k.key AND i.waiting_key AND i.status IN ('ready', 'awaiting')
+                ORDER BY i.priority DESC, i.not_before, i.id
+                LIMIT k.free
+                  FOR UPDATE OF i SKIP LOCKED) AS w
+    ), d AS (
+        SELECT w.id, w.runnable AND count(*) FILTER (WHERE w.runnable) OVER (ORDER BY w.id) <= coalesce(p_budget, 0) AS lease
+          FROM w
+    ), u AS (
+        UPDATE {{schema}}.flow_instances i SET
+            status = CASE WHEN d.lease THEN 'running' ELSE i.status END,
+            lease_owner = CASE WHEN d.lease THEN p_runner ELSE i.lease_owner END,
+            lease_token = i.lease_token + CASE WHEN d.lease THEN 1 ELSE 0 END,
+            lease_key = CASE WHEN d.lease THEN NULL ELSE i.lease_key END,
+            run_at = CASE WHEN d.lease THEN v_now + p_lease ELSE greatest(i.not_before, v_now) END,
+            updated_at = CASE WHEN d.lease THEN v_now ELSE i.updated_at END,
+            waiting_key = false
+          FROM d
+         WHERE i.id = d.id
+        RETURNING i.id, d.lease
+    )
+    SELECT u.id, u.lease FROM u;
 END $$;
 
 -- complete_flow_steps writes a batch of step outcomes (a JSON array, see
@@ -731,7 +727,7 @@ CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, 
                                                p_flows text[] DEFAULT NULL, p_budget integer DEFAULT 0)
 RETURNS TABLE (kind text, id bigint, token bigint, flow text, step text, state jsonb, attempt integer, parent_id bigint,
                children jsonb, signals jsonb, concurrency_key text, rate_key text, wait double precision)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_now      timestamptz := clock_timestamp();
@@ -1041,7 +1037,7 @@ $$;
 -- release_flow_leases hands back steps p_runner holds but will not run (a
 -- stopping runner's continued steps): they are due at once, for any runner.
 CREATE FUNCTION {{schema}}.release_flow_leases(p_runner text, p_ids bigint[], p_tokens bigint[])
-RETURNS integer LANGUAGE plpgsql AS $$
+RETURNS integer LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_n integer;
@@ -1069,7 +1065,7 @@ END $$;
 -- claim index whole for every call and loop over it: 442 ms for a batch of
 -- 500 signals with 37,000 active instances.
 CREATE FUNCTION {{schema}}.flow_resume(p_ids bigint[]) RETURNS bigint[]
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ids   bigint[];
@@ -1122,7 +1118,7 @@ END $$;
 -- p_ids (below): the caller knows none is, as a runner does of the
 -- instances it runs (it wakes them once their write has committed).
 CREATE FUNCTION {{schema}}.wake_flows(p_ids bigint[], p_wait boolean DEFAULT true) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ids bigint[] := p_ids;
@@ -1178,7 +1174,7 @@ END $$;
 -- appears. Running steps of concurrency keys free their slots
 -- (flow_key_free); the parent's join is checked under its lock.
 CREATE FUNCTION {{schema}}.cancel_flow(p_id bigint) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_n      integer;
