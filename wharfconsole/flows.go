@@ -113,18 +113,20 @@ func (h *console) flowSummary(w http.ResponseWriter, r *http.Request) {
 
 // flowRowJSON is an instance as the lists show it: without its state.
 type flowRowJSON struct {
-	ID        int64      `json:"id"`
-	Flow      string     `json:"flow"`
-	Key       string     `json:"key"`
-	Status    string     `json:"status"`
-	Step      string     `json:"step"`
-	Attempt   int        `json:"attempt"`
-	RunAt     *time.Time `json:"run_at"`
-	NotBefore time.Time  `json:"not_before"`
-	ParentID  int64      `json:"parent_id"`
-	Error     string     `json:"error"`
-	CreatedAt time.Time  `json:"created_at"`
-	UpdatedAt time.Time  `json:"updated_at"`
+	ID     int64  `json:"id"`
+	Flow   string `json:"flow"`
+	Key    string `json:"key"`
+	Status string `json:"status"`
+	Step   string `json:"step"`
+	// AwaitSignals, of an awaiting instance: Step runs once one comes.
+	AwaitSignals []string   `json:"await_signals,omitempty"`
+	Attempt      int        `json:"attempt"`
+	RunAt        *time.Time `json:"run_at"`
+	NotBefore    time.Time  `json:"not_before"`
+	ParentID     int64      `json:"parent_id"`
+	Error        string     `json:"error"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
 }
 
 // maxRowError bounds the error a list row carries (the instance page shows
@@ -136,7 +138,7 @@ func flowRow(i *wharfflow.Instance) flowRowJSON {
 	if len(e) > maxRowError {
 		e = strings.ToValidUTF8(e[:maxRowError], "") + "…"
 	}
-	return flowRowJSON{ID: i.ID, Flow: i.Flow, Key: i.Key, Status: i.Status, Step: i.Step, Attempt: i.Attempt, RunAt: i.RunAt,
+	return flowRowJSON{ID: i.ID, Flow: i.Flow, Key: i.Key, Status: i.Status, Step: i.Step, AwaitSignals: i.AwaitSignals, Attempt: i.Attempt, RunAt: i.RunAt,
 		NotBefore: i.NotBefore, ParentID: i.ParentID, Error: e, CreatedAt: i.CreatedAt, UpdatedAt: i.UpdatedAt}
 }
 

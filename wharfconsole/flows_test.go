@@ -127,6 +127,8 @@ type flowRow struct {
 	Step    string `json:"step"`
 	Attempt int    `json:"attempt"`
 	Error   string `json:"error"`
+	// AwaitSignals: of an awaiting instance, Step runs once one comes.
+	AwaitSignals []string `json:"await_signals"`
 }
 
 type flowList struct {
@@ -224,6 +226,8 @@ func TestFlowsAPIReads(t *testing.T) {
 	require.Zero(t, all.NextBefore, "one page holds them all")
 	require.Equal(t, []int64{later, failed}, ids(listFlows(t, a, "flow=payout").Instances))
 	require.Equal(t, []int64{awaiting}, ids(listFlows(t, a, "flow=checkout&status=awaiting").Instances))
+	aw := listFlows(t, a, "flow=checkout&status=awaiting").Instances[0]
+	require.NotEmpty(t, aw.AwaitSignals, "an awaiting row says what it awaits (its step runs after)")
 	require.Equal(t, []int64{shipped}, ids(listFlows(t, a, "key=o-1").Instances))
 	require.Empty(t, listFlows(t, a, "flow=payout&key=o-1").Instances)
 	f := listFlows(t, a, "status=failed")

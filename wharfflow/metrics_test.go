@@ -2,7 +2,9 @@ package wharfflow_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -60,4 +62,24 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Colle
 	}
 	t.Fatalf("no metric %s", name)
 	return nil
+}
+
+// Stats print as one readable line.
+func TestStatsString(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := wharfflow.New[counter]("printed", nil).
+		Step("a", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Next("b")
+		}).
+		Step("b", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Done(nil)
+		})
+	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}})
+	ids, err := b.client.Start(context.Background(), f.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	b.waitStatus(t, ids[0], "done")
+	require.Eventually(t, func() bool { return r.Stats().Steps() == 2 }, time.Minute, 5*time.Millisecond)
+	s := fmt.Sprint(r.Stats())
+	require.Regexp(t, `^steps=2 claimed=1 leased=0 signalled=0 handed_back=0 lost=0 failed=0 step_time=\S+ outcomes: done=1 next=1$`, s)
 }

@@ -1,6 +1,10 @@
 package wharfflow
 
 import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -82,4 +86,21 @@ func (s *Stats) Outcomes() map[string]int64 {
 		out[name] = s.byOutcome[k].Load()
 	}
 	return out
+}
+
+// String is the counters on one line, for logs: "steps=13 claimed=3
+// leased=8 signalled=2 handed_back=0 lost=0 failed=1 step_time=1.2s
+// outcomes: await=1 done=3 next=9".
+func (s *Stats) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "steps=%d claimed=%d leased=%d signalled=%d handed_back=%d lost=%d failed=%d step_time=%s outcomes:",
+		s.Steps(), s.Claimed(), s.Leased(), s.Signalled(), s.HandedBack(), s.Lost(), s.Failed(), s.StepTime().Round(time.Millisecond))
+	outcomes := s.Outcomes()
+	names := slices.Sorted(maps.Keys(outcomes))
+	for _, name := range names {
+		if n := outcomes[name]; n > 0 {
+			fmt.Fprintf(&b, " %s=%d", name, n)
+		}
+	}
+	return b.String()
 }

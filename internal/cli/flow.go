@@ -86,7 +86,7 @@ func newFlowListCmd(g *globals) *cobra.Command {
 			w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "ID\tFLOW\tKEY\tSTATUS\tSTEP\tATTEMPT\tAGE\tERROR")
 			for _, i := range is {
-				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", i.ID, i.Flow, dashIfEmpty(i.Key), i.Status, i.Step, i.Attempt,
+				fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", i.ID, i.Flow, dashIfEmpty(i.Key), i.Status, stepLabel(i), i.Attempt,
 					roundAge(now.Sub(i.CreatedAt)), oneLine(i.Error, 80))
 			}
 			if err := w.Flush(); err != nil {
@@ -139,7 +139,11 @@ func newFlowShowCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "flow\t%s\n", d.Flow)
 			fmt.Fprintf(w, "key\t%s\n", dashIfEmpty(d.Key))
 			fmt.Fprintf(w, "status\t%s\n", d.Status)
-			fmt.Fprintf(w, "step\t%s (attempt %d)\n", d.Step, d.Attempt)
+			if d.Status == "awaiting" {
+				fmt.Fprintf(w, "step\t%s, once %s comes (attempt %d)\n", d.Step, strings.Join(d.AwaitSignals, " or "), d.Attempt)
+			} else {
+				fmt.Fprintf(w, "step\t%s (attempt %d)\n", d.Step, d.Attempt)
+			}
 			fmt.Fprintf(w, "priority\t%d\n", d.Priority)
 			fmt.Fprintf(w, "run at\t%s\n", ts(d.RunAt))
 			if d.LeaseOwner != "" {
@@ -300,4 +304,13 @@ func noInstanceErr(err error) error {
 		return errors.New(strings.TrimPrefix(err.Error(), "wharfflow: "))
 	}
 	return err
+}
+
+// stepLabel is the step the list shows: an awaiting instance runs its step
+// only once a signal comes.
+func stepLabel(i wharfflow.Instance) string {
+	if i.Status == "awaiting" && len(i.AwaitSignals) > 0 {
+		return "awaits " + strings.Join(i.AwaitSignals, ",") + " → " + i.Step
+	}
+	return i.Step
 }

@@ -57,6 +57,10 @@ func TestFlowCommands(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "o-7")
 	require.Contains(t, out, "awaiting")
+	require.Contains(t, out, "awaits paid → charge", "an awaiting instance shows what it waits for before the step it runs then")
+	code, out, errOut = s.run(b.cmd("flow", "show", fmt.Sprint(ids[0]))...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "charge, once paid comes (attempt 0)")
 
 	code, out, errOut = s.run(b.cmd("flow", "list", "--key", "o-8")...)
 	require.Equal(t, 0, code, errOut)

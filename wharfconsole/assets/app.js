@@ -525,6 +525,12 @@ function flowPill(s) { return pill(s, flowStatusKind(s)); }
 // hashQuery reads the parameters after "?" in the page's hash.
 function hashQuery() { return new URLSearchParams(location.hash.split("?")[1] || ""); }
 // flowNext says when an instance next moves, per its status.
+// stepLabel is the step a list shows: an awaiting instance runs its step
+// only once a signal comes.
+function stepLabel(i) {
+  return i.status === "awaiting" && i.await_signals ? "awaits " + i.await_signals.join(", ") + " → " + i.step : i.step;
+}
+
 function flowNext(i, nowMs) {
   const at = i.run_at ? Date.parse(i.run_at) : null;
   switch (i.status) {
@@ -584,7 +590,7 @@ function flows(main, current) {
     const now = Date.now();
     const rows = r.instances.map((i) => el("tr", { class: "clickable", "data-id": i.id, onclick: () => { location.hash = "#/flow?id=" + i.id; } },
       el("td", { class: "mono" }, el("a", { href: "#/flow?id=" + i.id }, String(i.id))), el("td", {}, i.flow), el("td", { class: "mono" }, i.key || "–"),
-      el("td", {}, flowPill(i.status)), el("td", { class: "mono" }, i.step), el("td", {}, String(i.attempt)),
+      el("td", {}, flowPill(i.status)), el("td", { class: "mono" }, stepLabel(i)), el("td", {}, String(i.attempt)),
       el("td", {}, flowNext(i, now)), el("td", {}, fmtTime(i.created_at)), el("td", { class: "mono error" }, i.error || "")));
     replace(list, el("table", { id: "flow-instances" },
       el("thead", {}, el("tr", {}, ["Id", "Flow", "Key", "Status", "Step", "Attempt", "Next", "Started", "Error"].map((h) => el("th", {}, h)))),
@@ -705,7 +711,7 @@ function flow(main, current) {
     replace(head, dl([
       ["Flow", i.flow], ["Correlation key", el("span", { class: "mono" }, i.key || "–")],
       ["Status", el("span", { id: "flow-status" }, flowPill(i.status))],
-      ["Step", el("span", { class: "mono", id: "flow-step" }, i.step)], ["Attempt", String(i.attempt)],
+      [i.status === "awaiting" ? "Step after the signal" : "Step", el("span", { class: "mono", id: "flow-step" }, i.step)], ["Attempt", String(i.attempt)],
       ["Next", flowNext(i, now)],
       i.status === "ready" ? ["Not before", fmtTime(i.not_before)] : null,
       i.await_signals && i.await_signals.length ? ["Awaits", el("span", { class: "mono" }, i.await_signals.join(", "))] : null,
