@@ -150,3 +150,82 @@ func TestAttackForgedLeaseNotificationRunsAClaimedStepTwice(t *testing.T) {
 	require.Equal(t, map[string]int{fmt.Sprintf("%d/go/0", id): 1}, runs,
 		"one forged NOTIFY made the runner execute a step it had claimed a second time")
 }
+
+// ATTACK A2b: the same through the outcome write's window. An await whose
+// signal came first is leased back to its runner by complete_flow_steps
+// ('await' row) and run by release; a forged 'L' read between the write's
+// commit and release is confirmed by flow_leased_steps, and admitLeased,
+// finding the step that wrote the await still in inflight with an older
+// token, takes its slot and runs the resumed step; release then runs it
+// again from wr.resumed without looking at inflight. Fixed when: the step
+// runs once.
+func TestAttackForgedLeaseNotificationRunsAResumedAwaitTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	runs := map[string]int{}
+	ranOnce := make(chan struct{}, 10)
+	waiting, signalled := make(chan int64, 1), make(chan struct{})
+	f := wharfflow.New[counter]("selfsignal", nil).
+		Step("wait", func(_ context.Context, _ *counter, in wharfflow.Input) wharfflow.Outcome {
+			waiting <- in.Instance
+			<-signalled // the signal commits before this await is written
+			return wharfflow.Await("go", "go")
+		}).
+		Step("go", func(_ context.Context, _ *counter, in wharfflow.Input) wharfflow.Outcome {
+			mu.Lock()
+			runs[in.IdempotencyKey]++
+			mu.Unlock()
+			ranOnce <- struct{}{}
+			return wharfflow.Done(nil)
+		})
+
+	hold := newHoldQueryEnd("complete_flow_steps", 3) // 'applied', 'await', 'due'
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	cfg.MaxConns = 10
+	cfg.ConnConfig.Tracer = hold
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	runner := b.startRunnerOn(t, pool, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "victim", MaxInFlight: 4})
+	b.waitRegistered(t, "victim")
+	key := runnerKey(t, b, "victim")
+	attacker := nobody(t, b)
+
+	_, err = b.client.Start(ctx, f.Start(counter{}, wharfflow.StartOptions{}))
+	require.NoError(t, err)
+	id := <-waiting
+	_, err = b.client.Send(ctx, wharfflow.Signal{Instance: id, Name: "go"})
+	require.NoError(t, err)
+	hold.armed.Store(true)
+	close(signalled)
+	select {
+	case <-hold.held:
+	case <-time.After(time.Minute):
+		t.Fatal("the await's write never leased the instance back")
+	}
+	var owner string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT status || ' ' || lease_owner || ' ' || step FROM "+b.schema+".flow_instances WHERE id = $1", id).Scan(&owner))
+	require.Equal(t, "running victim go", owner, "the write committed the lease back")
+
+	_, err = attacker.Exec(ctx, "SELECT pg_notify($1, $2)", b.schema+"_flows", fmt.Sprintf("L%d %d", key, id))
+	require.NoError(t, err)
+	select {
+	case <-ranOnce:
+	case <-time.After(5 * time.Second):
+		// Fixed builds: nothing ran from the notification.
+	}
+	close(hold.release)
+	b.waitStatus(t, id, "done")
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, runner.Stop(stopCtx))
+
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("runs by idempotency key: %v; signalled %d", runs, runner.Stats().Signalled())
+	require.Equal(t, map[string]int{fmt.Sprintf("%d/go/0", id): 1}, runs,
+		"one forged NOTIFY made the runner execute a step its own write leased back a second time")
+}
