@@ -57,16 +57,16 @@ func validateMessages(msgs []Message) error {
 	for i := range msgs {
 		m := &msgs[i]
 		if m.Topic == "" {
-			return fmt.Errorf("wharf: message %d: Topic is required", i)
+			return errInvalidMessage("wharf: message %d: Topic is required", i)
 		}
 		for _, f := range [...]struct{ name, v string }{{"Topic", m.Topic}, {"Key", m.Key}, {"DedupKey", m.DedupKey}} {
 			if !utf8.ValidString(f.v) || strings.IndexByte(f.v, 0) >= 0 {
-				return fmt.Errorf("wharf: message %d: %s must be valid UTF-8 without NUL bytes (PostgreSQL text cannot hold them)", i, f.name)
+				return errInvalidMessage("wharf: message %d: %s must be valid UTF-8 without NUL bytes (PostgreSQL text cannot hold them)", i, f.name)
 			}
 		}
 		for k, v := range m.Headers {
 			if !utf8.ValidString(k) || !utf8.ValidString(v) || strings.IndexByte(k, 0) >= 0 || strings.IndexByte(v, 0) >= 0 {
-				return fmt.Errorf("wharf: message %d: header %q must be valid UTF-8 without NUL bytes (encode binary values, e.g. base64)", i, k)
+				return errInvalidMessage("wharf: message %d: header %q must be valid UTF-8 without NUL bytes (encode binary values, e.g. base64)", i, k)
 			}
 		}
 	}

@@ -25,6 +25,22 @@ var ErrDuplicate = errors.New("wharf: the destination already holds this message
 // sharing an id would share lanes and deliver one key twice at once.
 var ErrRelayIDInUse = store.ErrRelayIDInUse
 
+// ErrInvalidMessage is wrapped by the error [Client.EnqueueTx] (and the other
+// enqueue calls) return when they refuse a message before writing anything:
+// a field PostgreSQL cannot store, or one the outbox's mode does not take.
+// The error's text names the message and the field; test with errors.Is.
+var ErrInvalidMessage = errors.New("wharf: invalid message")
+
+// invalidMessage is an ErrInvalidMessage with its own text.
+type invalidMessage struct{ msg string }
+
+func (e *invalidMessage) Error() string        { return e.msg }
+func (e *invalidMessage) Is(target error) bool { return target == ErrInvalidMessage }
+
+func errInvalidMessage(format string, args ...any) error {
+	return &invalidMessage{msg: fmt.Sprintf(format, args...)}
+}
+
 // ErrRelayRunning is returned by [Client.Start] and [Client.Drain] while the
 // client's relay is already running.
 var ErrRelayRunning = errors.New("wharf: relay already running")

@@ -67,14 +67,14 @@ func walContent(msgs []Message) ([]byte, []int64, error) {
 	for i := range msgs {
 		m := &msgs[i]
 		if m.DedupKey != "" {
-			return nil, nil, fmt.Errorf("wharf: message %d: DedupKey works only in an outbox in table mode (a WAL outbox has no table to look the key up in); drop it, or use a table outbox", i)
+			return nil, nil, errInvalidMessage("wharf: message %d: DedupKey works only in an outbox in table mode (a WAL outbox has no table to look the key up in); drop it, or use a table outbox", i)
 		}
 		nonces[i] = int64(binary.LittleEndian.Uint64(raw[8*i:]) >> 2) // nonceBits
 		recs[i] = walmsg.Record{Nonce: nonces[i], Topic: m.Topic, Key: m.Key, Headers: m.Headers, DeliverAt: m.DeliverAt, Payload: m.Payload}
 	}
 	content, err := walmsg.Append(nil, recs)
 	if err != nil {
-		return nil, nil, fmt.Errorf("wharf: %w", err)
+		return nil, nil, errInvalidMessage("wharf: %v", err)
 	}
 	return content, nonces, nil
 }

@@ -82,6 +82,11 @@ func encodeStarts(starts []Start, trace map[string]string) (string, error) {
 		if s.flow == "" || s.step == "" {
 			return "", fmt.Errorf("wharfflow: start %d: use Flow.Start, on a flow with at least one step", i)
 		}
+		for _, k := range [...]struct{ name, v string }{{"Key", s.opts.Key}, {"ConcurrencyKey", s.opts.ConcurrencyKey}, {"RateKey", s.opts.RateKey}} {
+			if err := checkKey(k.v); err != nil {
+				return "", fmt.Errorf("wharfflow: start %d: StartOptions.%s %w", i, k.name, err)
+			}
+		}
 		ws[i] = wireStart{Flow: s.flow, Step: s.step, State: s.state, Key: s.opts.Key, Priority: s.opts.Priority,
 			RunAt: ptrTime(s.opts.RunAt), ConcurrencyKey: s.opts.ConcurrencyKey,
 			ConcurrencyLimit: s.opts.ConcurrencyLimit, RateKey: s.opts.RateKey, Trace: trace}

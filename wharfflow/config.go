@@ -110,8 +110,8 @@ func (c *Config) withDefaults() (Config, error) {
 		return out, fmt.Errorf("wharfflow: Config.LeaseTTL %s is too short: use at least 100ms", out.LeaseTTL)
 	}
 	for k, n := range out.ConcurrencyLimits {
-		if k == "" || checkText(k) != nil {
-			return out, fmt.Errorf("wharfflow: Config.ConcurrencyLimits: key %q must be non-empty valid UTF-8 without NUL", k)
+		if k == "" || checkKey(k) != nil {
+			return out, fmt.Errorf("wharfflow: Config.ConcurrencyLimits: key %q must be non-empty valid UTF-8 without NUL, of at most %d bytes", k, maxKeyBytes)
 		}
 		if n <= 0 {
 			return out, fmt.Errorf("wharfflow: Config.ConcurrencyLimits[%q]: the limit must be at least 1, got %d", k, n)
@@ -121,8 +121,8 @@ func (c *Config) withDefaults() (Config, error) {
 	out.RateLimits = maps.Clone(out.RateLimits)
 	out.ConcurrencyLimits = maps.Clone(out.ConcurrencyLimits)
 	for k, rl := range out.RateLimits {
-		if k == "" || checkText(k) != nil {
-			return out, fmt.Errorf("wharfflow: Config.RateLimits: key %q must be non-empty valid UTF-8 without NUL", k)
+		if k == "" || checkKey(k) != nil {
+			return out, fmt.Errorf("wharfflow: Config.RateLimits: key %q must be non-empty valid UTF-8 without NUL, of at most %d bytes", k, maxKeyBytes)
 		}
 		if rl.PerSecond <= 0 {
 			return out, fmt.Errorf("wharfflow: Config.RateLimits[%q]: PerSecond must be positive", k)

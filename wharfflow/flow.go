@@ -480,7 +480,7 @@ func encodeOutcome(def Definition, c claimed, state []byte, o Outcome, started t
 				return fail(fmt.Errorf("Spawn: child %d state cannot be saved: %w", i, err))
 			}
 			for _, k := range [...]struct{ name, v string }{{"flow", ch.flow}, {"ConcurrencyKey", ch.opts.ConcurrencyKey}, {"RateKey", ch.opts.RateKey}} {
-				if err := checkText(k.v); err != nil {
+				if err := checkKey(k.v); err != nil {
 					return fail(fmt.Errorf("Spawn: child %d %s %q %w", i, k.name, k.v, err))
 				}
 			}
@@ -511,7 +511,7 @@ func encodeOutcome(def Definition, c claimed, state []byte, o Outcome, started t
 		if o.pauseKey == "" {
 			return fail(errors.New("RateLimited needs a key"))
 		}
-		if err := checkText(o.pauseKey); err != nil {
+		if err := checkKey(o.pauseKey); err != nil {
 			return fail(fmt.Errorf("RateLimited: key %q %w", o.pauseKey, err))
 		}
 		w.Attempt, w.PauseKey, w.RunAt, w.PauseUntil = c.Attempt, o.pauseKey, ptrTime(o.at), ptrTime(o.at)
@@ -555,6 +555,22 @@ func checkText(s string) error {
 	}
 	if strings.IndexByte(s, 0) >= 0 {
 		return errors.New("holds a NUL character (PostgreSQL text cannot)")
+	}
+	return nil
+}
+
+// maxKeyBytes is the longest correlation, concurrency or rate key: keys
+// are index keys (PostgreSQL's index entries hold about 2,700 bytes).
+const maxKeyBytes = 1000
+
+// checkKey refuses a key the database would refuse (checkText, and
+// maxKeyBytes).
+func checkKey(s string) error {
+	if err := checkText(s); err != nil {
+		return err
+	}
+	if len(s) > maxKeyBytes {
+		return fmt.Errorf("is %d bytes long: keys hold at most %d", len(s), maxKeyBytes)
 	}
 	return nil
 }

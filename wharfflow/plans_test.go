@@ -244,7 +244,9 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 		toLease = append(toLease, l.id)
 	}
 	signal("a signal that leases awaiting instances to their runner", toLease...)
-	fetch := "SELECT id FROM " + b.schema + ".flow_leased_steps('plan-test', $1)"
+	var runnerKey int64
+	require.NoError(t, tx.QueryRow(ctx, "SELECT key FROM "+b.schema+".flow_runners WHERE id = 'plan-test'").Scan(&runnerKey))
+	fetch := "SELECT id FROM " + b.schema + ".flow_leased_steps('plan-test', " + fmt.Sprint(runnerKey) + ", $1)"
 	var plan string
 	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+fetch, toLease).Scan(&plan))
 	require.Contains(t, plan, "flow_instances_pkey", "the leased steps are read by primary key: %s", plan)
@@ -273,8 +275,6 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	require.Equal(t, []string{"plan-test", "running"}, []string{owner, status})
 	// A runner that listens again finds the steps signals leased to its
 	// registration while it was deaf: the signal's ten and the wake's one.
-	var runnerKey int64
-	require.NoError(t, tx.QueryRow(ctx, "SELECT key FROM "+b.schema+".flow_runners WHERE id = 'plan-test'").Scan(&runnerKey))
 	before = fetched()
 	rows, err = tx.Query(ctx, "SELECT * FROM "+b.schema+".flow_unheard_leases('plan-test', $1)", runnerKey)
 	require.NoError(t, err)
@@ -289,10 +289,44 @@ func TestFlowCallsDoNotScanWholeTables(t *testing.T) {
 	require.Equal(t, 1, cancelled)
 	seqScans("a cancel")
 
+	// Keys: 200 instances on one concurrency key of limit 1, due now. A
+	// claim admits one and puts the others it took off until the slot
+	// frees; the write that ends the admitted step hands the slot to the
+	// next (leased to the runner, within its budget); a cancel of that one
+	// while it runs keeps the slot; the repair of lost joins finds none.
+	keyedStarts := make([]wharfflow.Start, 200)
+	for i := range keyedStarts {
+		keyedStarts[i] = f.Start(counter{}, wharfflow.StartOptions{Options: wharfflow.Options{ConcurrencyKey: "plan-key", ConcurrencyLimit: 1}})
+	}
+	keyed, err := b.client.StartTx(ctx, tx, keyedStarts...)
+	require.NoError(t, err)
+	var admitted []lease
+	for _, l := range claim(250) {
+		if slices.Contains(keyed, l.id) {
+			admitted = append(admitted, l)
+		}
+	}
+	require.Len(t, admitted, 1, "one step of a key of limit 1")
+	doc, err = json.Marshal([]map[string]any{{"id": admitted[0].id, "token": admitted[0].token, "kind": "done", "attempt": 0,
+		"ran_step": "wait", "started_at": time.Now()}})
+	require.NoError(t, err)
+	var next int64
+	require.NoError(t, tx.QueryRow(ctx, "SELECT id FROM "+b.schema+
+		".complete_flow_steps('plan-test', $1::jsonb, '30 seconds', ARRAY['plan'], 1) WHERE kind = 'leased'", string(doc)).Scan(&next))
+	require.Contains(t, keyed, next, "the write leased the key's next step")
+	seqScans("a write that hands a key's slot on")
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".cancel_flow($1)", next).Scan(&cancelled))
+	require.Equal(t, 1, cancelled)
+	seqScans("a cancel of a step holding a key's slot")
+	var repaired int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".repair_flow_joins(100)").Scan(&repaired))
+	require.Zero(t, repaired)
+	seqScans("the repair of lost joins")
+
 	// Retention: the ended instances go with their signals and history.
 	var removed int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT "+b.schema+".cleanup_flows(clock_timestamp() + interval '1 hour', 1000)").Scan(&removed))
-	require.Equal(t, 66, removed, "the 50 ended at once, the 15 signalled and the cancelled one")
+	require.Equal(t, 68, removed, "the 50 ended at once, the 15 signalled, the cancelled one, the keyed one done and the keyed one cancelled")
 	seqScans("a cleanup")
 }
 

@@ -22,6 +22,8 @@ package wharfflow
 //     runner once the database confirmed the lease (flow_leased_steps), and
 //     hands back those it has no slot or no flow for.
 //   - runner_wake.go: wakeLoop calls wake_flows for signalled instances.
+//   - runner_cancel.go: cancelLoop stops the steps of instances cancelled
+//     while they ran ('C' notifications, checked against the database).
 //   - runner_register.go: the runner's flow_runners row (signals lease only
 //     to live, listening runners).
 //   - runner_renew.go: renewLoop extends the leases of long steps and
@@ -87,12 +89,17 @@ type Runner struct {
 	late    map[int64]bool
 	wakeSig chan struct{} // wakeLoop has ids
 	// leasedIDs are the instances lease notifications named for leaseLoop
-	// to read (bounded: past maxPending it reads every step leased to the
-	// runner's registration instead, unheardAll); leaseSig says there are
-	// some.
-	leasedIDs  []int64
+	// to read, with the registration key they were leased to (bounded: past
+	// maxPending it reads every step leased to the runner's registration
+	// instead, unheardAll); leaseSig says there are some.
+	leasedIDs  []leaseRef
 	unheardAll bool
 	leaseSig   chan struct{}
+	// cancelIDs are instances cancelled while the runner ran them, as 'C'
+	// notifications name them, for cancelLoop (bounded by maxPending: the
+	// rest stop at their next renewal); cancelSig says there are some.
+	cancelIDs []int64
+	cancelSig chan struct{}
 	// ran are the steps signals leased to the runner that it ran (id →
 	// token), kept while a read of leased steps (leaseLoop) that began
 	// before their outcome committed may still name them: such a read
@@ -134,6 +141,10 @@ type running struct {
 	cancel context.CancelCauseFunc
 }
 
+// leaseRef is an instance a lease notification named, and the runner key
+// it was addressed to.
+type leaseRef struct{ key, id int64 }
+
 type ranStep struct {
 	token int64
 	seq   uint64
@@ -172,7 +183,7 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: c, pool: pool, outbox: outbox, flows: map[string]Definition{}, stats: newStats(),
-		wake: make(chan struct{}, 1), wakeSig: make(chan struct{}, 1), leaseSig: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
+		wake: make(chan struct{}, 1), wakeSig: make(chan struct{}, 1), leaseSig: make(chan struct{}, 1), cancelSig: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
 		inflight: map[int64]*running{}, late: map[int64]bool{}, ran: map[int64]ranStep{}, stopped: make(chan struct{})}
 	for _, f := range c.Flows {
 		r.flows[f.Name()] = f
@@ -209,8 +220,9 @@ func (r *Runner) Start(ctx context.Context) error {
 	r.mu.Unlock()
 
 	var wg sync.WaitGroup
-	wg.Add(6)
+	wg.Add(7)
 	go func() { defer wg.Done(); r.listen(runCtx) }()
+	go func() { defer wg.Done(); r.cancelLoop(runCtx) }()
 	go func() { defer wg.Done(); r.wakeLoop(runCtx) }()
 	go func() { defer wg.Done(); r.leaseLoop(runCtx) }()
 	go func() { defer wg.Done(); r.renewLoop(runCtx) }()

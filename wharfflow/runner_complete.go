@@ -125,11 +125,15 @@ func refusedOutcome(c claimed, w wireOutcome, err error) wireOutcome {
 		Error: storableText(fmt.Sprintf("the database refused the step's outcome (%s): %s", w.Kind, oneLine(err)))}
 }
 
-// refused reports whether the database refused what a write carried (a
-// value, a size), as opposed to failing whatever it carried (unreachable,
-// restarting, a deadlock, a missing right): data exceptions, integrity
-// violations and program limits.
+// refused reports whether the database (or the outbox, for an emitted
+// message) refused what a write carried (a value, a size), as opposed to
+// failing whatever it carried (unreachable, restarting, a deadlock, a
+// missing right): data exceptions, integrity violations, program limits,
+// and messages EnqueueTx refuses before writing anything.
 func refused(err error) bool {
+	if errors.Is(err, wharf.ErrInvalidMessage) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		var syntax *json.SyntaxError
@@ -144,16 +148,20 @@ func refused(err error) bool {
 }
 
 // writeRetrying writes part, retrying a write that failed for reasons not
-// its own (refused: returned at once) until it commits: the steps' leases
-// are renewed meanwhile (they stay in inflight until release). Once the
-// runner is stopping it gives up after a few attempts. Each attempt has a
-// lease's time: a write longer than that is fenced anyway.
+// its own (refused: returned at once) for a lease's time: the steps' leases
+// are renewed meanwhile (they stay in inflight until release), so a short
+// outage of the database costs no step a second run. Past that, or after a
+// few attempts once the runner is stopping, it gives up (the steps run
+// again after their leases) rather than hold every later outcome of the
+// runner behind a write that cannot succeed. Each attempt has a lease's
+// time: a write longer than that is fenced anyway.
 func (r *Runner) writeRetrying(ctx, runCtx context.Context, part []result, flows []string, budget int) (writeResult, error) {
+	giveUp := time.Now().Add(r.cfg.LeaseTTL)
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL)
 		wr, err := r.writeOnce(actx, part, flows, budget)
 		cancel()
-		if err == nil || refused(err) || (runCtx.Err() != nil && attempt >= 4) {
+		if err == nil || refused(err) || (attempt >= 4 && (runCtx.Err() != nil || time.Now().After(giveUp))) {
 			return wr, err
 		}
 		r.cfg.Logger.Warn("wharfflow: writing outcomes, will retry", "err", err, "steps", len(part))
@@ -462,6 +470,9 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 		r.run(ctx, c, 0)
 	}
 	for _, c := range wr.resumed {
+		if s, ok := r.inflight[c.ID]; ok && s.token >= c.Token {
+			continue // running it already
+		}
 		if stopping || r.freeSlots() <= 0 {
 			back = append(back, c)
 			continue

@@ -50,19 +50,29 @@ func (r *Runner) leaseLoop(ctx context.Context) {
 	}
 }
 
-// readLeased reads the steps of ids leased to the runner, or with all every
-// step signals leased to its registration (flow_unheard_leases).
-func (r *Runner) readLeased(ctx context.Context, ids []int64, all bool) ([]claimed, error) {
+// readLeased reads the steps of ids leased to the runner's registration
+// they name, or with all every step signals leased to its registration
+// (flow_unheard_leases).
+func (r *Runner) readLeased(ctx context.Context, ids []leaseRef, all bool) ([]claimed, error) {
 	s := r.cfg.Schema
-	var rows []claimed
-	var err error
 	if all {
-		rows, _, err = r.queryClaimed(ctx, "SELECT "+claimColumns+" FROM "+s+".flow_leased_steps($1, ARRAY(SELECT "+s+
+		rows, _, err := r.queryClaimed(ctx, "SELECT "+claimColumns+" FROM "+s+".flow_leased_steps($1, $2, ARRAY(SELECT "+s+
 			".flow_unheard_leases($1, $2)))", r.cfg.RunnerID, r.key.Load())
-	} else {
-		rows, _, err = r.queryClaimed(ctx, "SELECT "+claimColumns+" FROM "+s+".flow_leased_steps($1, $2)", r.cfg.RunnerID, ids)
+		return rows, err
 	}
-	return rows, err
+	byKey := map[int64][]int64{}
+	for _, ref := range ids {
+		byKey[ref.key] = append(byKey[ref.key], ref.id)
+	}
+	var out []claimed
+	for key, ids := range byKey {
+		rows, _, err := r.queryClaimed(ctx, "SELECT "+claimColumns+" FROM "+s+".flow_leased_steps($1, $2, $3)", r.cfg.RunnerID, key, ids)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rows...)
+	}
+	return out, nil
 }
 
 // admitLeased runs the steps the database confirmed signals leased to the

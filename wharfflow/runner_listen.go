@@ -89,7 +89,9 @@ func (r *Runner) listenOnce(ctx context.Context) error {
 // hint checked against the database: 'L' names steps a signal leased to a
 // runner, which leaseLoop reads (flow_leased_steps) before running any;
 // 'W' names instances a signal could not resume, which wakeLoop hands to
-// wake_flows; anything else makes the claim loop look. The ids kept for
+// wake_flows; 'C' names instances cancelled while the runner ran their
+// steps, which cancelLoop stops once the database confirms it; anything
+// else makes the claim loop look. The ids kept for
 // the loops are bounded (maxPending): past that, a loop does its work for
 // every instance once.
 func (r *Runner) notified(payload string) {
@@ -103,11 +105,14 @@ func (r *Runner) notified(payload string) {
 		if !mine {
 			return
 		}
+		key := r.key.Load()
 		r.mu.Lock()
 		if len(r.leasedIDs)+len(ids) > maxPending {
 			r.leasedIDs, r.unheardAll = nil, true
 		} else if !r.unheardAll {
-			r.leasedIDs = append(r.leasedIDs, ids...)
+			for _, id := range ids {
+				r.leasedIDs = append(r.leasedIDs, leaseRef{key: key, id: id})
+			}
 		}
 		r.mu.Unlock()
 		r.leaseLater()
@@ -137,6 +142,21 @@ func (r *Runner) notified(payload string) {
 		if wake {
 			r.wakeLater()
 		}
+	case strings.HasPrefix(payload, "C"): // instances cancelled while a runner ran them
+		ids, mine, err := parseIDs(payload, r.key.Load())
+		if err != nil {
+			r.malformed(payload, err)
+			return
+		}
+		if !mine {
+			return
+		}
+		r.mu.Lock()
+		if len(r.cancelIDs)+len(ids) <= maxPending {
+			r.cancelIDs = append(r.cancelIDs, ids...)
+		}
+		r.mu.Unlock()
+		r.cancelLater()
 	default:
 		r.poke()
 	}
@@ -170,14 +190,18 @@ func (r *Runner) unheard(ctx context.Context, conn *pgxpool.Conn, key int64) err
 		return err
 	}
 	r.mu.Lock()
-	r.leasedIDs = append(r.leasedIDs, ids...)
+	for _, id := range ids {
+		r.leasedIDs = append(r.leasedIDs, leaseRef{key: key, id: id})
+	}
 	r.mu.Unlock()
 	r.leaseLater()
 	return nil
 }
 
 // parseIDs reads a notification naming instances, "L<key> <id>,..." (steps
-// flow_notify_leased leased to the registration key) or "W<key> <id>,..."
+// flow_notify_leased leased to the registration key), "C<key> <id>,..."
+// (instances cancel_flow cancelled while that runner ran them) or
+// "W<key> <id>,..."
 // (instances signal_flows could not resume, for the runner registered as
 // key, or for every runner with key 0). mine: addressed to key. At most 300
 // ids, as the database sends them.

@@ -124,7 +124,9 @@ func TestFailedInstanceGivesUpItsKey(t *testing.T) {
 			return wharfflow.Fail(errors.New("broken"))
 		}
 		return wharfflow.Await("never", "never")
-	}).Step("never", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome { return wharfflow.Done(nil) })
+	}).Step("never", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		return wharfflow.Done(nil)
+	})
 	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}})
 	first, err := b.client.Start(ctx, f.Start(counter{}, wharfflow.StartOptions{Key: "k"}))
 	require.NoError(t, err)

@@ -52,7 +52,13 @@ CREATE TABLE {{schema}}.flow_instances (
     trace_context     jsonb,
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now(),
-    finished_at       timestamptz
+    finished_at       timestamptz,
+    -- Keys are index keys (and locks, and flow_keys rows): an index entry
+    -- holds at most about 2,700 bytes, and a longer key would fail every
+    -- claim that reached its row. Refused at the start instead.
+    CONSTRAINT correlation_key_at_most_1000_bytes CHECK (octet_length(correlation_key) <= 1000),
+    CONSTRAINT concurrency_key_at_most_1000_bytes CHECK (octet_length(concurrency_key) <= 1000),
+    CONSTRAINT rate_key_at_most_1000_bytes CHECK (octet_length(rate_key) <= 1000)
 ) WITH (
     fillfactor = 80,
     autovacuum_vacuum_scale_factor = 0,
@@ -76,11 +82,13 @@ CREATE UNIQUE INDEX flow_instances_correlation ON {{schema}}.flow_instances (flo
 -- Children of a parent: the join, cancellation, the FK's cascade.
 CREATE INDEX flow_instances_parent ON {{schema}}.flow_instances (parent_id, spawn_round)
     WHERE parent_id IS NOT NULL;
--- Running steps per concurrency key (a claim counts them: as many entries
--- as the key's limit, whatever its backlog), and the steps waiting for a
--- slot, in the order they are woken.
+-- Steps holding a slot of their concurrency key (a claim counts them: as
+-- many entries as the key's limit, whatever its backlog): running ones, and
+-- cancelled ones whose runner has not yet written that the step ended (see
+-- cancel_flow); and the steps waiting for a slot, in the order they are
+-- woken.
 CREATE INDEX flow_instances_key_running ON {{schema}}.flow_instances (concurrency_key)
-    WHERE concurrency_key IS NOT NULL AND status = 'running';
+    WHERE concurrency_key IS NOT NULL AND (status = 'running' OR (status = 'cancelled' AND lease_owner IS NOT NULL));
 CREATE INDEX flow_instances_key_waiting ON {{schema}}.flow_instances (concurrency_key, priority DESC, not_before, id)
     WHERE waiting_key;
 -- Parents waiting for their children (repair_flow_joins looks at them).
@@ -439,7 +447,10 @@ $$;
 -- row not admitted is put off without touching its attempt: to the end of
 -- its key's pause; to when its token accrues; or, when its concurrency key
 -- is full, to the key's earliest lease end, marked waiting_key, for the
--- write or cancel that frees a slot of the key to wake. Each returned row
+-- write or cancel that frees a slot of the key to wake. A running row put
+-- off (its lease ended: its runner died or lost it) becomes ready, so that
+-- it no longer counts against its key: put off while counted, two such rows
+-- kept each other's slots taken, a lease at a time. Each returned row
 -- carries the signals its step receives and, for a join step, its
 -- children's outcomes; wait is how long its lease lasts, in seconds from
 -- the database's now. When it leased fewer than p_limit, a last row with
@@ -524,7 +535,10 @@ BEGIN
             SELECT max(k.paused_until) INTO v_until FROM {{schema}}.flow_keys k
              WHERE k.key IN (c.concurrency_key, c.rate_key) AND k.paused_until > v_now;
             IF v_until IS NOT NULL THEN
-                UPDATE {{schema}}.flow_instances i SET run_at = v_until, waiting_key = false WHERE i.id = c.id;
+                UPDATE {{schema}}.flow_instances i SET status = CASE WHEN i.status = 'running' THEN 'ready' ELSE i.status END,
+                       lease_owner = CASE WHEN i.status = 'running' THEN NULL ELSE i.lease_owner END,
+                       lease_key = NULL, run_at = v_until, waiting_key = false
+                 WHERE i.id = c.id;
                 v_held := v_held + 1;
                 CONTINUE;
             END IF;
@@ -541,14 +555,16 @@ BEGIN
                     END IF;
                     SELECT v_limit - count(*), coalesce(min(r.run_at), v_now + p_lease) INTO v_free, v_end
                       FROM {{schema}}.flow_instances r
-                     WHERE r.concurrency_key = c.concurrency_key AND r.status = 'running' AND r.run_at > v_now;
+                     WHERE r.concurrency_key = c.concurrency_key AND (r.status = 'running' OR (r.status = 'cancelled' AND r.lease_owner IS NOT NULL)) AND r.run_at > v_now;
                     v_ckeys := v_ckeys || c.concurrency_key;
                     v_cfree := v_cfree || v_free;
                     v_cend := v_cend || v_end;
                     v_i := cardinality(v_ckeys);
                 END IF;
                 IF v_cfree[v_i] <= 0 THEN
-                    UPDATE {{schema}}.flow_instances i SET run_at = greatest(v_cend[v_i], c.not_before), waiting_key = true
+                    UPDATE {{schema}}.flow_instances i SET status = CASE WHEN i.status = 'running' THEN 'ready' ELSE i.status END,
+                       lease_owner = CASE WHEN i.status = 'running' THEN NULL ELSE i.lease_owner END,
+                       lease_key = NULL, run_at = greatest(v_cend[v_i], c.not_before), waiting_key = true
                      WHERE i.id = c.id;
                     v_held := v_held + 1;
                     CONTINUE;
@@ -574,7 +590,9 @@ BEGIN
                         -- here when n tokens have.
                         v_rwait[v_j] := v_rwait[v_j] + 1;
                         UPDATE {{schema}}.flow_instances i
-                           SET run_at = v_now + make_interval(secs => (v_rwait[v_j] - v_rtok[v_j]) / v_rrate[v_j]),
+                           SET status = CASE WHEN i.status = 'running' THEN 'ready' ELSE i.status END,
+                       lease_owner = CASE WHEN i.status = 'running' THEN NULL ELSE i.lease_owner END,
+                       lease_key = NULL, run_at = v_now + make_interval(secs => (v_rwait[v_j] - v_rtok[v_j]) / v_rrate[v_j]),
                                waiting_key = false
                          WHERE i.id = c.id;
                         v_held := v_held + 1;
@@ -663,7 +681,8 @@ BEGIN
         SELECT x.key, coalesce(f.paused_until > v_now, false) AS paused,
                greatest(coalesce(f.concurrency_limit, 1) - (
                    SELECT count(*) FROM {{schema}}.flow_instances r
-                    WHERE r.concurrency_key = x.key AND r.status = 'running' AND r.run_at > v_now), 0) AS free
+                    WHERE r.concurrency_key = x.key AND (r.status = 'running' OR (r.status = 'cancelled' AND r.lease_owner IS NOT NULL))
+                      AND r.run_at > v_now), 0) AS free
           FROM (SELECT DISTINCT k.key FROM unnest(p_keys) AS k(key) WHERE k.key IS NOT NULL) AS x
           LEFT JOIN {{schema}}.flow_keys f ON f.key = x.key
     ), w AS (
@@ -735,6 +754,7 @@ DECLARE
     v_applied  bigint[];
     v_parents  bigint[];
     v_keys     text[];
+    v_ckeys    text[];
     v_pkeys    text[];
     v_puntil   timestamptz[];
     v_awaits   bigint[];
@@ -852,10 +872,21 @@ BEGIN
       INTO v_applied, v_tokens, v_n, v_awaits, v_parents, v_keys, v_pkeys, v_puntil,
            v_kids, v_kflows, v_ksteps, v_kstates, v_kparents
       FROM a;
-    IF v_applied IS NULL THEN
-        RETURN;
+    v_woken := v_woken + coalesce(v_n, 0);
+    -- Steps cancelled while they ran (cancel_flow): their runner has seen
+    -- them end, so they give up their keys' slots now.
+    IF coalesce(cardinality(v_applied), 0) < jsonb_array_length(p_outcomes) THEN
+        WITH c AS (
+            UPDATE {{schema}}.flow_instances i SET lease_owner = NULL, run_at = 'infinity'
+              FROM {{schema}}.flow_outcomes(p_outcomes) AS o
+             WHERE i.id = o.id AND i.lease_token = o.token AND i.lease_owner = p_runner AND i.status = 'cancelled'
+            RETURNING i.concurrency_key
+        )
+        SELECT array_agg(DISTINCT c.concurrency_key) INTO v_ckeys FROM c WHERE c.concurrency_key IS NOT NULL;
+        IF v_ckeys IS NOT NULL THEN
+            v_keys := coalesce(v_keys, '{}') || v_ckeys;
+        END IF;
     END IF;
-    v_woken := v_woken + v_n;
 
     -- Awaits whose signal came first run at once. A statement of its own,
     -- after the update: its snapshot is taken once this write holds the
@@ -955,9 +986,11 @@ BEGIN
     END IF;
     IF v_resumed IS NOT NULL THEN
         RETURN QUERY
-        SELECT 'await', l.id, l.lease_token, l.flow, l.step, l.state, l.attempt, l.parent_id, NULL::jsonb, l.signals,
-               l.concurrency_key, l.rate_key, l.wait
-          FROM {{schema}}.flow_leased_steps(p_runner, v_resumed) l;
+        SELECT 'await', l.id, l.lease_token, l.flow, l.step, l.state, l.attempt, l.parent_id, NULL::jsonb,
+               {{schema}}.flow_signals_for(l.id, l.await_signals), l.concurrency_key, l.rate_key,
+               extract(epoch FROM l.run_at - clock_timestamp())::double precision
+          FROM unnest(v_resumed) AS x(id),
+               LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id LIMIT 1) AS l;
     END IF;
     v_joins := coalesce(v_joins, '{}') || coalesce(v_next, '{}');
     IF cardinality(v_joins) > 0 THEN
@@ -974,15 +1007,18 @@ BEGIN
                         NULL::jsonb, NULL::jsonb, NULL::text, NULL::text, NULL::double precision;
 END $$;
 
--- flow_leased_steps returns the steps of p_ids that signals (or an outcome
--- write's await whose signal came first) leased to p_runner, as
--- claim_flow_steps returns its rows, with the signals each receives; rows
--- not leased to it, or no more, are left out. A runner runs what a lease
--- notification names only once this confirmed it: the notification is a
--- hint (any role may NOTIFY). Each id is looked up by the primary key (a
--- subquery the planner cannot flatten): with = ANY over the table, it chose
--- to read the claim index's every row (tens of thousands) and filter them.
-CREATE FUNCTION {{schema}}.flow_leased_steps(p_runner text, p_ids bigint[])
+-- flow_leased_steps returns the steps of p_ids that signals leased to
+-- p_runner's registration p_key (flow_resume), as claim_flow_steps returns
+-- its rows, with the signals each receives; rows not leased so, or no more,
+-- are left out: a step the runner claimed, or that its own write leased
+-- back, is never confirmed here (it may be running already), nor one leased
+-- to another registration of the same runner id (another process). A runner
+-- runs what a lease notification names only once this confirmed it: the
+-- notification is a hint (any role may NOTIFY). Each id is looked up by the
+-- primary key (a subquery the planner cannot flatten): with = ANY over the
+-- table, it chose to read the claim index's every row (tens of thousands)
+-- and filter them.
+CREATE FUNCTION {{schema}}.flow_leased_steps(p_runner text, p_key bigint, p_ids bigint[])
 RETURNS TABLE (id bigint, flow text, step text, state jsonb, attempt integer, lease_token bigint,
                wait double precision, signals jsonb, children jsonb, parent_id bigint,
                concurrency_key text, rate_key text)
@@ -992,7 +1028,7 @@ LANGUAGE sql STABLE AS $$
            {{schema}}.flow_signals_for(i.id, i.await_signals), NULL::jsonb, i.parent_id, i.concurrency_key, i.rate_key
       FROM unnest(p_ids) AS x(id),
            LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id LIMIT 1) AS i
-     WHERE i.lease_owner = p_runner AND i.status = 'running'
+     WHERE i.lease_owner = p_runner AND i.lease_key = p_key AND i.status = 'running'
        AND i.await_signals IS NOT NULL AND i.run_at > clock_timestamp()
 $$;
 
@@ -1171,8 +1207,12 @@ END $$;
 -- it may complete; the instance, waiting for a write in flight on it (a
 -- spawn's children commit with it); then its descendants in id order,
 -- looking at the tree again after each round of locks until no new one
--- appears. Running steps of concurrency keys free their slots
--- (flow_key_free); the parent's join is checked under its lock.
+-- appears. The parent's join is checked under its lock. A step running on a
+-- live lease runs on until its runner learns of the cancel (a 'C'
+-- notification, checked against the database, or its next renewal): its
+-- row keeps its lease owner and end, and so the slot of its concurrency key,
+-- until the runner writes that the step ended (complete_flow_steps) or the
+-- lease ends; other steps of the key wait (flow_key_free counts it).
 CREATE FUNCTION {{schema}}.cancel_flow(p_id bigint) RETURNS integer
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -1182,6 +1222,7 @@ DECLARE
     v_locked bigint[];
     v_new    bigint[];
     v_keys   text[];
+    v_sent   bigint;
 BEGIN
     SELECT i.parent_id INTO v_parent FROM {{schema}}.flow_instances i WHERE i.id = p_id;
     IF NOT FOUND THEN
@@ -1203,11 +1244,23 @@ BEGIN
     END LOOP;
     SELECT array_agg(DISTINCT i.concurrency_key) INTO v_keys FROM {{schema}}.flow_instances i
      WHERE i.id = ANY (v_locked) AND i.status = 'running' AND i.concurrency_key IS NOT NULL;
-    UPDATE {{schema}}.flow_instances i SET status = 'cancelled', run_at = 'infinity', lease_owner = NULL,
-                                          waiting_key = false, lease_key = NULL,
-                                          finished_at = clock_timestamp(), updated_at = clock_timestamp()
-     WHERE i.id = ANY (v_locked) AND i.status NOT IN ('done', 'cancelled');
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+    WITH u AS (
+        UPDATE {{schema}}.flow_instances i SET
+            status = 'cancelled', waiting_key = false, lease_key = NULL,
+            run_at = CASE WHEN i.status = 'running' AND i.run_at > clock_timestamp() THEN i.run_at ELSE 'infinity' END,
+            lease_owner = CASE WHEN i.status = 'running' AND i.run_at > clock_timestamp() THEN i.lease_owner END,
+            finished_at = clock_timestamp(), updated_at = clock_timestamp()
+         WHERE i.id = ANY (v_locked) AND i.status NOT IN ('done', 'cancelled')
+        RETURNING i.id, i.lease_owner
+    ), n AS (
+        -- Running steps' runners stop them at once (a hint they check):
+        -- 'C<key> <id>,...', 300 ids at most per notification.
+        SELECT pg_notify('{{schema}}_flows', 'C' || g.key || ' ' || string_agg(g.id::text, ',' ORDER BY g.id))
+          FROM (SELECT r.key, u.id, (row_number() OVER (PARTITION BY r.key ORDER BY u.id) - 1) / 300 AS part
+                  FROM u JOIN {{schema}}.flow_runners r ON r.id = u.lease_owner AND r.alive_until > clock_timestamp()) AS g
+         GROUP BY g.key, g.part
+    )
+    SELECT count(*), (SELECT count(*) FROM n) INTO v_n, v_sent FROM u;
     IF v_keys IS NOT NULL THEN
         PERFORM {{schema}}.flow_key_free(v_keys, NULL, NULL, 0, NULL);
     END IF;
@@ -1255,26 +1308,30 @@ END $$;
 
 -- cleanup_flows deletes up to p_limit top-level instances that ended (done
 -- or cancelled) before p_before, with their children, signals and history;
--- returns how many top-level instances it deleted. A tree with an instance
--- that has not ended is kept whole (cancel_flow and the joins leave none;
--- it would be a defect's trace, for an operator to look at).
+-- returns how many top-level instances it deleted. It locks the trees'
+-- rows that have ended before it decides, skipping rows others hold: a tree
+-- with an instance that has not ended (an operator retried a failed child),
+-- or one a retry or a write holds, is kept whole for a later pass.
 CREATE FUNCTION {{schema}}.cleanup_flows(p_before timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_ids  bigint[];
-    v_tree bigint[];
-    v_root bigint;
+    v_ids    bigint[];
+    v_tree   bigint[];
+    v_locked bigint[];
+    v_root   bigint;
 BEGIN
     v_ids := ARRAY(SELECT x.id FROM {{schema}}.flow_instances x
                     WHERE x.status IN ('done', 'cancelled') AND x.parent_id IS NULL AND x.finished_at < p_before
                     ORDER BY x.finished_at LIMIT p_limit FOR UPDATE SKIP LOCKED);
     v_tree := {{schema}}.flow_tree(v_ids);
-    IF EXISTS (SELECT 1 FROM {{schema}}.flow_instances i
-                WHERE i.id = ANY (v_tree) AND i.status NOT IN ('done', 'failed', 'cancelled')) THEN
+    v_locked := ARRAY(SELECT l.id FROM (SELECT t.id FROM unnest(v_tree) AS t(id) ORDER BY t.id) AS x,
+                      LATERAL (SELECT f.id FROM {{schema}}.flow_instances f
+                                WHERE f.id = x.id AND f.status IN ('done', 'failed', 'cancelled')
+                                  FOR UPDATE SKIP LOCKED) AS l);
+    IF cardinality(v_locked) < cardinality(v_tree) THEN
         FOREACH v_root IN ARRAY v_ids LOOP
-            IF EXISTS (SELECT 1 FROM {{schema}}.flow_instances i
-                        WHERE i.id = ANY ({{schema}}.flow_tree(ARRAY[v_root])) AND i.status NOT IN ('done', 'failed', 'cancelled')) THEN
+            IF EXISTS (SELECT 1 FROM unnest({{schema}}.flow_tree(ARRAY[v_root])) AS t(id) WHERE t.id <> ALL (v_locked)) THEN
                 v_ids := array_remove(v_ids, v_root);
             END IF;
         END LOOP;

@@ -53,7 +53,7 @@ func (h *holdQueryEnd) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 	}
 }
 
-// ATTACK A2 (trusting a channel anyone can write; two of the same).
+// Trusting a channel anyone can write; two of the same (found by the review of the flows rework, A2).
 //
 // H4's fix makes a lease notification a hint: the runner runs a step named
 // by 'L<key> <id>' once flow_leased_steps confirms that the database leased
@@ -74,10 +74,10 @@ func (h *holdQueryEnd) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 //
 // The window is made to last with a pgx tracer on the runner's pool that
 // holds the end of the claim that returned the instance (its rows are read,
-// the claim committed). Fixed when: the step runs once (e.g. the claim loop
-// and release mark what they are about to run before their statement
-// commits, or admitLeased skips ids of a claim or write in flight).
-func TestAttackForgedLeaseNotificationRunsAClaimedStepTwice(t *testing.T) {
+// the claim committed). Fixed: the step runs once: flow_leased_steps
+// confirms only what a signal leased to the registration the notification
+// names (lease_key), never a claim's lease.
+func TestForgedLeaseNotificationDoesNotRunAClaimedStepTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -151,15 +151,16 @@ func TestAttackForgedLeaseNotificationRunsAClaimedStepTwice(t *testing.T) {
 		"one forged NOTIFY made the runner execute a step it had claimed a second time")
 }
 
-// ATTACK A2b: the same through the outcome write's window. An await whose
+// The same through the outcome write's window (A2b). An await whose
 // signal came first is leased back to its runner by complete_flow_steps
 // ('await' row) and run by release; a forged 'L' read between the write's
 // commit and release is confirmed by flow_leased_steps, and admitLeased,
 // finding the step that wrote the await still in inflight with an older
 // token, takes its slot and runs the resumed step; release then runs it
-// again from wr.resumed without looking at inflight. Fixed when: the step
-// runs once.
-func TestAttackForgedLeaseNotificationRunsAResumedAwaitTwice(t *testing.T) {
+// again from wr.resumed without looking at inflight. Fixed: the step runs
+// once (flow_leased_steps does not confirm a write's lease, and release
+// skips a resumed step the runner already runs).
+func TestForgedLeaseNotificationDoesNotRunAResumedAwaitTwice(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()

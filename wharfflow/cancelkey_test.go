@@ -11,7 +11,7 @@ import (
 	"github.com/wharfhq/wharf/wharfflow"
 )
 
-// ATTACK A4 (keys: limit exceeded).
+// Keys: limit exceeded (found by the review of the flows rework, A4).
 //
 // "Concurrency key: at most K running steps per key across runners." A
 // cancel of an instance whose keyed step is executing frees the key's slot
@@ -28,11 +28,11 @@ import (
 // behaviour (the waiter runs while the cancelled holder still executes), so
 // the project may hold it intended; it contradicts the documented limit.
 //
-// Fixed when: the next step of the key starts only after the cancelled step
+// Fixed: the next step of the key starts only after the cancelled step
 // has returned (e.g. a cancelled running row keeps its slot until its lease
 // ends or its runner's write/renewal acknowledges the cancel, and the runner
 // is told of cancels of its steps promptly).
-func TestAttackCancelFreesAKeySlotWhileTheStepStillRuns(t *testing.T) {
+func TestCancelKeepsTheKeySlotUntilTheStepEnds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
