@@ -29,6 +29,7 @@ func TestEnqueueRefusesBadInput(t *testing.T) {
 	} {
 		_, err := client.EnqueueTx(ctx, tx, c.msg)
 		require.ErrorContains(t, err, c.want)
+		require.ErrorIs(t, err, wharf.ErrInvalidMessage, "a refusal before writing anything says so")
 	}
 	ids, err := client.EnqueueTx(ctx, tx, wharf.Message{Topic: "t", Key: "ok", Payload: []byte("1")})
 	require.NoError(t, err, "the transaction is still usable")

@@ -102,6 +102,7 @@ func TestWALEnqueueRefusesDedupKey(t *testing.T) {
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	_, err = c.EnqueueTx(context.Background(), tx, wharf.Message{Topic: "t", Payload: []byte("x"), DedupKey: "d"})
 	require.ErrorContains(t, err, "DedupKey works only in an outbox in table mode")
+	require.ErrorIs(t, err, wharf.ErrInvalidMessage)
 }
 
 // A backlog many times the relay's memory budget: the store stops reading
