@@ -111,6 +111,18 @@ type Runner struct {
 	// reading is the ranSeq at which the oldest read of leased steps in
 	// flight began (0: none).
 	reading uint64
+	// batons are steps of concurrency keys reserved to the runner
+	// (flow_key_free), by key: when a step of the key ends, the runner
+	// starts one at once in the slot it frees, and names it in the step's
+	// outcome, whose write makes it running. deferred holds the results of
+	// batons that ended before that write was released.
+	batons   map[string][]claimed
+	deferred map[int64]result
+	// keyRunning counts the steps of each concurrency key executing on the
+	// runner: it holds no more batons of a key than that (a baton no step
+	// of the runner could pass on would wait out its reservation).
+	keyRunning map[string]int
+	resubmit []result // deferred results whose baton a write made running
 	// key addresses the runner in those notifications (flow_runners.key,
 	// set when its listener registers it). listening is set while the
 	// listener is connected: only then does the runner heartbeat, so that
@@ -139,6 +151,11 @@ type running struct {
 	claim  time.Time
 	chain  int // steps run in a row on this lease (continueChain)
 	cancel context.CancelCauseFunc
+	// unconverted: a baton started before the write that makes it running
+	// committed; its result waits in Runner.deferred until then (written
+	// with that write, it would find its row not running yet). dropped: that
+	// write did not make it running; its result is not written.
+	unconverted, dropped bool
 }
 
 // leaseRef is an instance a lease notification named, and the runner key
@@ -184,7 +201,8 @@ func NewRunner(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	}
 	r := &Runner{cfg: c, pool: pool, outbox: outbox, flows: map[string]Definition{}, stats: newStats(),
 		wake: make(chan struct{}, 1), wakeSig: make(chan struct{}, 1), leaseSig: make(chan struct{}, 1), cancelSig: make(chan struct{}, 1), results: make(chan result, c.MaxInFlight),
-		inflight: map[int64]*running{}, late: map[int64]bool{}, ran: map[int64]ranStep{}, stopped: make(chan struct{})}
+		inflight: map[int64]*running{}, late: map[int64]bool{}, ran: map[int64]ranStep{}, batons: map[string][]claimed{}, keyRunning: map[string]int{},
+		deferred: map[int64]result{}, stopped: make(chan struct{})}
 	for _, f := range c.Flows {
 		r.flows[f.Name()] = f
 		r.names = append(r.names, f.Name())

@@ -34,6 +34,9 @@ type claimed struct {
 	leased time.Time
 	// child: a child its spawn's write leased to the runner.
 	child bool
+	// baton: started as a baton before the write that makes it running
+	// (passBaton).
+	baton bool
 }
 
 // claimLoop claims as many due steps as there are free slots, runs them,
@@ -43,7 +46,13 @@ func (r *Runner) claimLoop(ctx context.Context) {
 	defer func() {
 		r.mu.Lock()
 		r.closing = true
+		var batons []claimed
+		for _, bs := range r.batons {
+			batons = append(batons, bs...)
+		}
+		clear(r.batons)
 		r.mu.Unlock()
+		r.handBack(ctx, batons)
 		r.steps.Wait()
 	}()
 	timer := time.NewTimer(time.Hour)

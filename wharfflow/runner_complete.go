@@ -16,28 +16,36 @@ import (
 )
 
 // complete writes outcomes in batches: whatever came while the previous
-// batch was being written goes in the next one.
+// batch was being written goes in the next one, after the results of
+// batons the previous write made running (resubmitted).
 func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
 	batch := make([]result, 0, r.cfg.MaxInFlight)
 	for {
-		select {
-		case res := <-r.results:
-			batch = append(batch[:0], res)
-		case <-claimDone:
-			// The claim loop waited for its steps; write what they left.
-			for {
-				select {
-				case res := <-r.results:
-					batch = append(batch, res)
-					continue
-				default:
+		batch = r.takeResubmitted(batch[:0])
+		if len(batch) == 0 {
+			select {
+			case res := <-r.results:
+				batch = append(batch, res)
+			case <-claimDone:
+				// The claim loop waited for its steps; write what they left,
+				// and what those writes resubmit.
+				for {
+					for {
+						select {
+						case res := <-r.results:
+							batch = append(batch, res)
+							continue
+						default:
+						}
+						break
+					}
+					if len(batch) == 0 {
+						return
+					}
+					r.write(ctx, batch)
+					batch = r.takeResubmitted(batch[:0])
 				}
-				break
 			}
-			if len(batch) > 0 {
-				r.write(ctx, batch)
-			}
-			return
 		}
 	more:
 		for len(batch) < cap(batch) {
@@ -49,8 +57,16 @@ func (r *Runner) complete(ctx context.Context, claimDone <-chan struct{}) {
 			}
 		}
 		r.write(ctx, batch)
-		batch = batch[:0]
 	}
+}
+
+// takeResubmitted appends the resubmitted results to batch.
+func (r *Runner) takeResubmitted(batch []result) []result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	batch = append(batch, r.resubmit...)
+	r.resubmit = r.resubmit[:0]
+	return batch
 }
 
 // write applies one batch of outcomes: one statement, or a transaction of
@@ -121,7 +137,7 @@ func (r *Runner) writeSplit(ctx, runCtx context.Context, part []result, flows []
 // outcome) and its attempt counted in its history.
 func refusedOutcome(c claimed, w wireOutcome, err error) wireOutcome {
 	return wireOutcome{ID: w.ID, Token: w.Token, Kind: "fail", Attempt: c.Attempt, RanStep: w.RanStep, StartedAt: w.StartedAt,
-		Consumed: w.Consumed, Parent: c.parent, refused: true,
+		Consumed: w.Consumed, Parent: c.parent, BatonID: w.BatonID, BatonToken: w.BatonToken, BatonKey: w.BatonKey, refused: true,
 		Error: storableText(fmt.Sprintf("the database refused the step's outcome (%s): %s", w.Kind, oneLine(err)))}
 }
 
@@ -224,6 +240,9 @@ type writeResult struct {
 	// resumed are the awaits of the batch whose signal came first, leased
 	// back to the runner with their signals.
 	resumed []claimed
+	// batons are steps of concurrency keys the write reserved to the
+	// runner (flow_key_free).
+	batons []claimed
 	// leasedBySQL counts the leases taken from the write's budget (all but
 	// the children the runner marked).
 	leasedBySQL int
@@ -240,6 +259,7 @@ func (a writeResult) merge(b writeResult) writeResult {
 	}
 	a.leased = append(a.leased, b.leased...)
 	a.resumed = append(a.resumed, b.resumed...)
+	a.batons = append(a.batons, b.batons...)
 	a.leasedBySQL += b.leasedBySQL
 	a.due += b.due
 	return a
@@ -256,22 +276,31 @@ type leasePlan struct {
 // runner, marking in the batch's spawns the children it asks to lease, and
 // reserves the slots they need.
 //
-// Every outcome but a continued Next frees its slot with the write. Those
-// slots, and beyond them free slots not promised to a claim in flight, go
-// first to what the write may lease in its own statements (budget): an
-// await of an instance without keys whose signal came first, the join of a
-// done or failed child's parent, the next waiting step of the concurrency
-// key of a step that ended; then to spawned children (of the runner's
-// flows, without keys: a keyed child goes through the claim, which applies
-// its keys). Children left over are inserted due, for any runner's claim.
+// Every outcome but a continued Next frees its slot with the write (one
+// that passed its slot to a baton already running does not). Those slots,
+// and beyond them free slots not promised to a claim in flight, go first to
+// what the write may lease in its own statements (budget): an await of an
+// instance without keys whose signal came first, the join of a done or
+// failed child's parent, a baton named in an outcome or the next waiting
+// step of the concurrency key of a step that ended; then to spawned
+// children (of the runner's flows, without keys: a keyed child goes
+// through the claim, which applies its keys). Children left over are
+// inserted due, for any runner's claim.
 func (r *Runner) planLeases(ctx context.Context, batch []result) leasePlan {
 	freed, other, want := 0, 0, 0
 	for i := range batch {
 		c, w := &batch[i].c, &batch[i].w
-		if !w.Cont {
+		switch {
+		case w.Cont:
+		case batch[i].batonStarted:
+			// Its slot went to the baton already running.
+		case batch[i].baton != nil:
+			freed++ // for the baton, once the write makes it running
+			other++
+		default:
 			freed++
 			if c.ckey != "" {
-				other++
+				other++ // the key's next waiting step
 			}
 		}
 		switch w.Kind {
@@ -405,12 +434,16 @@ func (r *Runner) scanApplied(ctx context.Context, q queryer, doc string, flows [
 			// The lease began when the write's statement did: LeaseTTL
 			// before its end.
 			c.leased = read.Add(c.left - r.cfg.LeaseTTL)
-			if !c.child {
+			switch kind {
+			case "baton": // reserved, not running: no slot yet
+				wr.batons = append(wr.batons, c)
+			case "await":
 				wr.leasedBySQL++
-			}
-			if kind == "await" {
 				wr.resumed = append(wr.resumed, c)
-			} else {
+			default:
+				if !c.child {
+					wr.leasedBySQL++
+				}
 				wr.leased = append(wr.leased, c)
 			}
 		}
@@ -461,13 +494,67 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 		}
 		r.run(ctx, next, res.chain+1)
 	}
+	var resubmit []result
+	made := map[int64]bool{}
 	for _, c := range wr.leased {
+		made[c.ID] = true
+	}
+	// First the batons started early that the write did not make running
+	// (their reservation was lost, or their instance cancelled): they commit
+	// nothing, and stop before the steps the write leased start.
+	for i := range batch {
+		b := batch[i].baton
+		if b == nil || made[b.ID] || !batch[i].batonStarted {
+			continue
+		}
+		if s, ok := r.inflight[b.ID]; ok && s.token == b.Token {
+			s.cancel(errLeaseLost)
+			if _, ok := r.deferred[b.ID]; ok {
+				delete(r.deferred, b.ID)
+				delete(r.inflight, b.ID)
+			} else {
+				s.dropped = true
+			}
+			r.stats.lost.Add(1)
+		}
+	}
+	for _, c := range wr.leased {
+		if s, ok := r.inflight[c.ID]; ok && s.token == c.Token && s.unconverted {
+			// A baton started before this write made it running.
+			s.unconverted = false
+			if res, ok := r.deferred[c.ID]; ok {
+				delete(r.deferred, c.ID)
+				resubmit = append(resubmit, res)
+			}
+			continue
+		}
 		if stopping {
 			back = append(back, c)
 			continue
 		}
 		r.stats.leased.Add(1) // before the step starts, for whoever it tells
 		r.run(ctx, c, 0)
+	}
+	keys := map[string]bool{}
+	for _, c := range wr.batons {
+		if stopping {
+			back = append(back, c)
+			continue
+		}
+		r.batons[c.ckey] = append(r.batons[c.ckey], c)
+		keys[c.ckey] = true
+	}
+	// A baton started before its write made it running may have ended
+	// meanwhile, with no baton of its own to pass on: it passes one now,
+	// before its result is written.
+	for i := range resubmit {
+		if res := &resubmit[i]; res.c.ckey != "" && res.baton == nil && !stopping {
+			r.passBaton(ctx, res)
+			keys[res.c.ckey] = true
+		}
+	}
+	for key := range keys {
+		r.spareBatons(ctx, key)
 	}
 	for _, c := range wr.resumed {
 		if s, ok := r.inflight[c.ID]; ok && s.token >= c.Token {
@@ -480,6 +567,8 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 		r.stats.signalled.Add(1)
 		r.run(ctx, c, 0)
 	}
+	// The completer writes them next (release runs in its goroutine).
+	r.resubmit = append(r.resubmit, resubmit...)
 	r.mu.Unlock()
 	if lateWoken {
 		r.wakeLater()

@@ -24,16 +24,27 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		r.mu.Lock()
 		var ids []int64
 		cutoff := time.Now().Add(-r.cfg.LeaseTTL / 3)
+		tokenOf := map[int64]int64{}
 		for id, s := range r.inflight {
 			if s.claim.Before(cutoff) {
 				ids = append(ids, id)
+				tokenOf[id] = s.token
+			}
+		}
+		// The batons reserved to the runner, not started yet.
+		for _, bs := range r.batons {
+			for _, b := range bs {
+				if b.leased.Before(cutoff) {
+					ids = append(ids, b.ID)
+					tokenOf[b.ID] = b.Token
+				}
 			}
 		}
 		// In id order, as every writer locks instances.
 		slices.Sort(ids)
 		tokens := make([]int64, len(ids))
 		for i, id := range ids {
-			tokens[i] = r.inflight[id].token
+			tokens[i] = tokenOf[id]
 		}
 		r.mu.Unlock()
 		if len(ids) == 0 {
@@ -60,6 +71,17 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		for i, id := range ids {
 			if s, ok := r.inflight[id]; ok && s.token == tokens[i] && !kept[id] {
 				s.cancel(errLeaseLost)
+			}
+		}
+		for key, bs := range r.batons {
+			bs = slices.DeleteFunc(bs, func(b claimed) bool {
+				t, asked := tokenOf[b.ID]
+				return asked && t == b.Token && !kept[b.ID]
+			})
+			if len(bs) == 0 {
+				delete(r.batons, key)
+			} else {
+				r.batons[key] = bs
 			}
 		}
 		r.mu.Unlock()

@@ -12,7 +12,7 @@ DROP FUNCTION {{schema}}.flow_unheard_leases(text, bigint);
 DROP FUNCTION {{schema}}.flow_notify_leased(bigint[], bigint[]);
 DROP FUNCTION {{schema}}.flow_leased_steps(text, bigint, bigint[]);
 DROP FUNCTION {{schema}}.complete_flow_steps(text, jsonb, interval, text[], integer);
-DROP FUNCTION {{schema}}.flow_key_free(text[], text, text[], integer, interval);
+DROP FUNCTION {{schema}}.flow_key_free(text[], text, text[], integer, interval, bigint[], bigint[]);
 DROP FUNCTION {{schema}}.claim_flow_steps(text, text[], integer, interval);
 DROP FUNCTION {{schema}}.flow_signals_for(bigint, text[]);
 DROP FUNCTION {{schema}}.flow_lock_keys(text[]);

@@ -659,35 +659,87 @@ BEGIN
 END $$;
 
 
--- flow_key_free wakes, for each concurrency key of p_keys, as many of the
--- steps waiting for a slot of it (waiting_key) as it has free slots, in
--- priority order, skipping rows a claim holds (the claim decides them once
--- it has the key's lock, which this holds). Up to p_budget of those that
--- may run at once (ready, no rate key, of one of p_flows, key not paused)
--- are leased to p_runner for p_lease; the others are made due, for any
--- runner's claim. Returns the rows it woke and whether each was leased.
--- Callers: outcome writes and cancels that end running steps of the keys.
--- One statement after the locks, whatever the number of keys.
-CREATE FUNCTION {{schema}}.flow_key_free(p_keys text[], p_runner text, p_flows text[], p_budget integer, p_lease interval)
-RETURNS TABLE (id bigint, leased boolean)
+-- flow_key_free hands the free slots of the concurrency keys p_keys on,
+-- under the keys' locks (flow_lock_keys), in three steps:
+-- 1. Batons (p_batons, p_baton_tokens): steps p_runner holds in reserve for
+--    a key (below) and names in the outcomes of the steps of the key that
+--    ended; it may have started them already, as soon as the step before
+--    them returned. Each becomes running on the slot that step freed, while
+--    the key has a free slot.
+-- 2. The steps waiting for a slot of a key (waiting_key), in priority
+--    order, as many as it has free slots left, skipping rows a claim holds
+--    (the claim decides them once it has the key's lock, which this holds):
+--    up to p_budget of those that may run at once (ready, no rate key, of
+--    one of p_flows, key not paused) are leased to p_runner; the others are
+--    made due, for any runner's claim.
+-- 3. Waiting steps of the key are reserved to p_runner as batons, two for
+--    each step 2 leased and one for each baton 1 made running (which used
+--    one up), so that the runner holds two per step of the key it runs: a
+--    step that ends before the write that reserved its baton returns finds
+--    the other: ready,
+--    not counted against the key, p_runner's until p_lease ends (renewed
+--    with the runner's leases; due for any runner's claim after). The runner
+--    starts it the moment a step of the key ends, before that step's write
+--    commits, and the write makes it running (step 1): a slot is handed on
+--    without waiting for a write.
+-- Returns the rows it changed, by kind: 'converted', 'leased', 'due',
+-- 'baton'. Callers: outcome writes (p_runner the writer) and cancels
+-- (p_runner NULL: no lease, no baton).
+CREATE FUNCTION {{schema}}.flow_key_free(p_keys text[], p_runner text, p_flows text[], p_budget integer, p_lease interval,
+                                         p_batons bigint[] DEFAULT NULL, p_baton_tokens bigint[] DEFAULT NULL)
+RETURNS TABLE (id bigint, kind text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := clock_timestamp();
+    v_now    timestamptz := clock_timestamp();
+    v_keys   text[];
+    v_free   integer[];
+    v_paused boolean[];
+    v_conv   bigint[];
+    v_ckeys  text[];
+    v_lease  bigint[];
+    v_lkeys  text[];
 BEGIN
     PERFORM {{schema}}.flow_lock_keys(p_keys);
-    RETURN QUERY
-    WITH k AS (
-        SELECT x.key, coalesce(f.paused_until > v_now, false) AS paused,
-               greatest(coalesce(f.concurrency_limit, 1) - (
-                   SELECT count(*) FROM {{schema}}.flow_instances r
-                    WHERE r.concurrency_key = x.key AND (r.status = 'running' OR (r.status = 'cancelled' AND r.lease_owner IS NOT NULL))
-                      AND r.run_at > v_now), 0) AS free
-          FROM (SELECT DISTINCT k.key FROM unnest(p_keys) AS k(key) WHERE k.key IS NOT NULL) AS x
-          LEFT JOIN {{schema}}.flow_keys f ON f.key = x.key
-    ), w AS (
-        SELECT w.id, w.runnable
-          FROM k, LATERAL (
+    -- Each statement below reads what the writers that held the locks
+    -- before committed (a new snapshot per statement).
+    SELECT array_agg(k.key ORDER BY k.key), array_agg(k.free ORDER BY k.key), array_agg(k.paused ORDER BY k.key)
+      INTO v_keys, v_free, v_paused
+      FROM (SELECT x.key, coalesce(f.paused_until > v_now, false) AS paused,
+                   greatest(coalesce(f.concurrency_limit, 1) - (
+                       SELECT count(*) FROM {{schema}}.flow_instances r
+                        WHERE r.concurrency_key = x.key AND (r.status = 'running' OR (r.status = 'cancelled' AND r.lease_owner IS NOT NULL))
+                          AND r.run_at > v_now), 0)::integer AS free
+              FROM (SELECT DISTINCT k.key FROM unnest(p_keys) AS k(key) WHERE k.key IS NOT NULL) AS x
+              LEFT JOIN {{schema}}.flow_keys f ON f.key = x.key) AS k;
+    IF v_keys IS NULL THEN
+        RETURN;
+    END IF;
+    IF p_batons IS NOT NULL AND p_runner IS NOT NULL THEN
+        WITH b AS (
+            SELECT i.id, i.concurrency_key,
+                   row_number() OVER (PARTITION BY i.concurrency_key ORDER BY i.id) AS n
+              FROM unnest(p_batons, p_baton_tokens) AS x(id, token),
+                   LATERAL (SELECT f.id, f.concurrency_key FROM {{schema}}.flow_instances f
+                             WHERE f.id = x.id AND f.lease_token = x.token AND f.lease_owner = p_runner
+                               AND f.status = 'ready' AND NOT f.waiting_key
+                               FOR UPDATE SKIP LOCKED) AS i
+        ), u AS (
+            UPDATE {{schema}}.flow_instances i SET status = 'running', run_at = v_now + p_lease, updated_at = v_now
+              FROM b, unnest(v_keys, v_free) AS k(key, free)
+             WHERE i.id = b.id AND k.key = b.concurrency_key AND b.n <= k.free
+            RETURNING i.id, i.concurrency_key
+        )
+        SELECT array_agg(u.id), array_agg(u.concurrency_key) INTO v_conv, v_ckeys FROM u;
+        IF v_conv IS NOT NULL THEN
+            SELECT array_agg(k.free - (SELECT count(*) FROM unnest(v_ckeys) AS c(key) WHERE c.key = k.key)::integer ORDER BY k.key)
+              INTO v_free FROM unnest(v_keys, v_free) AS k(key, free);
+            RETURN QUERY SELECT c.id, 'converted'::text FROM unnest(v_conv) AS c(id);
+        END IF;
+    END IF;
+    WITH w AS (
+        SELECT w.id, w.runnable, k.key
+          FROM unnest(v_keys, v_free, v_paused) AS k(key, free, paused), LATERAL (
                SELECT i.id, coalesce(i.status = 'ready' AND i.rate_key IS NULL AND i.flow = ANY (p_flows) AND NOT k.paused, false) AS runnable
                  FROM {{schema}}.flow_instances i
                 WHERE i.concurrency_key = k.key AND i.waiting_key AND i.status IN ('ready', 'awaiting')
@@ -695,7 +747,8 @@ BEGIN
                 LIMIT k.free
                   FOR UPDATE OF i SKIP LOCKED) AS w
     ), d AS (
-        SELECT w.id, w.runnable AND count(*) FILTER (WHERE w.runnable) OVER (ORDER BY w.id) <= coalesce(p_budget, 0) AS lease
+        SELECT w.id, w.key, w.runnable AND p_runner IS NOT NULL
+                            AND count(*) FILTER (WHERE w.runnable) OVER (ORDER BY w.id) <= coalesce(p_budget, 0) AS lease
           FROM w
     ), u AS (
         UPDATE {{schema}}.flow_instances i SET
@@ -708,9 +761,40 @@ BEGIN
             waiting_key = false
           FROM d
          WHERE i.id = d.id
-        RETURNING i.id, d.lease
+        RETURNING i.id, d.key, d.lease
     )
-    SELECT u.id, u.lease FROM u;
+    SELECT array_agg(u.id) FILTER (WHERE u.lease), array_agg(u.key) FILTER (WHERE u.lease),
+           array_agg(u.id) FILTER (WHERE NOT u.lease)
+      INTO v_lease, v_lkeys, v_conv FROM u;
+    RETURN QUERY SELECT x.id, 'leased'::text FROM unnest(v_lease) AS x(id);
+    RETURN QUERY SELECT x.id, 'due'::text FROM unnest(v_conv) AS x(id);
+    -- Batons: two per step leased, one per baton made running.
+    IF p_runner IS NOT NULL AND (v_lkeys IS NOT NULL OR v_ckeys IS NOT NULL) THEN
+        RETURN QUERY
+        WITH n AS (
+            SELECT c.key, sum(c.n) AS n
+              FROM (SELECT l.key, 2 AS n FROM unnest(v_lkeys) AS l(key)
+                    UNION ALL SELECT c.key, 1 FROM unnest(v_ckeys) AS c(key)) AS c
+             GROUP BY c.key
+        ), w AS (
+            SELECT w.id
+              FROM n JOIN unnest(v_keys, v_paused) AS k(key, paused) ON k.key = n.key AND NOT k.paused, LATERAL (
+                   SELECT i.id FROM {{schema}}.flow_instances i
+                    WHERE i.concurrency_key = n.key AND i.waiting_key AND i.status = 'ready'
+                      AND i.rate_key IS NULL AND i.flow = ANY (p_flows)
+                    ORDER BY i.priority DESC, i.not_before, i.id
+                    LIMIT n.n
+                      FOR UPDATE OF i SKIP LOCKED) AS w
+        ), u AS (
+            UPDATE {{schema}}.flow_instances i SET
+                lease_owner = p_runner, lease_token = i.lease_token + 1, lease_key = NULL,
+                run_at = v_now + p_lease, waiting_key = false
+              FROM w
+             WHERE i.id = w.id
+            RETURNING i.id
+        )
+        SELECT u.id, 'baton'::text FROM u;
+    END IF;
 END $$;
 
 -- complete_flow_steps writes a batch of step outcomes (a JSON array, see
@@ -732,14 +816,18 @@ END $$;
 -- this write ended (at their join step, without keys, of one of p_flows),
 -- and steps waiting for a slot of the concurrency keys whose steps this
 -- write ended (flow_key_free). The others are made due for any runner's
--- claim (and notified).
+-- claim (and notified). An outcome of a step of a concurrency key may name
+-- the baton (baton_id, baton_token, baton_key) its runner started in the
+-- slot the step freed: it becomes running on that slot.
 -- Rows returned, by kind: 'applied', one per applied outcome (id, and
 -- token when it continued on its lease); one per instance leased by the
 -- write (id, token, flow, step, state, attempt, parent_id, for a join its
 -- children's outcomes, for an await the signals it receives, as the claim
 -- returns them, its keys and its lease's seconds left): 'child' a spawned
--- child, 'await' an await whose signal came first, 'leased' a join or a
--- step that waited for its key; last, 'due' with token the number of steps
+-- child, 'await' an await whose signal came first, 'leased' a join, a step
+-- that waited for its key or a baton made running; 'baton' a step of a key
+-- reserved to p_runner (flow_key_free), not running; last, 'due' with token
+-- the number of steps
 -- the write made due for any runner's claim. Nothing when no outcome was
 -- applied.
 CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval,
@@ -767,6 +855,10 @@ DECLARE
     v_joins    bigint[];
     v_resumed  bigint[];
     v_next     bigint[];
+    v_batons   bigint[];
+    v_btokens  bigint[];
+    v_bkeys    text[];
+    v_held     bigint[];
     v_woken    integer := 0;
     v_n        integer;
 BEGIN
@@ -956,19 +1048,25 @@ BEGIN
         v_budget := v_budget - coalesce(cardinality(v_joins), 0);
     END IF;
 
-    -- Keys: pauses, and the steps waiting for a slot of the keys whose steps
-    -- ended. Every key lock in one call, in the one order.
-    IF v_keys IS NOT NULL OR v_pkeys IS NOT NULL THEN
-        PERFORM {{schema}}.flow_lock_keys(coalesce(v_keys, '{}') || coalesce(v_pkeys, '{}'));
+    -- Keys: pauses, the batons the runner started in the slots the ended
+    -- steps freed, and the steps waiting for a slot of their keys
+    -- (flow_key_free). Every key lock in one call, in the one order.
+    SELECT array_agg((x.doc->>'baton_id')::bigint), array_agg((x.doc->>'baton_token')::bigint), array_agg(x.doc->>'baton_key')
+      INTO v_batons, v_btokens, v_bkeys
+      FROM jsonb_array_elements(p_outcomes) AS x(doc) WHERE x.doc ? 'baton_id';
+    IF v_keys IS NOT NULL OR v_pkeys IS NOT NULL OR v_batons IS NOT NULL THEN
+        v_keys := coalesce(v_keys, '{}') || coalesce(v_bkeys, '{}');
+        PERFORM {{schema}}.flow_lock_keys(v_keys || coalesce(v_pkeys, '{}'));
         IF v_pkeys IS NOT NULL THEN
             INSERT INTO {{schema}}.flow_keys AS k (key, paused_until)
             SELECT x.key, max(x.until) FROM unnest(v_pkeys, v_puntil) AS x(key, until) GROUP BY x.key
             ON CONFLICT (key) DO UPDATE SET paused_until = greatest(k.paused_until, excluded.paused_until);
         END IF;
-        IF v_keys IS NOT NULL THEN
-            SELECT array_agg(f.id) FILTER (WHERE f.leased), count(*) FILTER (WHERE NOT f.leased)
-              INTO v_next, v_n
-              FROM {{schema}}.flow_key_free(v_keys, p_runner, p_flows, v_budget, p_lease) AS f;
+        IF cardinality(v_keys) > 0 THEN
+            SELECT array_agg(f.id) FILTER (WHERE f.kind IN ('leased', 'converted')),
+                   array_agg(f.id) FILTER (WHERE f.kind = 'baton'), count(*) FILTER (WHERE f.kind = 'due')
+              INTO v_next, v_held, v_n
+              FROM {{schema}}.flow_key_free(v_keys, p_runner, p_flows, v_budget, p_lease, v_batons, v_btokens) AS f;
             v_woken := v_woken + v_n;
         END IF;
     END IF;
@@ -991,6 +1089,12 @@ BEGIN
                extract(epoch FROM l.run_at - clock_timestamp())::double precision
           FROM unnest(v_resumed) AS x(id),
                LATERAL (SELECT * FROM {{schema}}.flow_instances f WHERE f.id = x.id LIMIT 1) AS l;
+    END IF;
+    IF v_held IS NOT NULL THEN
+        RETURN QUERY
+        SELECT 'baton', p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, p.parent_id, NULL::jsonb, NULL::jsonb,
+               p.concurrency_key, p.rate_key, extract(epoch FROM p.run_at - clock_timestamp())::double precision
+          FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_held);
     END IF;
     v_joins := coalesce(v_joins, '{}') || coalesce(v_next, '{}');
     IF cardinality(v_joins) > 0 THEN
@@ -1059,19 +1163,21 @@ LANGUAGE sql STABLE AS $$
        AND i.run_at > clock_timestamp()
 $$;
 
--- renew_flow_leases extends the leases p_runner still holds and returns
--- their ids; a step whose id is missing lost its lease.
+-- renew_flow_leases extends the leases p_runner still holds (and the
+-- batons reserved to it, flow_key_free) and returns their ids; a step
+-- whose id is missing lost its lease.
 CREATE FUNCTION {{schema}}.renew_flow_leases(p_runner text, p_ids bigint[], p_tokens bigint[], p_lease interval)
 RETURNS SETOF bigint LANGUAGE sql AS $$
     UPDATE {{schema}}.flow_instances i SET run_at = clock_timestamp() + p_lease
       FROM unnest(p_ids, p_tokens) AS t(id, token)
      WHERE i.id = t.id AND i.lease_token = t.token AND i.lease_owner = p_runner
-       AND i.status = 'running' AND i.run_at > clock_timestamp()
+       AND (i.status = 'running' OR (i.status = 'ready' AND NOT i.waiting_key)) AND i.run_at > clock_timestamp()
     RETURNING i.id
 $$;
 
 -- release_flow_leases hands back steps p_runner holds but will not run (a
--- stopping runner's continued steps): they are due at once, for any runner.
+-- stopping runner's continued steps, batons it will not start): they are
+-- due at once, for any runner.
 CREATE FUNCTION {{schema}}.release_flow_leases(p_runner text, p_ids bigint[], p_tokens bigint[])
 RETURNS integer LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -1080,7 +1186,8 @@ DECLARE
 BEGIN
     UPDATE {{schema}}.flow_instances i SET status = 'ready', run_at = clock_timestamp(), lease_owner = NULL
       FROM unnest(p_ids, p_tokens) AS t(id, token)
-     WHERE i.id = t.id AND i.lease_token = t.token AND i.lease_owner = p_runner AND i.status = 'running';
+     WHERE i.id = t.id AND i.lease_token = t.token AND i.lease_owner = p_runner
+       AND (i.status = 'running' OR (i.status = 'ready' AND NOT i.waiting_key));
     GET DIAGNOSTICS v_n = ROW_COUNT;
     IF v_n > 0 THEN
         PERFORM pg_notify('{{schema}}_flows', '');
