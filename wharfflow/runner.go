@@ -122,7 +122,7 @@ type Runner struct {
 	// runner: it holds no more batons of a key than that (a baton no step
 	// of the runner could pass on would wait out its reservation).
 	keyRunning map[string]int
-	resubmit []result // deferred results whose baton a write made running
+	resubmit   []result // deferred results whose baton a write made running
 	// key addresses the runner in those notifications (flow_runners.key,
 	// set when its listener registers it). listening is set while the
 	// listener is connected: only then does the runner heartbeat, so that
