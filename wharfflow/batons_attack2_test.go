@@ -97,3 +97,72 @@ func TestAttack2RateLimitedKeyPassesNoBaton(t *testing.T) {
 		"a step of the paused key was made running by the write that paused it; events: %v", log.all())
 	require.Equal(t, []string{"0 enters", "1 enters"}, log.all(), "no step of the key starts while it is paused")
 }
+
+// A parent with a concurrency key whose children have all ended is due at
+// its join step; when its key is full the claim puts it off to wait for a
+// slot, and flow_key_free may reserve it to a runner as a baton. The baton
+// rows complete_flow_steps returns carry no children's outcomes (NULL where
+// the claim and the 'leased' rows give them), and the runner starts a baton
+// from that row: the join step runs with Input.Children empty, and the
+// parent decides on children it cannot see (here it would report zero
+// successes for a child that succeeded).
+//
+// Fixed, a join step started as a baton receives its children's outcomes
+// as a claimed one does: Input.Children has the one child, done.
+func TestAttack2BatonJoinReceivesItsChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	holdChild, holdH, holdX, end := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	entered := make(chan string, 8)
+	joined := make(chan []wharfflow.ChildResult, 1)
+	child := wharfflow.New[counter]("child", nil).Step("work", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		<-holdChild
+		return wharfflow.Done("ok")
+	})
+	parent := wharfflow.New[counter]("parent", nil).
+		Step("spawn", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Spawn("join", child.Child(counter{}, wharfflow.Options{}))
+		}).
+		Step("join", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			joined <- in.Children
+			return wharfflow.Done(len(in.Children))
+		})
+	// Other steps of the parent's key.
+	other := wharfflow.New[counter]("other", nil).Step("work", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		entered <- fmt.Sprint(s.N)
+		select {
+		case <-map[int]chan struct{}{0: holdH, 1: holdX}[s.N]:
+		case <-end:
+		}
+		return wharfflow.Done(nil)
+	})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{parent, child, other}, ConcurrencyLimits: map[string]int{"tenant": 1}})
+	t.Cleanup(func() { close(end) })
+	keyed := wharfflow.Options{ConcurrencyKey: "tenant"}
+	p, err := b.client.Start(ctx, parent.Start(counter{}, wharfflow.StartOptions{Options: keyed}))
+	require.NoError(t, err)
+	b.waitStatus(t, p[0], "joining")
+	// The parent's key is free while it joins: H takes its slot, X waits.
+	_, err = b.client.Start(ctx, other.Start(counter{N: 0}, wharfflow.StartOptions{Options: keyed}))
+	require.NoError(t, err)
+	require.Equal(t, "0", <-entered)
+	x, err := b.client.Start(ctx, other.Start(counter{N: 1}, wharfflow.StartOptions{Options: keyed}))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.countWhere(t, x, "waiting_key") == 1 }, time.Minute, 5*time.Millisecond)
+	// The child ends: the parent is due at its join, and waits for the key
+	// behind X.
+	close(holdChild)
+	require.Eventually(t, func() bool { return b.countWhere(t, p, "waiting_key AND step = 'join'") == 1 }, time.Minute, 5*time.Millisecond)
+	// H ends: its write leases X and reserves the parent as a baton; X ends
+	// and the runner starts the parent's join as a baton.
+	close(holdH)
+	require.Equal(t, "1", <-entered)
+	require.Eventually(t, func() bool {
+		return b.countWhere(t, p, "status = 'ready' AND NOT waiting_key AND lease_owner IS NOT NULL") == 1
+	}, time.Minute, 5*time.Millisecond, "the parent reserved as a baton")
+	close(holdX)
+	kids := <-joined
+	require.Len(t, kids, 1, "the join step receives its child's outcome")
+	b.waitStatus(t, p[0], "done")
+}
