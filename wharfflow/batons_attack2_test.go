@@ -166,3 +166,64 @@ func TestAttack2BatonJoinReceivesItsChildren(t *testing.T) {
 	require.Len(t, kids, 1, "the join step receives its child's outcome")
 	b.waitStatus(t, p[0], "done")
 }
+
+// A step resumed by a signal that returns Retry runs again with the same
+// signals (its outcome consumes none: "the step runs again with them"), and
+// a claim gives them (claim_flow_steps returns flow_signals_for of the
+// row's await). A keyed step whose retry waited for a slot of its key is
+// instead leased by the write that freed the slot (flow_key_free's
+// 'leased' rows, or a baton), and complete_flow_steps returns those rows
+// with NULL signals: the retry runs with Input.Signals empty, and the
+// payment it was told of is lost to it (its outcome consumes nothing, so the
+// signal stays pending for some later await, if any).
+//
+// Fixed, the retry receives the signal, however it was leased.
+func TestAttack2KeyedRetryLeasedByAWriteKeepsItsSignals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	holdGot, holdH, end := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	hEntered := make(chan struct{}, 1)
+	type run struct{ attempt, signals int }
+	got := make(chan run, 4)
+	f := wharfflow.New[counter]("pay", nil).
+		Step("wait", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Await("got", "paid")
+		}).
+		Step("got", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			got <- run{in.Attempt, len(in.Signals)}
+			if in.Attempt == 0 {
+				<-holdGot
+				return wharfflow.RetryAfter(fmt.Errorf("upstream busy"), 20*time.Millisecond)
+			}
+			return wharfflow.Done(len(in.Signals))
+		})
+	other := wharfflow.New[counter]("other", nil).Step("work", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		hEntered <- struct{}{}
+		select {
+		case <-holdH:
+		case <-end:
+		}
+		return wharfflow.Done(nil)
+	})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, other}, ConcurrencyLimits: map[string]int{"acct": 1}})
+	t.Cleanup(func() { close(end) })
+	keyed := wharfflow.StartOptions{Options: wharfflow.Options{ConcurrencyKey: "acct"}}
+	ids, err := b.client.Start(ctx, f.Start(counter{}, keyed))
+	require.NoError(t, err)
+	b.waitStatus(t, ids[0], "awaiting")
+	_, err = b.client.Send(ctx, wharfflow.Signal{Instance: ids[0], Name: "paid", Payload: map[string]int{"cents": 500}})
+	require.NoError(t, err)
+	require.Equal(t, run{0, 1}, <-got, "the first run receives the signal")
+	// While it runs, another step of the key waits for the slot; the retry
+	// then waits behind it.
+	h, err := b.client.Start(ctx, other.Start(counter{}, keyed))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.countWhere(t, h, "waiting_key") == 1 }, time.Minute, 5*time.Millisecond)
+	close(holdGot)
+	<-hEntered
+	require.Eventually(t, func() bool { return b.countWhere(t, ids, "waiting_key AND attempt = 1") == 1 }, time.Minute, 5*time.Millisecond)
+	close(holdH)
+	require.Equal(t, run{1, 1}, <-got, "the retry receives the signal again")
+	b.waitStatus(t, ids[0], "done")
+}
