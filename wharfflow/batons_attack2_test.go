@@ -227,3 +227,104 @@ func TestAttack2KeyedRetryLeasedByAWriteKeepsItsSignals(t *testing.T) {
 	require.Equal(t, run{1, 1}, <-got, "the retry receives the signal again")
 	b.waitStatus(t, ids[0], "done")
 }
+
+// A step of a key that ends while its runner has no free slot names a baton
+// it cannot start; planLeases counts that baton's slot as one the write may
+// lease with (other++ and the step's freed slot, passed to complete_flow_steps
+// as p_budget), but flow_key_free converts the baton without taking it from
+// p_budget and then leases waiting steps of the key up to p_budget as well.
+// When the key has more free slots than steps ended (its limit was raised,
+// as a deploy with a new Config.ConcurrencyLimits does; a dead runner's
+// lease ended), the write leases the runner the baton and one more step for
+// the one slot freed, and release runs both: the runner runs more than
+// MaxInFlight steps (docs/flows.md: "a runner never runs more than
+// MaxInFlight steps").
+//
+// Fixed, a runner with MaxInFlight 1 never runs two steps at once.
+func TestAttack2BatonNamedWithoutASlotKeepsMaxInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	cur, most := 0, 0
+	holds := map[int]chan struct{}{0: make(chan struct{}), 1: make(chan struct{})}
+	rest, end := make(chan struct{}), make(chan struct{})
+	entered := make(chan int, 8)
+	f := wharfflow.New[counter]("work", nil).Step("w", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		mu.Lock()
+		cur++
+		most = max(most, cur)
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			cur--
+			mu.Unlock()
+		}()
+		entered <- s.N
+		h := holds[s.N]
+		if h == nil {
+			h = rest
+		}
+		select {
+		case <-h:
+		case <-end:
+		}
+		return wharfflow.Done(nil)
+	})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "a", MaxInFlight: 1,
+		ConcurrencyLimits: map[string]int{"k": 1}})
+	t.Cleanup(func() { close(end) })
+	opts := wharfflow.StartOptions{Options: wharfflow.Options{ConcurrencyKey: "k"}}
+	_, err := b.client.Start(ctx, f.Start(counter{N: 0}, opts))
+	require.NoError(t, err)
+	require.Equal(t, 0, <-entered)
+	ws, err := b.client.Start(ctx, f.Start(counter{N: 1}, opts), f.Start(counter{N: 2}, opts), f.Start(counter{N: 3}, opts),
+		f.Start(counter{N: 4}, opts))
+	require.NoError(t, err)
+	// Runner a has no free slot to claim them: another runner's claim puts
+	// them off to wait for the key, then that runner stops.
+	c, err := wharfflow.NewRunner(b.pool, &wharfflow.Config{Schema: b.schema, Flows: []wharfflow.Definition{f}, RunnerID: "c",
+		Logger: testLogger()})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	require.Eventually(t, func() bool { return b.countWhere(t, ws, "waiting_key") == 4 }, time.Minute, 5*time.Millisecond)
+	require.NoError(t, c.Stop(ctx))
+	// Step 0 ends: its write leases 1 and reserves 2 and 3 as batons.
+	close(holds[0])
+	require.Equal(t, 1, <-entered)
+	require.Eventually(t, func() bool {
+		return b.countWhere(t, ws[1:3], "status = 'ready' AND lease_owner = 'a' AND NOT waiting_key") == 2
+	}, 5*time.Second, 5*time.Millisecond, "2 and 3 reserved to runner a: %v", b.dump(t, ws))
+	// A deploy raises the key's limit (another process's runner starts).
+	idle := wharfflow.New[counter]("idle", nil).Step("s", func(context.Context, *counter, wharfflow.Input) wharfflow.Outcome {
+		return wharfflow.Done(nil)
+	})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{idle}, RunnerID: "b", ConcurrencyLimits: map[string]int{"k": 3}})
+	// Step 1 ends with no free slot on runner a: it names baton 2, and its
+	// write makes 2 running and leases 4 to runner a as well.
+	close(holds[1])
+	b.waitStatus(t, ws[0], "done")
+	require.LessOrEqual(t, b.countWhere(t, ws, "status = 'running' AND lease_owner = 'a'"), 1,
+		"step 1's write leased runner a (MaxInFlight 1) more steps than it has slots: %v", b.dump(t, ws))
+	close(rest)
+	for _, id := range ws {
+		b.waitStatus(t, id, "done")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, most, 1, "a runner with MaxInFlight 1 ran %d steps at once", most)
+}
+
+func (b *testBundle) dump(t *testing.T, ids []int64) []string {
+	rows, err := b.pool.Query(context.Background(), "SELECT concat_ws(' ', id, step, status, coalesce(lease_owner, '-'), waiting_key, lease_token, CASE WHEN run_at = 'infinity' THEN NULL ELSE run_at - now() END) FROM "+b.schema+".flow_instances WHERE id = ANY ($1) ORDER BY id", ids)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
