@@ -328,3 +328,83 @@ func (b *testBundle) dump(t *testing.T, ids []int64) []string {
 	require.NoError(t, rows.Err())
 	return out
 }
+
+// A baton the write did not make running (its key had no free slot: here
+// its limit was lowered by a deploy, as Config.ConcurrencyLimits of a runner
+// starting does; likewise when its row was locked by the runner's own
+// renewal, flow_key_free's step 1 skipping locked rows) is stopped and
+// dropped by release, but its row is left as it was: ready, reserved to the
+// runner (lease_owner, not waiting_key), run_at at the reservation's end.
+// Nobody holds it any more (not in batons, not in inflight: not renewed,
+// not handed back), and flow_key_free wakes only waiting_key rows: the step
+// waits out the whole reservation (LeaseTTL, 30 s by default) while steps
+// of the key started after it run.
+//
+// Fixed, a dropped baton is handed back (or made waiting again) and runs as
+// soon as the key has a slot: here well within half a lease.
+func TestAttack2DroppedBatonWaitsNoLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const lease = time.Minute
+	var log eventLog
+	holds := map[int]chan struct{}{0: make(chan struct{}), 1: make(chan struct{}), 2: make(chan struct{})}
+	end := make(chan struct{})
+	entered := make(chan int, 16)
+	f := wharfflow.New[counter]("work", nil).Step("w", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+		log.add("%d enters", s.N)
+		entered <- s.N
+		if h := holds[s.N]; h != nil {
+			select {
+			case <-h:
+			case <-end:
+			}
+		}
+		if s.N == 3 {
+			select {
+			case <-ctx.Done():
+				log.add("3 stopped: %v", context.Cause(ctx))
+				return wharfflow.Done(nil)
+			default:
+			}
+		}
+		return wharfflow.Done(nil)
+	})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "a", LeaseTTL: lease,
+		ConcurrencyLimits: map[string]int{"k": 2}})
+	t.Cleanup(func() { close(end) })
+	opts := wharfflow.StartOptions{Options: wharfflow.Options{ConcurrencyKey: "k"}}
+	ids, err := b.client.Start(ctx, f.Start(counter{N: 0}, opts), f.Start(counter{N: 1}, opts))
+	require.NoError(t, err)
+	<-entered
+	<-entered
+	ws, err := b.client.Start(ctx, f.Start(counter{N: 2}, opts), f.Start(counter{N: 3}, opts), f.Start(counter{N: 4}, opts),
+		f.Start(counter{N: 5}, opts))
+	require.NoError(t, err)
+	ids = append(ids, ws...)
+	require.Eventually(t, func() bool { return b.countWhere(t, ws, "waiting_key") == 4 }, time.Minute, 5*time.Millisecond)
+	// Step 0 ends: its write leases 2 and reserves 3 and 4 as batons.
+	close(holds[0])
+	require.Equal(t, 2, <-entered)
+	require.Eventually(t, func() bool {
+		return b.countWhere(t, ws[1:3], "status = 'ready' AND lease_owner = 'a' AND NOT waiting_key") == 2
+	}, time.Minute, 5*time.Millisecond)
+	// A deploy lowers the key's limit to 1.
+	idle := wharfflow.New[counter]("idle", nil).Step("s", func(context.Context, *counter, wharfflow.Input) wharfflow.Outcome {
+		return wharfflow.Done(nil)
+	})
+	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{idle}, RunnerID: "b", ConcurrencyLimits: map[string]int{"k": 1}})
+	// Step 1 ends and passes baton 3; the key is full (step 2 runs), so the
+	// write does not make 3 running and the runner stops it.
+	close(holds[1])
+	require.Equal(t, 3, <-entered)
+	b.waitStatus(t, ids[1], "done")
+	// Step 2 ends: 4 and 5 run, and 3, whose turn came first, must too.
+	close(holds[2])
+	b.waitStatus(t, ws[3], "done")
+	for deadline := time.Now().Add(lease / 2); b.status(t, ws[1]) != "done" && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.Equal(t, "done", b.status(t, ws[1]), "the dropped baton 3 waits out its reservation: %v; events %v",
+		b.dump(t, ws), log.all())
+}
