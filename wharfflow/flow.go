@@ -348,12 +348,6 @@ type wireOutcome struct {
 	// write locks it before the child (as every writer does) and checks its
 	// join.
 	Parent int64 `json:"parent,omitempty"`
-	// BatonID and BatonToken name the baton (a step of the same
-	// concurrency key, BatonKey, reserved to the runner) it started in the
-	// slot this step freed: the write makes it running (flow_key_free).
-	BatonID    int64  `json:"baton_id,omitempty"`
-	BatonToken int64  `json:"baton_token,omitempty"`
-	BatonKey   string `json:"baton_key,omitempty"`
 	// refused: encode turned the step's outcome into a failure (an outcome
 	// the database would refuse, or a malformed one); its messages are not
 	// enqueued.

@@ -137,7 +137,7 @@ func (r *Runner) writeSplit(ctx, runCtx context.Context, part []result, flows []
 // outcome) and its attempt counted in its history.
 func refusedOutcome(c claimed, w wireOutcome, err error) wireOutcome {
 	return wireOutcome{ID: w.ID, Token: w.Token, Kind: "fail", Attempt: c.Attempt, RanStep: w.RanStep, StartedAt: w.StartedAt,
-		Consumed: w.Consumed, Parent: c.parent, BatonID: w.BatonID, BatonToken: w.BatonToken, BatonKey: w.BatonKey, refused: true,
+		Consumed: w.Consumed, Parent: c.parent, refused: true,
 		Error: storableText(fmt.Sprintf("the database refused the step's outcome (%s): %s", w.Kind, oneLine(err)))}
 }
 
@@ -188,7 +188,7 @@ func (r *Runner) writeRetrying(ctx, runCtx context.Context, part []result, flows
 // completeSQL calls complete_flow_steps; its rows are read by scanApplied.
 func (r *Runner) completeSQL() string {
 	return "SELECT kind, id, token, flow, step, state, attempt, parent_id, children, signals, concurrency_key, rate_key, wait FROM " +
-		r.cfg.Schema + ".complete_flow_steps($1, $2::jsonb, $3, $4, $5)"
+		r.cfg.Schema + ".complete_flow_steps($1, $2::jsonb, $3, $4, $5, $6, $7, $8, $9)"
 }
 
 // writeOnce writes part in one transaction: its outcomes, and the messages
@@ -204,12 +204,22 @@ func (r *Runner) writeOnce(ctx context.Context, part []result, flows []string, b
 	if err != nil {
 		return writeResult{}, err
 	}
+	// The batons named for the slots the part's steps free.
+	var bt batonArgs
+	for i := range part {
+		if b := part[i].baton; b != nil {
+			bt.ids = append(bt.ids, b.ID)
+			bt.tokens = append(bt.tokens, b.Token)
+			bt.keys = append(bt.keys, b.ckey)
+			bt.started = append(bt.started, part[i].batonStarted)
+		}
+	}
 	wr := writeResult{applied: map[int64]int64{}}
 	if !emits {
-		err = r.scanApplied(ctx, r.pool, string(doc), flows, budget, &wr)
+		err = r.scanApplied(ctx, r.pool, string(doc), flows, budget, bt, &wr)
 	} else {
 		err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-			if err := r.scanApplied(ctx, tx, string(doc), flows, budget, &wr); err != nil {
+			if err := r.scanApplied(ctx, tx, string(doc), flows, budget, bt, &wr); err != nil {
 				return err
 			}
 			var msgs []wharf.Message
@@ -388,9 +398,16 @@ type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
+// batonArgs are complete_flow_steps's baton parameters.
+type batonArgs struct {
+	ids, tokens []int64
+	keys        []string
+	started     []bool
+}
+
 // scanApplied runs complete_flow_steps and reads its answer into wr.
-func (r *Runner) scanApplied(ctx context.Context, q queryer, doc string, flows []string, budget int, wr *writeResult) error {
-	rows, err := q.Query(ctx, r.completeSQL(), r.cfg.RunnerID, doc, r.cfg.LeaseTTL, flows, budget)
+func (r *Runner) scanApplied(ctx context.Context, q queryer, doc string, flows []string, budget int, bt batonArgs, wr *writeResult) error {
+	rows, err := q.Query(ctx, r.completeSQL(), r.cfg.RunnerID, doc, r.cfg.LeaseTTL, flows, budget, bt.ids, bt.tokens, bt.keys, bt.started)
 	if err != nil {
 		return err
 	}
@@ -499,12 +516,17 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 	for _, c := range wr.leased {
 		made[c.ID] = true
 	}
-	// First the batons started early that the write did not make running
-	// (their reservation was lost, or their instance cancelled): they commit
-	// nothing, and stop before the steps the write leased start.
+	// First the batons named that the write did not make running (their
+	// reservation lost, their instance cancelled, their key paused or with
+	// no free slot): handed back, and those started commit nothing and stop
+	// before the steps the write leased start.
 	for i := range batch {
 		b := batch[i].baton
-		if b == nil || made[b.ID] || !batch[i].batonStarted {
+		if b == nil || made[b.ID] {
+			continue
+		}
+		back = append(back, *b)
+		if !batch[i].batonStarted {
 			continue
 		}
 		if s, ok := r.inflight[b.ID]; ok && s.token == b.Token {

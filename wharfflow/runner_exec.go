@@ -92,17 +92,28 @@ func (r *Runner) run(ctx context.Context, c claimed, chain int) {
 // held.
 func (r *Runner) passBaton(ctx context.Context, res *result) {
 	key := res.c.ckey
-	bs := r.batons[key]
-	if len(bs) == 0 {
-		return
+	if res.w.Kind == "paused" && res.w.PauseKey == key {
+		return // the key is paused: its next step waits
 	}
-	b := bs[0] // in the order reserved: the key's priority order
-	if len(bs) == 1 {
-		delete(r.batons, key)
-	} else {
-		r.batons[key] = bs[1:]
+	var b claimed
+	for {
+		bs := r.batons[key]
+		if len(bs) == 0 {
+			return
+		}
+		b = bs[0] // in the order reserved: the key's priority order
+		if len(bs) == 1 {
+			delete(r.batons, key)
+		} else {
+			r.batons[key] = bs[1:]
+		}
+		// A reservation not renewed for two thirds of a lease (renewals
+		// failing) may have ended and its row gone to another runner.
+		if time.Since(b.leased) < 2*r.cfg.LeaseTTL/3 {
+			break
+		}
+		go r.handBack(ctx, []claimed{b})
 	}
-	res.w.BatonID, res.w.BatonToken, res.w.BatonKey = b.ID, b.Token, key
 	res.baton = &b
 	if r.closing || ctx.Err() != nil || r.freeSlots() <= 0 {
 		return
@@ -134,11 +145,12 @@ func (r *Runner) spareBatons(ctx context.Context, key string) {
 	if spare <= 0 {
 		return
 	}
-	back := slices.Clone(bs[:spare])
+	// The last reserved go back: the first are next in the key's order.
+	back := slices.Clone(bs[len(bs)-spare:])
 	if spare == len(bs) {
 		delete(r.batons, key)
 	} else {
-		r.batons[key] = bs[spare:]
+		r.batons[key] = bs[:len(bs)-spare]
 	}
 	go r.handBack(ctx, back)
 }

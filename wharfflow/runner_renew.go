@@ -50,6 +50,7 @@ func (r *Runner) renewLoop(ctx context.Context) {
 		if len(ids) == 0 {
 			continue
 		}
+		renewed := time.Now()
 		rows, err := r.pool.Query(ctx, "SELECT * FROM "+r.cfg.Schema+".renew_flow_leases($1, $2, $3, $4)",
 			r.cfg.RunnerID, ids, tokens, r.cfg.LeaseTTL)
 		if err != nil {
@@ -78,6 +79,11 @@ func (r *Runner) renewLoop(ctx context.Context) {
 				t, asked := tokenOf[b.ID]
 				return asked && t == b.Token && !kept[b.ID]
 			})
+			for i := range bs {
+				if t, asked := tokenOf[bs[i].ID]; asked && t == bs[i].Token {
+					bs[i].leased = renewed // renewed from when it was asked
+				}
+			}
 			if len(bs) == 0 {
 				delete(r.batons, key)
 			} else {

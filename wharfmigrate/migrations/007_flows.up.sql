@@ -662,10 +662,12 @@ END $$;
 -- flow_key_free hands the free slots of the concurrency keys p_keys on,
 -- under the keys' locks (flow_lock_keys), in three steps:
 -- 1. Batons (p_batons, p_baton_tokens): steps p_runner holds in reserve for
---    a key (below) and names in the outcomes of the steps of the key that
---    ended; it may have started them already, as soon as the step before
---    them returned. Each becomes running on the slot that step freed, while
---    the key has a free slot.
+--    a key (below) and names for the slots its steps of the key that ended
+--    free; it started those marked in p_baton_started already, as soon as
+--    the step before them returned. Each becomes running on the slot that
+--    step freed, while the key has a free slot and is not paused; the
+--    others stay as they are, for the runner to hand back. A baton it had
+--    not started takes one of p_budget.
 -- 2. The steps waiting for a slot of a key (waiting_key), in priority
 --    order, as many as it has free slots left, skipping rows a claim holds
 --    (the claim decides them once it has the key's lock, which this holds):
@@ -686,7 +688,8 @@ END $$;
 -- 'baton'. Callers: outcome writes (p_runner the writer) and cancels
 -- (p_runner NULL: no lease, no baton).
 CREATE FUNCTION {{schema}}.flow_key_free(p_keys text[], p_runner text, p_flows text[], p_budget integer, p_lease interval,
-                                         p_batons bigint[] DEFAULT NULL, p_baton_tokens bigint[] DEFAULT NULL)
+                                         p_batons bigint[] DEFAULT NULL, p_baton_tokens bigint[] DEFAULT NULL,
+                                         p_baton_started boolean[] DEFAULT NULL)
 RETURNS TABLE (id bigint, kind text)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
@@ -699,6 +702,8 @@ DECLARE
     v_ckeys  text[];
     v_lease  bigint[];
     v_lkeys  text[];
+    v_budget integer := coalesce(p_budget, 0);
+    v_spent  integer;
 BEGIN
     PERFORM {{schema}}.flow_lock_keys(p_keys);
     -- Each statement below reads what the writers that held the locks
@@ -717,20 +722,22 @@ BEGIN
     END IF;
     IF p_batons IS NOT NULL AND p_runner IS NOT NULL THEN
         WITH b AS (
-            SELECT i.id, i.concurrency_key,
-                   row_number() OVER (PARTITION BY i.concurrency_key ORDER BY i.id) AS n
-              FROM unnest(p_batons, p_baton_tokens) AS x(id, token),
+            SELECT i.id, i.concurrency_key, coalesce(x.started, false) AS started,
+                   row_number() OVER (PARTITION BY i.concurrency_key ORDER BY x.started DESC, i.id) AS n
+              FROM unnest(p_batons, p_baton_tokens, p_baton_started) AS x(id, token, started),
                    LATERAL (SELECT f.id, f.concurrency_key FROM {{schema}}.flow_instances f
                              WHERE f.id = x.id AND f.lease_token = x.token AND f.lease_owner = p_runner
                                AND f.status = 'ready' AND NOT f.waiting_key
                                FOR UPDATE SKIP LOCKED) AS i
         ), u AS (
             UPDATE {{schema}}.flow_instances i SET status = 'running', run_at = v_now + p_lease, updated_at = v_now
-              FROM b, unnest(v_keys, v_free) AS k(key, free)
-             WHERE i.id = b.id AND k.key = b.concurrency_key AND b.n <= k.free
-            RETURNING i.id, i.concurrency_key
+              FROM b, unnest(v_keys, v_free, v_paused) AS k(key, free, paused)
+             WHERE i.id = b.id AND k.key = b.concurrency_key AND b.n <= k.free AND NOT k.paused
+            RETURNING i.id, i.concurrency_key, b.started
         )
-        SELECT array_agg(u.id), array_agg(u.concurrency_key) INTO v_conv, v_ckeys FROM u;
+        SELECT array_agg(u.id), array_agg(u.concurrency_key), count(*) FILTER (WHERE NOT u.started)
+          INTO v_conv, v_ckeys, v_spent FROM u;
+        v_budget := v_budget - coalesce(v_spent, 0);
         IF v_conv IS NOT NULL THEN
             SELECT array_agg(k.free - (SELECT count(*) FROM unnest(v_ckeys) AS c(key) WHERE c.key = k.key)::integer ORDER BY k.key)
               INTO v_free FROM unnest(v_keys, v_free) AS k(key, free);
@@ -748,7 +755,7 @@ BEGIN
                   FOR UPDATE OF i SKIP LOCKED) AS w
     ), d AS (
         SELECT w.id, w.key, w.runnable AND p_runner IS NOT NULL
-                            AND count(*) FILTER (WHERE w.runnable) OVER (ORDER BY w.id) <= coalesce(p_budget, 0) AS lease
+                            AND count(*) FILTER (WHERE w.runnable) OVER (ORDER BY w.id) <= v_budget AS lease
           FROM w
     ), u AS (
         UPDATE {{schema}}.flow_instances i SET
@@ -816,9 +823,9 @@ END $$;
 -- this write ended (at their join step, without keys, of one of p_flows),
 -- and steps waiting for a slot of the concurrency keys whose steps this
 -- write ended (flow_key_free). The others are made due for any runner's
--- claim (and notified). An outcome of a step of a concurrency key may name
--- the baton (baton_id, baton_token, baton_key) its runner started in the
--- slot the step freed: it becomes running on that slot.
+-- claim (and notified). p_batons (with their tokens, keys, and whether the
+-- runner started them) are batons the runner names for the slots its ended
+-- steps of those keys free: they become running on them (flow_key_free).
 -- Rows returned, by kind: 'applied', one per applied outcome (id, and
 -- token when it continued on its lease); one per instance leased by the
 -- write (id, token, flow, step, state, attempt, parent_id, for a join its
@@ -831,7 +838,9 @@ END $$;
 -- the write made due for any runner's claim. Nothing when no outcome was
 -- applied.
 CREATE FUNCTION {{schema}}.complete_flow_steps(p_runner text, p_outcomes jsonb, p_lease interval,
-                                               p_flows text[] DEFAULT NULL, p_budget integer DEFAULT 0)
+                                               p_flows text[] DEFAULT NULL, p_budget integer DEFAULT 0,
+                                               p_batons bigint[] DEFAULT NULL, p_baton_tokens bigint[] DEFAULT NULL,
+                                               p_baton_keys text[] DEFAULT NULL, p_baton_started boolean[] DEFAULT NULL)
 RETURNS TABLE (kind text, id bigint, token bigint, flow text, step text, state jsonb, attempt integer, parent_id bigint,
                children jsonb, signals jsonb, concurrency_key text, rate_key text, wait double precision)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -855,9 +864,6 @@ DECLARE
     v_joins    bigint[];
     v_resumed  bigint[];
     v_next     bigint[];
-    v_batons   bigint[];
-    v_btokens  bigint[];
-    v_bkeys    text[];
     v_held     bigint[];
     v_woken    integer := 0;
     v_n        integer;
@@ -1051,11 +1057,8 @@ BEGIN
     -- Keys: pauses, the batons the runner started in the slots the ended
     -- steps freed, and the steps waiting for a slot of their keys
     -- (flow_key_free). Every key lock in one call, in the one order.
-    SELECT array_agg((x.doc->>'baton_id')::bigint), array_agg((x.doc->>'baton_token')::bigint), array_agg(x.doc->>'baton_key')
-      INTO v_batons, v_btokens, v_bkeys
-      FROM jsonb_array_elements(p_outcomes) AS x(doc) WHERE x.doc ? 'baton_id';
-    IF v_keys IS NOT NULL OR v_pkeys IS NOT NULL OR v_batons IS NOT NULL THEN
-        v_keys := coalesce(v_keys, '{}') || coalesce(v_bkeys, '{}');
+    IF v_keys IS NOT NULL OR v_pkeys IS NOT NULL OR p_batons IS NOT NULL THEN
+        v_keys := coalesce(v_keys, '{}') || coalesce(p_baton_keys, '{}');
         PERFORM {{schema}}.flow_lock_keys(v_keys || coalesce(v_pkeys, '{}'));
         IF v_pkeys IS NOT NULL THEN
             INSERT INTO {{schema}}.flow_keys AS k (key, paused_until)
@@ -1066,7 +1069,8 @@ BEGIN
             SELECT array_agg(f.id) FILTER (WHERE f.kind IN ('leased', 'converted')),
                    array_agg(f.id) FILTER (WHERE f.kind = 'baton'), count(*) FILTER (WHERE f.kind = 'due')
               INTO v_next, v_held, v_n
-              FROM {{schema}}.flow_key_free(v_keys, p_runner, p_flows, v_budget, p_lease, v_batons, v_btokens) AS f;
+              FROM {{schema}}.flow_key_free(v_keys, p_runner, p_flows, v_budget, p_lease, p_batons, p_baton_tokens,
+                                            p_baton_started) AS f;
             v_woken := v_woken + v_n;
         END IF;
     END IF;
@@ -1092,7 +1096,12 @@ BEGIN
     END IF;
     IF v_held IS NOT NULL THEN
         RETURN QUERY
-        SELECT 'baton', p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, p.parent_id, NULL::jsonb, NULL::jsonb,
+        SELECT 'baton', p.id, p.lease_token, p.flow, p.step, p.state, p.attempt, p.parent_id, CASE WHEN p.joined THEN (
+                   SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'flow', ch.flow, 'status', ch.status,
+                                                       'result', ch.result, 'error', ch.error) ORDER BY ch.id)
+                     FROM {{schema}}.flow_instances ch
+                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round) END,
+               CASE WHEN p.await_signals IS NOT NULL THEN {{schema}}.flow_signals_for(p.id, p.await_signals) END,
                p.concurrency_key, p.rate_key, extract(epoch FROM p.run_at - clock_timestamp())::double precision
           FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_held);
     END IF;
@@ -1103,7 +1112,10 @@ BEGIN
                    SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'flow', ch.flow, 'status', ch.status,
                                                        'result', ch.result, 'error', ch.error) ORDER BY ch.id)
                      FROM {{schema}}.flow_instances ch
-                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round) END, NULL::jsonb,
+                    WHERE ch.parent_id = p.id AND ch.spawn_round = p.spawn_round) END,
+               -- A keyed step leased by a slot's hand-over may be a resumed
+               -- step retried: it receives its signals again.
+               CASE WHEN p.await_signals IS NOT NULL THEN {{schema}}.flow_signals_for(p.id, p.await_signals) END,
                p.concurrency_key, p.rate_key, extract(epoch FROM p.run_at - clock_timestamp())::double precision
           FROM {{schema}}.flow_instances p WHERE p.id = ANY (v_joins);
     END IF;

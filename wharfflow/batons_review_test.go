@@ -48,11 +48,11 @@ func (b *testBundle) countWhere(t *testing.T, ids []int64, cond string) int {
 // baton running: the next call goes to the upstream that just answered 429,
 // and so on for every baton the runner holds (two per step of the key).
 //
-// Fixed, no step of the key starts while the key is paused: the runner does
+// Found by the second review of the flows rework; fixed: no step of the key starts while the key is paused: the runner does
 // not pass a baton on for an outcome that pauses its key (and the write does
 // not convert batons of a paused key), so once the pause's write committed
 // no other step of the key is running or has entered.
-func TestAttack2RateLimitedKeyPassesNoBaton(t *testing.T) {
+func TestRateLimitedKeyPassesNoBaton(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -107,9 +107,9 @@ func TestAttack2RateLimitedKeyPassesNoBaton(t *testing.T) {
 // parent decides on children it cannot see (here it would report zero
 // successes for a child that succeeded).
 //
-// Fixed, a join step started as a baton receives its children's outcomes
+// Found by the second review of the flows rework; fixed: a join step started as a baton receives its children's outcomes
 // as a claimed one does: Input.Children has the one child, done.
-func TestAttack2BatonJoinReceivesItsChildren(t *testing.T) {
+func TestBatonJoinReceivesItsChildren(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -177,8 +177,8 @@ func TestAttack2BatonJoinReceivesItsChildren(t *testing.T) {
 // payment it was told of is lost to it (its outcome consumes nothing, so the
 // signal stays pending for some later await, if any).
 //
-// Fixed, the retry receives the signal, however it was leased.
-func TestAttack2KeyedRetryLeasedByAWriteKeepsItsSignals(t *testing.T) {
+// Found by the second review of the flows rework; fixed: the retry receives the signal, however it was leased.
+func TestKeyedRetryLeasedByAWriteKeepsItsSignals(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -240,8 +240,8 @@ func TestAttack2KeyedRetryLeasedByAWriteKeepsItsSignals(t *testing.T) {
 // MaxInFlight steps (docs/flows.md: "a runner never runs more than
 // MaxInFlight steps").
 //
-// Fixed, a runner with MaxInFlight 1 never runs two steps at once.
-func TestAttack2BatonNamedWithoutASlotKeepsMaxInFlight(t *testing.T) {
+// Found by the second review of the flows rework; fixed: a runner with MaxInFlight 1 never runs two steps at once.
+func TestBatonNamedWithoutASlotKeepsMaxInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
@@ -340,9 +340,9 @@ func (b *testBundle) dump(t *testing.T, ids []int64) []string {
 // waits out the whole reservation (LeaseTTL, 30 s by default) while steps
 // of the key started after it run.
 //
-// Fixed, a dropped baton is handed back (or made waiting again) and runs as
+// Found by the second review of the flows rework; fixed: a dropped baton is handed back (or made waiting again) and runs as
 // soon as the key has a slot: here well within half a lease.
-func TestAttack2DroppedBatonWaitsNoLease(t *testing.T) {
+func TestDroppedBatonWaitsNoLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
