@@ -100,6 +100,10 @@ type Runner struct {
 	// rest stop at their next renewal); cancelSig says there are some.
 	cancelIDs []int64
 	cancelSig chan struct{}
+	// queued are steps signals leased to the runner while every slot was
+	// taken, waiting (not renewed, at most MaxInFlight) for queueFor before
+	// they are handed back; started as slots free, before any claim.
+	queued []queuedStep
 	// ran are the steps signals leased to the runner that it ran (id →
 	// token), kept while a read of leased steps (leaseLoop) that began
 	// before their outcome committed may still name them: such a read

@@ -46,13 +46,17 @@ func (r *Runner) claimLoop(ctx context.Context) {
 	defer func() {
 		r.mu.Lock()
 		r.closing = true
-		var batons []claimed
+		var back []claimed
 		for _, bs := range r.batons {
-			batons = append(batons, bs...)
+			back = append(back, bs...)
 		}
 		clear(r.batons)
+		for _, q := range r.queued {
+			back = append(back, q.c)
+		}
+		r.queued = nil
 		r.mu.Unlock()
-		r.handBack(ctx, batons)
+		r.handBack(ctx, back)
 		r.steps.Wait()
 	}()
 	timer := time.NewTimer(time.Hour)
@@ -60,6 +64,7 @@ func (r *Runner) claimLoop(ctx context.Context) {
 	backoffDelay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		r.mu.Lock()
+		r.startQueued(ctx) // steps signals leased to the runner come first
 		free := r.freeSlots()
 		// Under mu, with the slots counted: a release that frees one after
 		// this sees it set.

@@ -591,6 +591,9 @@ func (r *Runner) release(ctx context.Context, batch []result, wr writeResult, re
 	}
 	// The completer writes them next (release runs in its goroutine).
 	r.resubmit = append(r.resubmit, resubmit...)
+	if !stopping {
+		r.startQueued(ctx)
+	}
 	r.mu.Unlock()
 	if lateWoken {
 		r.wakeLater()

@@ -2,6 +2,7 @@ package wharfflow
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -75,14 +76,23 @@ func (r *Runner) readLeased(ctx context.Context, ids []leaseRef, all bool) ([]cl
 	return out, nil
 }
 
+// queueFor is how long a step a signal leased to the runner waits for a
+// free slot (not renewed) before the runner hands it back for any runner:
+// a busy runner holds nothing an idle one could run for longer. Slots of a
+// runner busy with short steps free within it; one busy with long steps
+// hands the steps back.
+func (r *Runner) queueFor() time.Duration { return min(r.cfg.LeaseTTL/10, 250*time.Millisecond) }
+
 // admitLeased runs the steps the database confirmed signals leased to the
-// runner: not those it runs or ran already (a notification repeated,
-// forged, or read before their outcome committed), and it hands back those
-// it will not run: when it is stopping, has no free slot (a busy runner
-// holds nothing an idle one could run) or does not run their flow.
+// runner: not those it runs, queues or ran already (a notification
+// repeated, forged, or read before their outcome committed). With no free
+// slot it queues them for queueFor (at most MaxInFlight), then hands them
+// back; it hands back at once those it will not run: when it is stopping
+// or does not run their flow.
 func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 	read := time.Now()
 	var back []claimed
+	queued := false
 	r.mu.Lock()
 	stopping := r.closing || ctx.Err() != nil
 	for _, c := range rows {
@@ -93,8 +103,22 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 		if ran, ok := r.ran[c.ID]; ok && ran.token >= c.Token {
 			continue // ran it; its outcome committed after the read began
 		}
-		if stopping || r.flows[c.Flow] == nil || (!running && r.freeSlots() <= 0) {
+		if slices.ContainsFunc(r.queued, func(q queuedStep) bool { return q.c.ID == c.ID && q.c.Token >= c.Token }) {
+			continue
+		}
+		// The lease began LeaseTTL before its end.
+		c.leased = read.Add(c.left - r.cfg.LeaseTTL)
+		if stopping || r.flows[c.Flow] == nil {
 			back = append(back, c)
+			continue
+		}
+		if !running && r.freeSlots() <= 0 {
+			if len(r.queued) >= r.cfg.MaxInFlight {
+				back = append(back, c)
+				continue
+			}
+			r.queued = append(r.queued, queuedStep{c: c, until: read.Add(r.queueFor())})
+			queued = true
 			continue
 		}
 		if running {
@@ -103,17 +127,54 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 			// its slot (release leaves an entry of another token alone).
 			s.cancel(nil)
 		}
-		// The lease began LeaseTTL before its end.
-		c.leased = read.Add(c.left - r.cfg.LeaseTTL)
 		r.stats.signalled.Add(1)
 		r.run(ctx, c, 0)
 	}
 	r.reading = 0
 	clear(r.ran)
 	r.mu.Unlock()
+	if queued {
+		time.AfterFunc(r.queueFor(), func() { r.expireQueued(ctx) })
+	}
 	if len(back) > 0 {
 		r.handBack(ctx, back)
 	}
+}
+
+// queuedStep is a step a signal leased to the runner, waiting until until
+// for a free slot.
+type queuedStep struct {
+	c     claimed
+	until time.Time
+}
+
+// startQueued starts queued steps while slots are free. r.mu is held.
+func (r *Runner) startQueued(ctx context.Context) {
+	for len(r.queued) > 0 && r.freeSlots() > 0 {
+		q := r.queued[0]
+		r.queued = r.queued[1:]
+		if s, ok := r.inflight[q.c.ID]; ok && s.token >= q.c.Token {
+			continue
+		}
+		r.stats.signalled.Add(1)
+		r.run(ctx, q.c, 0)
+	}
+}
+
+// expireQueued hands back the queued steps whose wait for a slot is over.
+func (r *Runner) expireQueued(ctx context.Context) {
+	now := time.Now()
+	var back []claimed
+	r.mu.Lock()
+	r.queued = slices.DeleteFunc(r.queued, func(q queuedStep) bool {
+		if q.until.After(now) {
+			return false
+		}
+		back = append(back, q.c)
+		return true
+	})
+	r.mu.Unlock()
+	r.handBack(ctx, back)
 }
 
 // leaseLater tells leaseLoop it has steps to read.
