@@ -51,6 +51,9 @@ func TestBatonOfACancelledInstanceStopsBeforeTheNextStep(t *testing.T) {
 		return wharfflow.Done(nil)
 	})
 	b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f}, RunnerID: "relay", ConcurrencyLimits: map[string]int{"one": 1}})
+	// Before the runner's Stop, should the test fail before it releases them.
+	release := []func(){sync.OnceFunc(func() { close(hold[0]) }), sync.OnceFunc(func() { close(hold[1]) })}
+	t.Cleanup(func() { release[0](); release[1]() })
 	opts := wharfflow.StartOptions{Options: wharfflow.Options{ConcurrencyKey: "one"}}
 	first, err := b.client.Start(ctx, f.Start(counter{N: 0}, opts))
 	require.NoError(t, err)
@@ -65,7 +68,7 @@ func TestBatonOfACancelledInstanceStopsBeforeTheNextStep(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_instances WHERE id = ANY ($1) AND waiting_key", ids[1:]).Scan(&n))
 		return n == 3
 	}, time.Minute, 5*time.Millisecond)
-	close(hold[0])
+	release[0]()
 	require.Equal(t, 1, <-entered)
 	require.Eventually(t, func() bool {
 		var n int
@@ -75,7 +78,7 @@ func TestBatonOfACancelledInstanceStopsBeforeTheNextStep(t *testing.T) {
 	}, time.Minute, 5*time.Millisecond, "steps 2 and 3 reserved to the runner as batons")
 	_, err = b.client.Cancel(ctx, ids[2])
 	require.NoError(t, err)
-	close(hold[1])
+	release[1]()
 	b.waitStatus(t, ids[3], "done")
 	require.Equal(t, "cancelled", b.status(t, ids[2]))
 	require.Empty(t, b.history(t, ids[2]), "nothing of the cancelled baton is written")

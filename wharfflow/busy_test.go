@@ -2,6 +2,7 @@ package wharfflow_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +32,10 @@ func TestBusyRunnerHandsSignalledStepsToAnIdleOne(t *testing.T) {
 	started, release := make(chan struct{}, 1), make(chan struct{})
 	busy := busyFlow(started, release)
 	busyRunner := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, busy}, RunnerID: "narrow", MaxInFlight: 1, LeaseTTL: lease})
+	// Before the runner's Stop, which waits for the busy step, should the
+	// test fail before it releases it.
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
 	b.waitRegistered(t, "narrow")
 	ids := b.startAwaiting(t, f, 5)
 	_, err := b.client.Start(ctx, busy.Start(counter{}, wharfflow.StartOptions{}))
@@ -56,6 +61,6 @@ func TestBusyRunnerHandsSignalledStepsToAnIdleOne(t *testing.T) {
 		t.Logf("after %s (%d leases): %d of 5 done, %d still leased to the busy runner (renewed), idle runner claimed %d",
 			10*lease, 10, done(), leased, idle.Stats().Claimed())
 	}
-	close(release) // before the runners stop: Stop waits for the busy step
+	releaseOnce() // before the runners stop: Stop waits for the busy step
 	b.requireDoneWithPayloads(t, ids)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -170,11 +171,15 @@ func busyFlow(started chan<- struct{}, release <-chan struct{}) *wharfflow.Flow[
 // slot until release is closed; it signals the five and waits until the
 // runner, with no free slot, has handed back the steps the signals leased
 // to it: due, for any runner's claim.
-func (b *testBundle) queueSignalled(t *testing.T, runner string, f *wharfflow.Flow[counter]) (*wharfflow.Runner, []int64, chan struct{}) {
+func (b *testBundle) queueSignalled(t *testing.T, runner string, f *wharfflow.Flow[counter]) (*wharfflow.Runner, []int64, func()) {
 	t.Helper()
-	started, release := make(chan struct{}, 1), make(chan struct{})
-	busy := busyFlow(started, release)
+	started, hold := make(chan struct{}, 1), make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	busy := busyFlow(started, hold)
 	r := b.startRunner(t, wharfflow.Config{Flows: []wharfflow.Definition{f, busy}, RunnerID: runner, MaxInFlight: 1})
+	// Before the runner's Stop (cleanups run last first), which waits for
+	// the busy step, should the test fail before it releases it.
+	t.Cleanup(release)
 	b.waitRegistered(t, runner)
 	ids := b.startAwaiting(t, f, 5)
 	_, err := b.client.Start(context.Background(), busy.Start(counter{}, wharfflow.StartOptions{}))
@@ -187,7 +192,8 @@ func (b *testBundle) queueSignalled(t *testing.T, runner string, f *wharfflow.Fl
 			".flow_instances WHERE id = ANY ($1) AND status = 'ready' AND lease_owner IS NULL", ids).Scan(&n))
 		return n == 5
 	}, time.Minute, 5*time.Millisecond, "the runner never handed back the steps leased to it")
-	require.EqualValues(t, 5, r.Stats().HandedBack())
+	// The count follows the hand-back's commit.
+	require.Eventually(t, func() bool { return r.Stats().HandedBack() == 5 }, time.Minute, 5*time.Millisecond)
 	require.Zero(t, r.Stats().Signalled(), "no signalled step ran")
 	return r, ids, release
 }
@@ -212,7 +218,7 @@ func TestSignalledStepsWaitForAFreeSlot(t *testing.T) {
 		})
 	_, ids, release := b.queueSignalled(t, "narrow", f)
 	require.Zero(t, running.Load(), "no signalled step runs while the only slot is taken")
-	close(release)
+	release()
 	b.requireDoneWithPayloads(t, ids)
 	require.EqualValues(t, 1, most.Load(), "one step at a time")
 }
@@ -239,7 +245,7 @@ func TestStopHandsBackSignalledStepsItHasNotStarted(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM "+b.schema+".flow_runners").Scan(&n))
 		return n == 0
 	}, time.Minute, 5*time.Millisecond)
-	close(release)
+	release()
 	require.NoError(t, <-stopped)
 	require.EqualValues(t, 6, first.Stats().Steps(), "the stopping runner wrote the five awaits and its busy step, no signalled step")
 
