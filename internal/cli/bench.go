@@ -70,7 +70,11 @@ Modes:
             of each run
   flow      durable flows (wharfflow): per --workload (steps: 3 empty steps; signal:
             3 steps awaiting one signal, sent --signal-after the first step ran; children:
-            a parent spawning 10 one-step children and joining them), --flows
+            a parent spawning 10 one-step children and joining them; keyed: a parent
+            spawning 3 children of one --step-time step on --concurrency-keys keys of
+            --concurrency-limit, against the limit-bound ideal and the same children
+            without keys; ratelimited: steps on a --rate-limit/--rate-burst bucket, the
+            rate achieved and the most granted in any second), --flows
             instances pre-started and drained by --runners runners (steps/s,
             client round trips and commits per step, and statements per step
             by kind from pg_stat_statements when the server loads it: the
@@ -108,6 +112,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
   wharf bench --mode drain --relays 2 --relay-arg=--fetch-batch=8000
   wharf bench --mode soak --rate 10000 --duration 30m --report soak/
   wharf bench --mode flow --workload steps,signal,children --flows 20000
+  wharf bench --mode flow --workload keyed --flows 750 --runners 2
   wharf bench --mode baseline --outbox-mode wal --database-url postgres://.../db
   wharf bench --mode steady --outbox-mode wal --rate 20000 --limits --database-url postgres://.../db`,
 		Args: noArgs,
