@@ -73,7 +73,8 @@ for r in (1, 2, 4):
             ideal = kk["ideal_children_steps_per_sec"]
             rates.append(kk["children_steps_per_sec"])
             cells.append(f"{f(kk['children_steps_per_sec'])} ({f(kk['children_window_steps_per_sec'])}), "
-                         f"{kk['of_ideal']:.2f} of ideal, max {kk['max_running_per_key']}/key, "
+                         f"{kk['of_ideal']:.2f} of ideal ({kk.get('of_measured_ideal', 0):.2f} measured), "
+                         f"slots busy {kk.get('slots_busy', 0):.2f}, max {kk['max_running_per_key']}/key, "
                          f"{k['runner_log']['deadlocks']} deadlocks")
         else:
             rates.append(None)

@@ -55,6 +55,17 @@ type KeyedFigures struct {
 	// share of it. Keyed only.
 	IdealStepsPerSec float64 `json:"ideal_children_steps_per_sec,omitempty"`
 	OfIdeal          float64 `json:"of_ideal,omitempty"`
+	// OfMeasuredIdeal is ChildStepsPerSec's share of the ideal at the step
+	// time measured instead (Keys × Limit ÷ StepTimeMeasuredMs): the
+	// sleeps' overshoot on a busy machine is the steps' time, not the
+	// runner's. Keyed only.
+	OfMeasuredIdeal float64 `json:"of_measured_ideal,omitempty"`
+	// SlotsBusy is the share of each key's slots taken by its children's
+	// steps from the key's first step start to its last step end (Limit
+	// slots over that window), the mean over the keys: how little a key's
+	// slots idle between one step's end and the next one's start while
+	// the key has work. Keyed only.
+	SlotsBusy float64 `json:"slots_busy,omitempty"`
 	// UnkeyedStepsPerSec is keyed-unkeyed's ChildStepsPerSec, run in the
 	// same invocation, and OfUnkeyed this workload's share of it. Keyed
 	// only, when keyed-unkeyed ran.
@@ -256,10 +267,15 @@ type keyTracker struct {
 	maxGap      time.Duration
 	first, last time.Time
 	exits       int64
+	// By key, in the drain: the first step start, the last step end and
+	// the steps' time.
+	keyFirst, keyLast []time.Time
+	keyBusy           []time.Duration
 }
 
 func newKeyTracker(keys int) *keyTracker {
-	return &keyTracker{running: make([]int, keys), maxByKey: make([]int, keys)}
+	return &keyTracker{running: make([]int, keys), maxByKey: make([]int, keys),
+		keyFirst: make([]time.Time, keys), keyLast: make([]time.Time, keys), keyBusy: make([]time.Duration, keys)}
 }
 
 // enter counts a step of key (-1: none) in.
@@ -305,6 +321,13 @@ func (t *keyTracker) exit(key int, took time.Duration) {
 	if t.gaps {
 		t.last = time.Now()
 		t.exits++
+		if key >= 0 {
+			if start := t.last.Add(-took); t.keyFirst[key].IsZero() || start.Before(t.keyFirst[key]) {
+				t.keyFirst[key] = start
+			}
+			t.keyLast[key] = t.last
+			t.keyBusy[key] += took
+		}
 	}
 }
 
@@ -322,6 +345,19 @@ func (t *keyTracker) figures(k *KeyedFigures) {
 	}
 	if t.steps > 0 {
 		k.StepTimeMeasuredMs = float64(t.stepNanos) / float64(t.steps) / 1e6
+	}
+	if k.Keys > 0 && k.Limit > 0 {
+		var sum float64
+		n := 0
+		for key := range t.keyBusy {
+			if w := t.keyLast[key].Sub(t.keyFirst[key]); w > 0 {
+				sum += t.keyBusy[key].Seconds() / (float64(k.Limit) * w.Seconds())
+				n++
+			}
+		}
+		if n > 0 {
+			k.SlotsBusy = sum / float64(n)
+		}
 	}
 }
 
@@ -440,6 +476,9 @@ func (w *keyedWorkload) figures(res *FlowResult, elapsed time.Duration) {
 		k.OfIdeal = k.ChildStepsPerSec / k.IdealStepsPerSec
 	}
 	w.tracker.figures(k)
+	if w.keyed && k.StepTimeMeasuredMs > 0 {
+		k.OfMeasuredIdeal = k.ChildStepsPerSec / (float64(w.keys*w.limit) / (k.StepTimeMeasuredMs / 1000))
+	}
 	res.Keyed = k
 }
 
@@ -560,8 +599,9 @@ func writeKeyedSummary(w io.Writer, r FlowResult) error {
 			steps, k.MaxRunning, k.LongestGapMs)
 		return err
 	}
-	line := fmt.Sprintf("%s; limit-bound ideal %.0f/s (%d keys × %d ÷ %.2f ms): %.2f of it", steps, k.IdealStepsPerSec,
-		k.Keys, k.Limit, k.StepTimeMeanMs, k.OfIdeal)
+	line := fmt.Sprintf("%s; limit-bound ideal %.0f/s (%d keys × %d ÷ %.2f ms): %.2f of it (%.2f at the measured step time); "+
+		"key slots busy %.2f of each key's window", steps, k.IdealStepsPerSec,
+		k.Keys, k.Limit, k.StepTimeMeanMs, k.OfIdeal, k.OfMeasuredIdeal, k.SlotsBusy)
 	if k.UnkeyedStepsPerSec > 0 {
 		line += fmt.Sprintf("; without keys %.0f/s: %.2f of it", k.UnkeyedStepsPerSec, k.OfUnkeyed)
 	}

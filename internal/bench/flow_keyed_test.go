@@ -56,6 +56,11 @@ func TestFlowKeyed(t *testing.T) {
 	require.LessOrEqual(t, kf.MaxRunning, kf.Keys*kf.Limit)
 	require.InDelta(t, 8/(kf.StepTimeMeanMs/1000), kf.IdealStepsPerSec, 1e-6)
 	require.InDelta(t, kf.ChildStepsPerSec/kf.IdealStepsPerSec, kf.OfIdeal, 1e-9)
+	require.InDelta(t, kf.ChildStepsPerSec/(8/(kf.StepTimeMeasuredMs/1000)), kf.OfMeasuredIdeal, 1e-9)
+	// A key's slots can be busy at most all of its window.
+	require.Positive(t, kf.SlotsBusy)
+	require.LessOrEqual(t, kf.SlotsBusy, 1.0)
+	require.Zero(t, u.Keyed.SlotsBusy)
 	require.Equal(t, u.Keyed.ChildStepsPerSec, kf.UnkeyedStepsPerSec)
 	require.InDelta(t, kf.ChildStepsPerSec/u.Keyed.ChildStepsPerSec, kf.OfUnkeyed, 1e-9)
 	// The same seed draws the same step times for both.
@@ -68,7 +73,7 @@ func TestFlowKeyed(t *testing.T) {
 	require.Contains(t, out.String(), "keyed: most running at once: ")
 	require.Contains(t, out.String(), ", limit 2, within the limit (by key ")
 	require.Contains(t, out.String(), "longest gap between two children's starts ")
-	require.Regexp(t, `keyed: children \d+ steps/s \(\d+/s over the children.s window; .*limit-bound ideal \d+/s \(4 keys × 2 ÷ [0-9.]+ ms\): [0-9.]+ of it; without keys \d+/s`, out.String())
+	require.Regexp(t, `keyed: children \d+ steps/s \(\d+/s over the children.s window; .*limit-bound ideal \d+/s \(4 keys × 2 ÷ [0-9.]+ ms\): [0-9.]+ of it \([0-9.]+ at the measured step time\); key slots busy [0-9.]+ of each key.s window; without keys \d+/s`, out.String())
 	require.Contains(t, out.String(), "keyed-unkeyed: runner log: ")
 }
 
