@@ -4,11 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"regexp"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/wharfhq/wharf/wharfflow"
@@ -375,4 +381,98 @@ func TestFlowGaugesReadOnlyTheActiveAndFailedInstances(t *testing.T) {
 	require.Equal(t, "gauged", flow)
 	require.Equal(t, int64(200), runnable)
 	require.Equal(t, int64(20), failed)
+}
+
+// An outcome write joins its outcomes to their instances by primary key,
+// one probe each, whatever plan the session has cached. complete_flow_steps
+// plans once per session (a generic plan), and on a table never analyzed
+// the planner took the claim index's range of unexpired rows for a few
+// rows, read it and compared every row with every outcome: a batch of 500
+// removed 260,000 rows by join filter and took 80 ms, and the children
+// workload ran at half its rate. Here a session's first write is of 300
+// outcomes among 10,000 instances never analyzed; auto_explain reports its
+// nested plans to the session, and the rows its joins removed must stay a
+// few per outcome.
+func TestOutcomeWriteJoinsItsInstancesByPrimaryKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := wharfflow.New[counter]("probe", nil).
+		Step("one", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Done(nil)
+		})
+	later := time.Now().Add(time.Hour)
+	for batch := range 10 {
+		starts := make([]wharfflow.Start, 1000)
+		for i := range starts {
+			o := wharfflow.StartOptions{RunAt: later}
+			if batch == 0 && i < 300 {
+				o.RunAt = time.Time{}
+			}
+			starts[i] = f.Start(counter{}, o)
+		}
+		_, err := b.client.Start(ctx, starts...)
+		require.NoError(t, err)
+	}
+
+	cfg, err := pgx.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var plans []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		plans = append(plans, n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "LOAD 'auto_explain'"); err != nil {
+		// auto_explain ships with the PostgreSQL server; loading it takes
+		// a superuser, as the tests' databases have.
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("loading auto_explain (a superuser and the server's contrib modules are needed): %v", err)
+		}
+		t.Skipf("auto_explain cannot be loaded here: %v", err)
+	}
+	for _, set := range []string{"auto_explain.log_min_duration = 0", "auto_explain.log_analyze = on",
+		"auto_explain.log_nested_statements = on", "auto_explain.log_level = notice"} {
+		_, err := conn.Exec(ctx, "SET "+set)
+		require.NoError(t, err)
+	}
+	rows, err := conn.Query(ctx, "SELECT id, lease_token FROM "+b.schema+".claim_flow_steps('plan-test', ARRAY['probe'], 300, '1 hour') WHERE id > 0")
+	require.NoError(t, err)
+	var outcomes []map[string]any
+	for rows.Next() {
+		var id, token int64
+		require.NoError(t, rows.Scan(&id, &token))
+		outcomes = append(outcomes, map[string]any{"id": id, "token": token, "kind": "done", "attempt": 0,
+			"ran_step": "one", "started_at": time.Now()})
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, outcomes, 300)
+	doc, err := json.Marshal(outcomes)
+	require.NoError(t, err)
+	mu.Lock()
+	plans = nil
+	mu.Unlock()
+	var applied int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FILTER (WHERE id > 0) FROM "+b.schema+".complete_flow_steps('plan-test', $1::jsonb, '1 hour')",
+		string(doc)).Scan(&applied))
+	require.Equal(t, 300, applied)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, plans, "auto_explain reported no plan")
+	removed := regexp.MustCompile(`Rows Removed by Join Filter: (\d+)`)
+	var total int
+	for _, p := range plans {
+		for _, m := range removed.FindAllStringSubmatch(p, -1) {
+			n, err := strconv.Atoi(m[1])
+			require.NoError(t, err)
+			total += n
+		}
+	}
+	require.LessOrEqual(t, total, 3*len(outcomes), "the write's joins removed %d rows for %d outcomes: a join that is not by primary key:\n%s",
+		total, len(outcomes), strings.Join(plans, "\n"))
 }

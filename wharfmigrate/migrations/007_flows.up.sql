@@ -917,8 +917,13 @@ BEGIN
                                   AND i.concurrency_key IS NULL AND i.rate_key IS NULL THEN i.lease_key END,
             finished_at = CASE WHEN o.kind IN ('done', 'fail') THEN v_now END
           FROM o
+         -- The lease's end is compared through greatest() so that no index
+         -- on run_at serves the join: it goes by primary key, one probe per
+         -- outcome, whatever the statistics. Without statistics a generic
+         -- plan took the due index's range for a few rows and scanned it
+         -- once per outcome (a batch of 500 read 260,000 rows).
          WHERE i.id = o.id AND i.lease_token = o.token AND i.lease_owner = p_runner
-           AND i.status = 'running' AND i.run_at > v_now
+           AND i.status = 'running' AND greatest(i.run_at, v_now) > v_now
         RETURNING i.id, i.spawn_round, i.parent_id, i.concurrency_key, i.status = 'running' AS continued, i.lease_token
     ), a AS (
         SELECT o.*, u.spawn_round, u.parent_id, u.concurrency_key, u.continued, u.lease_token FROM o JOIN u ON u.id = o.id
