@@ -361,3 +361,51 @@ func TestMigrateDown(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "schema "+b.schema+" is at version 0: nothing to revert\n", out)
 }
+
+// wharf status shows the flows on a schema with the flow tables: steps due,
+// running, awaiting a signal, joining, failed (with the command that lists
+// those), and the live runners.
+func TestStatusShowsFlows(t *testing.T) {
+	t.Parallel()
+	b := newSchema(t)
+	ctx := context.Background()
+	code, out, errOut := session{}.run(b.cmd("status")...)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `flows\s+0 runnable, 0 running, 0 awaiting a signal, 0 joining children, 0 failed\n`, out)
+	require.Regexp(t, `runners\s+0 live\n`, out)
+	require.NotContains(t, out, "--status failed")
+
+	_, err := b.pool.Exec(ctx, `
+INSERT INTO `+b.schema+`.flow_instances (flow, step, status, run_at) VALUES
+    ('order', 's', 'ready', now() - interval '30 seconds'),
+    ('order', 's', 'ready', now() + interval '1 hour'),
+    ('invoice', 's', 'ready', now() - interval '5 seconds'),
+    ('order', 's', 'running', now() + interval '30 seconds'),
+    ('order', 's', 'awaiting', 'infinity'),
+    ('order', 's', 'awaiting', 'infinity'),
+    ('order', 's', 'joining', now()),
+    ('order', 's', 'failed', now()),
+    ('invoice', 's', 'failed', now()),
+    ('order', 's', 'done', now());
+INSERT INTO `+b.schema+`.flow_runners (id, lease, alive_until) VALUES
+    ('runner-live', '10 seconds', now() + interval '10 seconds'),
+    ('runner-gone', '10 seconds', now() - interval '1 minute')`)
+	require.NoError(t, err)
+
+	code, out, errOut = session{}.run(b.cmd("status")...)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `flows\s+2 runnable \(oldest due 3\ds ago\), 1 running, 2 awaiting a signal, 1 joining children, 2 failed\n`, out)
+	require.Regexp(t, `runners\s+1 live\n`, out)
+	require.Regexp(t, `failed\s+2 instance\(s\) wait to be retried or cancelled: wharf flow list --status failed\n`, out)
+
+	code, out, errOut = session{}.run(b.cmd("status", "--json")...)
+	require.Equal(t, 0, code, errOut)
+	var st struct {
+		Flows map[string]any `json:"flows"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &st), out)
+	require.InDelta(t, 30, st.Flows["oldest_runnable_seconds"], 5)
+	delete(st.Flows, "oldest_runnable_seconds")
+	require.Equal(t, map[string]any{"runnable": float64(2), "running": float64(1), "awaiting": float64(2), "joining": float64(1),
+		"failed": float64(2), "live_runners": float64(1)}, st.Flows)
+}

@@ -117,6 +117,13 @@ func validateConfig(cmd *cobra.Command, g *globals, f *relayFlags, offline bool)
 	if err != nil {
 		return usageError{err}
 	}
+	if g.databaseURL != "" {
+		// A database URL that cannot be read is a setting's mistake, found
+		// with --offline too.
+		if _, err := g.parseDatabaseURL(); err != nil {
+			return err
+		}
+	}
 	w := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "checks")
 	fmt.Fprintln(w, "  settings\tok")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/wharfflow"
 )
 
@@ -39,7 +40,37 @@ func (g *globals) flowClient(cmd *cobra.Command) (*wharfflow.Client, func(), err
 		pool.Close()
 		return nil, nil, err
 	}
+	if err := g.flowsReady(cmd.Context(), c); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
 	return c, pool.Close, nil
+}
+
+// flowsReady checks, before a flow command reads or changes anything, that
+// the schema has the flow tables, so a schema never migrated (or migrated
+// before flows came, with migration 7) is said in one line with the command
+// that fixes it, not as PostgreSQL's "relation does not exist". (A role that
+// may not read them is not refused here: a producer may signal without.)
+func (g *globals) flowsReady(ctx context.Context, c *wharfflow.Client) error {
+	s, err := c.Setup(ctx)
+	if err != nil {
+		return err
+	}
+	if !s.Installed {
+		return fmt.Errorf("schema %s has no flow tables (they come with migration 7): run `wharf migrate up --schema %[1]s`", g.schema)
+	}
+	return nil
+}
+
+// flowSchemaErr is err for the command line: a statement naming a table or
+// column the schema lacks (a schema older than this build's flows) says to
+// migrate it.
+func (g *globals) flowSchemaErr(err error) error {
+	if store.IsUndefined(err) {
+		return fmt.Errorf("schema %s is older than this build's flows: run `wharf migrate up --schema %[1]s` (%w)", g.schema, err)
+	}
+	return err
 }
 
 func parseInstanceID(arg string) (int64, error) {
@@ -71,7 +102,7 @@ func newFlowListCmd(g *globals) *cobra.Command {
 			defer closeFn()
 			is, err := c.List(cmd.Context(), o)
 			if err != nil {
-				return err
+				return g.flowSchemaErr(err)
 			}
 			if asJSON {
 				enc := json.NewEncoder(g.stdout)
@@ -238,7 +269,7 @@ func newFlowSignalCmd(g *globals) *cobra.Command {
 			defer closeFn()
 			ids, err := c.Send(cmd.Context(), s)
 			if err != nil {
-				return noInstanceErr(err)
+				return g.flowSchemaErr(noInstanceErr(err))
 			}
 			fmt.Fprintf(g.stdout, "signal %d recorded\n", ids[0])
 			return nil
@@ -292,7 +323,7 @@ func newFlowInstanceCmd(g *globals, use, short string, run func(context.Context,
 				return err
 			}
 			defer closeFn()
-			return run(cmd.Context(), c, id)
+			return g.flowSchemaErr(run(cmd.Context(), c, id))
 		},
 	}
 }

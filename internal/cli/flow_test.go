@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -134,4 +136,47 @@ func TestFlowBench(t *testing.T) {
 	code, _, errOut = s.run("bench", "--mode", "flow", "--signal-after", "-1ms", "--flows", "1", "--database-url", databaseURL)
 	require.Equal(t, 2, code)
 	requireOneLineError(t, errOut, "--signal-after must not be negative, got -1ms")
+}
+
+// Every flow command on a schema without the flow tables (never migrated, or
+// migrated before migration 7 brought flows) fails in one line that says to
+// migrate it, not with PostgreSQL's "relation does not exist".
+func TestFlowCommandsOnASchemaWithoutFlows(t *testing.T) {
+	t.Parallel()
+	var rnd [5]byte
+	_, _ = rand.Read(rnd[:])
+	never := "wc_none_" + hex.EncodeToString(rnd[:])
+	old := newSchema(t)
+	code, _, errOut := run(old.cmd("migrate", "down", "--target-version", "6")...)
+	require.Equal(t, 0, code, errOut)
+
+	for _, schema := range []string{never, old.schema} {
+		for _, args := range [][]string{
+			{"flow", "list"},
+			{"flow", "list", "--status", "failed"},
+			{"flow", "show", "1"},
+			{"flow", "signal", "1", "--name", "paid"},
+			{"flow", "signal", "--flow", "checkout", "--key", "o-1", "--name", "paid"},
+			{"flow", "cancel", "1"},
+			{"flow", "retry", "1"},
+		} {
+			code, out, errOut := run(append(args, "--schema", schema, "--database-url", databaseURL)...)
+			require.Equal(t, 1, code, "%s on %s: %s", args, schema, errOut)
+			require.Empty(t, out)
+			requireOneLineError(t, errOut, fmt.Sprintf("schema %s has no flow tables (they come with migration 7): run `wharf migrate up --schema %[1]s`", schema))
+			require.NotContains(t, errOut, "SQLSTATE")
+		}
+	}
+}
+
+// A flow command that names a column the schema lacks (flow tables older
+// than this build's) says to migrate the schema.
+func TestFlowCommandOnOlderFlowTables(t *testing.T) {
+	t.Parallel()
+	b := newSchema(t)
+	_, err := b.pool.Exec(context.Background(), "ALTER TABLE "+b.schema+".flow_instances DROP COLUMN rate_key")
+	require.NoError(t, err)
+	code, _, errOut := run(b.cmd("flow", "list")...)
+	require.Equal(t, 1, code, errOut)
+	requireOneLineError(t, errOut, fmt.Sprintf("schema %s is older than this build's flows: run `wharf migrate up --schema %[1]s`", b.schema))
 }

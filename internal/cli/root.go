@@ -520,9 +520,9 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	if g.databaseURL == "" {
 		return nil, usageError{errors.New("no database URL: pass --database-url or set WHARF_DATABASE_URL (or DATABASE_URL)")}
 	}
-	cfg, err := pgxpool.ParseConfig(g.databaseURL)
+	cfg, err := g.parseDatabaseURL()
 	if err != nil {
-		return nil, fmt.Errorf("database URL is malformed: %w", err)
+		return nil, err
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
@@ -543,6 +543,30 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	return pool, nil
 }
 
+// parseDatabaseURL parses the database URL with errors that name the flag
+// and say what is wrong. pgx reads a value that is not a postgres:// or
+// postgresql:// URL as key=value pairs, so a mistyped scheme (postgress://)
+// would fail as "invalid keyword/value", its user name hidden as if it were a
+// password: such a value is refused for its scheme, and one that is neither
+// a URL nor key=value pairs is refused without echoing it.
+func (g *globals) parseDatabaseURL() (*pgxpool.Config, error) {
+	raw := g.databaseURL
+	flag := "--database-url" + g.from("database-url")
+	if scheme, _, ok := strings.Cut(raw, "://"); ok && !strings.ContainsAny(scheme, " =") {
+		if scheme != "postgres" && scheme != "postgresql" {
+			return nil, usageError{fmt.Errorf("%s: unknown scheme %q: use postgres:// or postgresql:// (or a key=value connection string)", flag, scheme)}
+		}
+	} else if !ok && !strings.Contains(raw, "=") {
+		return nil, usageError{fmt.Errorf("%s is neither a URL nor a key=value connection string: use postgres://USER:PASSWORD@HOST:PORT/DATABASE or host=HOST user=USER dbname=DATABASE", flag)}
+	}
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		// pgx's message echoes the value with its password hidden.
+		return nil, usageError{fmt.Errorf("%s is malformed: %w", flag, err)}
+	}
+	return cfg, nil
+}
+
 // throwawayDatabase starts a private PostgreSQL (fsync on, for honest
 // numbers) when no database URL was given, points g.databaseURL at it and
 // returns the function that removes it; with a URL it does nothing.
@@ -554,6 +578,11 @@ func (g *globals) throwawayDatabase(ctx context.Context) (started bool, stop fun
 // (pgembed.Options.Settings), given those of the libraries to load.
 func (g *globals) throwawayDatabaseWith(ctx context.Context, settings func(binDir string) map[string]string) (started bool, stop func(), err error) {
 	if g.databaseURL != "" {
+		// The commands that hand the URL on (wharf bench) check it here,
+		// as connect does for the others.
+		if _, err := g.parseDatabaseURL(); err != nil {
+			return false, nil, err
+		}
 		return false, func() {}, nil
 	}
 	dir, err := pgembed.FindBinaries()

@@ -106,6 +106,10 @@ func newStatusCmd(g *globals) *cobra.Command {
   relays         every registered relay with its last heartbeat and the lanes it leases;
                  a relay whose heartbeat is older than the lease TTL is shown dead
   lanes          per owner, with expired leases (a crashed relay's) and free lanes
+  flows          on a schema with the flow tables: steps due and not running, running,
+                 instances awaiting a signal, parents joining their children, failed
+                 instances (counted as the wharf_flow_* gauges count them, through the
+                 partial indexes of the active and failed instances) and live runners
 
 --json prints the same with snake_case names, durations in seconds and lanes
 summarised per owner.`,
@@ -124,12 +128,18 @@ summarised per owner.`,
 			if err != nil {
 				return err
 			}
+			flows, err := readFlowsStatus(cmd.Context(), pool, g.schema)
+			if err != nil {
+				return err
+			}
 			if asJSON {
 				enc := json.NewEncoder(g.stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(statusJSONOf(st))
+				sj := statusJSONOf(st)
+				sj.Flows = flows
+				return enc.Encode(sj)
 			}
-			return writeStatus(g.stdout, st)
+			return writeStatus(g.stdout, st, flows)
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -146,7 +156,7 @@ func approx(c wharf.Count) string {
 	return "~" + strconv.FormatInt(c.N, 10)
 }
 
-func writeStatus(out io.Writer, st *wharf.Status) error {
+func writeStatus(out io.Writer, st *wharf.Status, flows *flowsStatus) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "schema\t%s\n", st.Schema)
 	if st.WAL != nil {
@@ -208,6 +218,7 @@ func writeStatus(out io.Writer, st *wharf.Status) error {
 	if ls.Free > 0 {
 		fmt.Fprintf(w, "  free\t%d lanes (%s)\n", ls.Free, ls.FreeLanes)
 	}
+	writeFlowsStatus(w, flows)
 	return w.Flush()
 }
 
@@ -241,6 +252,8 @@ type statusJSON struct {
 	LeaseTTLSeconds       float64         `json:"lease_ttl_seconds"`
 	Relays                []relayJSON     `json:"relays"`
 	Lanes                 laneSummaryJSON `json:"lanes"`
+	// Flows is left out on a schema without the flow tables.
+	Flows *flowsStatus `json:"flows,omitempty"`
 }
 
 type relayJSON struct {
