@@ -8,39 +8,54 @@ import (
 )
 
 // FuzzTopicTemplate checks ParseTopicTemplate and Expand against their
-// specification: a template with the placeholder once is the template with
-// the topic in its place; without it, the template itself; "" is the topic.
+// specification: every {{...}} (from a "{{" to the next "}}") is {{topic}} or
+// {{topic|dashes}}, there is at most one, and no "{{" is left unclosed; a
+// template with one is the template with the topic in its place (its dots
+// as dashes for {{topic|dashes}}); without one, the template itself; "" is
+// the topic.
 func FuzzTopicTemplate(f *testing.F) {
 	for _, s := range [][2]string{
 		{"", "orders"}, {"{{topic}}", "a.b"}, {"app.{{topic}}", "x"}, {"{{topic}}.v1", ""}, {"fixed", "t"},
 		{"{{topic}}{{topic}}", "t"}, {"a{{topic}}b{{topic}}", "t"}, {"{{topic", "t"}, {"{{top{{topic}}ic}}", "{{topic}}"},
-		{"x\n{{topic}}", "y"},
+		{"x\n{{topic}}", "y"}, {"wharf-{{topic|dashes}}", "orders.paid"}, {"{{topc}}", "t"}, {"{{topic|dashes}}{{topic}}", "t"},
+		{"}}{{topic}}{{", "t"}, {"{{{topic}}", "t"},
 	} {
 		f.Add(s[0], s[1])
 	}
+	placeholder := regexp.MustCompile(`(?s)\{\{.*?\}\}`)
 	f.Fuzz(func(t *testing.T, tmpl, topic string) {
 		tt, err := ParseTopicTemplate(tmpl)
-		n := strings.Count(tmpl, TopicPlaceholder)
+		phs := placeholder.FindAllStringIndex(tmpl, -1)
+		valid := len(phs) <= 1 && !strings.Contains(placeholder.ReplaceAllString(tmpl, ""), "{{")
+		for _, ph := range phs {
+			if p := tmpl[ph[0]:ph[1]]; p != TopicPlaceholder && p != TopicDashesPlaceholder {
+				valid = false
+			}
+		}
 		if err != nil {
-			if n <= 1 {
-				t.Fatalf("ParseTopicTemplate(%q): %v, but it has the placeholder %d times", tmpl, err, n)
+			if valid {
+				t.Fatalf("ParseTopicTemplate(%q): %v, but it is valid", tmpl, err)
 			}
 			if strings.ContainsAny(err.Error(), "\r\n") {
 				t.Fatalf("ParseTopicTemplate(%q): error is not one line: %q", tmpl, err)
 			}
 			return
 		}
-		if n > 1 {
-			t.Fatalf("ParseTopicTemplate(%q) accepted %d placeholders", tmpl, n)
+		if !valid {
+			t.Fatalf("ParseTopicTemplate(%q) accepted an invalid template", tmpl)
 		}
 		var want string
 		switch {
 		case tmpl == "":
 			want = topic
-		case n == 0:
+		case len(phs) == 0:
 			want = tmpl
 		default:
-			want = strings.Replace(tmpl, TopicPlaceholder, topic, 1)
+			in := topic
+			if tmpl[phs[0][0]:phs[0][1]] == TopicDashesPlaceholder {
+				in = strings.ReplaceAll(topic, ".", "-")
+			}
+			want = tmpl[:phs[0][0]] + in + tmpl[phs[0][1]:]
 		}
 		got := tt.Expand(topic)
 		if got != want {
@@ -49,7 +64,7 @@ func FuzzTopicTemplate(f *testing.F) {
 		if !strings.HasPrefix(got, tt.Prefix()) {
 			t.Fatalf("template %q, topic %q: Expand = %q does not start with Prefix %q", tmpl, topic, got, tt.Prefix())
 		}
-		if n == 0 && tmpl != "" && tt.Prefix() != tmpl {
+		if len(phs) == 0 && tmpl != "" && tt.Prefix() != tmpl {
 			t.Fatalf("template %q without placeholder: Prefix = %q, want the template", tmpl, tt.Prefix())
 		}
 	})

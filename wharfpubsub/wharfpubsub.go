@@ -40,11 +40,14 @@
 // Credentials come from Application Default Credentials
 // (GOOGLE_APPLICATION_CREDENTIALS, gcloud's user credentials, the metadata
 // server); PUBSUB_EMULATOR_HOST, as for every Pub/Sub client, points the
-// sink at an emulator without credentials. Options, all optional:
+// sink at an emulator without credentials. PROJECT is a Google Cloud
+// project ID, or with an emulator (endpoint or PUBSUB_EMULATOR_HOST) any
+// non-empty ID, e.g. pubsub://test. Options, all optional:
 //
 //   - topic_template: the Pub/Sub topic ID of a message, with "{{topic}}"
-//     replaced by the wharf topic, e.g. "wharf-{{topic}}". Defaults to
-//     "{{topic}}". Topics are not created.
+//     replaced by the wharf topic, e.g. "wharf-{{topic}}" ("{{topic|dashes}}"
+//     puts the topic with its dots as dashes). Defaults to "{{topic}}".
+//     Topics are not created.
 //   - endpoint: host:port of an emulator, reached without TLS and without
 //     credentials (the same as PUBSUB_EMULATOR_HOST).
 //   - publish_timeout: how long the client keeps trying one bundle before
@@ -76,6 +79,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -508,6 +512,12 @@ func Open(ctx context.Context, u *url.URL) (wharf.Sink, error) {
 }
 
 func parseURL(u *url.URL) (urlConfig, error) {
+	return parseURLEnv(u, os.Getenv("PUBSUB_EMULATOR_HOST"))
+}
+
+// parseURLEnv is parseURL with emulatorHost the value of
+// PUBSUB_EMULATOR_HOST.
+func parseURLEnv(u *url.URL, emulatorHost string) (urlConfig, error) {
 	shown := u.Redacted()
 	var cfg urlConfig
 	if u.Scheme != "pubsub" {
@@ -517,9 +527,6 @@ func parseURL(u *url.URL) (urlConfig, error) {
 		return cfg, fmt.Errorf("sink URL %q: write pubsub://PROJECT?option=value (credentials come from Application Default Credentials)", shown)
 	}
 	cfg.project = u.Hostname()
-	if !validProject(cfg.project) {
-		return cfg, fmt.Errorf("sink URL %q: the host %q is not a Google Cloud project ID (6 to 30 lowercase letters, digits and hyphens, starting with a letter): write pubsub://PROJECT", shown, cfg.project)
-	}
 	for k, vs := range u.Query() {
 		v := vs[len(vs)-1]
 		switch k {
@@ -552,6 +559,14 @@ func parseURL(u *url.URL) (urlConfig, error) {
 		default:
 			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the pubsub sink takes topic_template, endpoint, publish_timeout, max_message_bytes, ce and ce_source", shown, k)
 		}
+	}
+	// An emulator (pstest, gcloud's) takes any project ID, e.g. "test".
+	emulator := cfg.endpoint != "" || emulatorHost != ""
+	switch {
+	case cfg.project == "":
+		return cfg, fmt.Errorf("sink URL %q: the project ID is empty: write pubsub://PROJECT (with an emulator any ID will do, e.g. pubsub://test)", shown)
+	case !emulator && !validProject(cfg.project):
+		return cfg, fmt.Errorf("sink URL %q: the host %q is not a Google Cloud project ID (6 to 30 lowercase letters, digits and hyphens, starting with a letter): write pubsub://PROJECT (an emulator, named by endpoint or PUBSUB_EMULATOR_HOST, takes any ID)", shown, cfg.project)
 	}
 	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {
 		return cfg, fmt.Errorf("sink URL %q: ce=%s&ce_source=%s: %w", shown, cfg.opts.CloudEvents, cfg.opts.CloudEventsSource, err)

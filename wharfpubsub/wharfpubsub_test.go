@@ -296,9 +296,10 @@ func mustURL(t testing.TB, raw string) *url.URL {
 
 func TestURLErrors(t *testing.T) {
 	t.Parallel()
-	wharfsinktest.CheckURLErrors(t, func(u *url.URL) error { _, err := parseURL(u); return err }, map[string]string{
-		"pubsub://":            "not a Google Cloud project ID",
-		"pubsub://Bad_Project": "not a Google Cloud project ID",
+	wharfsinktest.CheckURLErrors(t, func(u *url.URL) error { _, err := parseURLEnv(u, ""); return err }, map[string]string{
+		"pubsub://":                      "the project ID is empty",
+		"pubsub://?endpoint=127.0.0.1:1": "the project ID is empty",
+		"pubsub://Bad_Project":           "not a Google Cloud project ID",
 		"pubsub://user:" + wharfsinktest.Secret + "@my-proj": "Application Default Credentials",
 		"pubsub://my-project?bogus=1":                        `unknown option "bogus"`,
 		"pubsub://my-project?topic_template=ab":              "3 to 255",
@@ -311,6 +312,53 @@ func TestURLErrors(t *testing.T) {
 		"pubsub://my-project?ce_source=/s":                   "no content mode",
 		"pubsub://my-project?ce=binary&ce_source=a%20b":      "white space",
 	})
+}
+
+// TestEmulatorProject checks that with an emulator, named by endpoint or by
+// PUBSUB_EMULATOR_HOST, the project ID need not be a Google Cloud one:
+// pubsub://test opens against pstest and publishes to projects/test.
+func TestEmulatorProject(t *testing.T) {
+	for raw, env := range map[string]string{
+		"pubsub://test?endpoint=127.0.0.1:1": "",
+		"pubsub://test":                      "127.0.0.1:1",
+		"pubsub://Emu_Project":               "127.0.0.1:1",
+	} {
+		cfg, err := parseURLEnv(mustURL(t, raw), env)
+		if err != nil {
+			t.Fatalf("%s with PUBSUB_EMULATOR_HOST=%q: %v", raw, env, err)
+		}
+		if want := strings.TrimPrefix(strings.Split(raw, "?")[0], "pubsub://"); cfg.project != want {
+			t.Fatalf("%s: project %q, want %q", raw, cfg.project, want)
+		}
+	}
+	if _, err := parseURLEnv(mustURL(t, "pubsub://test"), ""); err == nil || !strings.Contains(err.Error(), "an emulator, named by endpoint or PUBSUB_EMULATOR_HOST, takes any ID") {
+		t.Fatalf("pubsub://test without an emulator: %v, want the project ID refused", err)
+	}
+
+	srv := pstest.NewServer()
+	t.Cleanup(func() { _ = srv.Close() })
+	admin := newClient(t, srv.Addr)
+	if _, err := admin.TopicAdminClient.CreateTopic(context.Background(), &pb.Topic{Name: "projects/test/topics/w-orders-paid"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := Open(ctx, mustURL(t, "pubsub://test?endpoint="+srv.Addr+"&topic_template="+url.QueryEscape("w-{{topic|dashes}}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if errs := s.Publish(ctx, []*wharf.Message{msg(1, "orders.paid", "k", "hi")}); errs != nil {
+		t.Fatalf("Publish: %v", errs)
+	}
+	if got := srv.Messages(); len(got) != 1 || got[0].Topic != "projects/test/topics/w-orders-paid" || string(got[0].Data) != "hi" {
+		t.Fatalf("pstest holds %+v", got)
+	}
+
+	// PUBSUB_EMULATOR_HOST itself, as the client reads it.
+	t.Setenv("PUBSUB_EMULATOR_HOST", srv.Addr)
+	if _, err := parseURL(mustURL(t, "pubsub://test")); err != nil {
+		t.Fatalf("pubsub://test with PUBSUB_EMULATOR_HOST set: %v", err)
+	}
 }
 
 // BenchmarkPublish measures the sink against pstest, in process: the

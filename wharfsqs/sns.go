@@ -73,7 +73,7 @@ func (s *TopicSink) Publish(ctx context.Context, msgs []*wharf.Message) []error 
 func (s *TopicSink) resolve(_ context.Context, m *wharf.Message) (target, error) {
 	a := s.TopicARN(m.Topic)
 	if err := checkTopicARN(a); err != nil {
-		return target{}, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: wharf topic %q gives topic ARN %q: %w", m.ID, m.Topic, a, err))
+		return target{}, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: wharf topic %q gives topic ARN %q: %w%s", m.ID, m.Topic, a, err, dashesHint(s.names, m.Topic, checkTopicARN)))
 	}
 	s.last.Store(a)
 	return target{dest: a, name: a, fifo: strings.HasSuffix(a, ".fifo")}, nil

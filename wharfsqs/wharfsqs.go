@@ -62,10 +62,13 @@
 //
 //   - queue_template (sqs, required): the queue name of a message, with
 //     "{{topic}}" replaced by the wharf topic, e.g. "wharf-{{topic}}.fifo".
-//     The queue's URL is looked up once per queue (GetQueueUrl); queues are
-//     not created.
+//     Queue names cannot have dots: for dotted topics (orders.paid) write
+//     "{{topic|dashes}}", the topic with its dots as dashes
+//     (wharf-{{topic|dashes}} gives wharf-orders-paid). The queue's URL is
+//     looked up once per queue (GetQueueUrl); queues are not created.
 //   - topic_arn_template (sns, required): the topic ARN of a message, e.g.
-//     "arn:aws:sns:eu-west-1:123456789012:wharf-{{topic}}".
+//     "arn:aws:sns:eu-west-1:123456789012:wharf-{{topic|dashes}}" (topic
+//     names cannot have dots either).
 //   - endpoint: the service's URL, for an emulator (e.g.
 //     http://127.0.0.1:4566). Defaults to AWS's.
 //   - profile: a profile of the shared AWS config files.
@@ -119,7 +122,9 @@ const TopicPlaceholder = wharf.TopicPlaceholder
 type Options struct {
 	// Template names the destination of a message, TopicPlaceholder
 	// replaced by its topic: the queue name for a [Sink], the topic ARN for
-	// a [TopicSink]. Required.
+	// a [TopicSink]. Required. Queue and topic names cannot have dots:
+	// [wharf.TopicDashesPlaceholder] ({{topic|dashes}}) puts the topic with
+	// its dots as dashes.
 	Template string
 	// Body says how payloads become message bodies. Defaults to BodyRaw.
 	Body Body
@@ -230,7 +235,7 @@ func (s *Sink) resolve(ctx context.Context, m *wharf.Message) (target, error) {
 		return t, nil
 	}
 	if err := checkQueueName(name); err != nil {
-		return t, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: wharf topic %q gives queue name %q: %w", m.ID, m.Topic, name, err))
+		return t, wharf.Permanent(fmt.Errorf("wharfsqs: message %s: wharf topic %q gives queue name %q: %w%s", m.ID, m.Topic, name, err, dashesHint(s.names, m.Topic, checkQueueName)))
 	}
 	out, err := s.client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(name)})
 	if err != nil {
@@ -244,6 +249,16 @@ func (s *Sink) resolve(ctx context.Context, m *wharf.Message) (target, error) {
 	s.urls.Store(name, t.dest)
 	s.last.Store(name)
 	return t, nil
+}
+
+// dashesHint points to TopicDashesPlaceholder when names has the plain
+// placeholder and the topic's dots are what make check refuse its
+// destination.
+func dashesHint(names wharf.TopicTemplate, topic string, check func(string) error) string {
+	if names.Fixed() || names.Dashes() || !strings.Contains(topic, ".") || check(names.Expand(strings.ReplaceAll(topic, ".", "-"))) != nil {
+		return ""
+	}
+	return "; use " + wharf.TopicDashesPlaceholder + " in the template to map dots to dashes"
 }
 
 // checkQueueName accepts what SQS accepts: 1 to 80 letters, digits, '-'

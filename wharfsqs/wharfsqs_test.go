@@ -495,6 +495,8 @@ func TestURLErrors(t *testing.T) {
 		"sqs://eu-west-1?queue_template=q&ce_source=/s":                         "no content mode",
 		"sqs://eu-west-1?queue_template=q&ce=structured&body=base64":            "drop body=base64",
 		"sns://eu-west-1?topic_arn_template=arn:aws:sns:eu-west-1:1:a&ce=x":     `ce="x"`,
+		"sqs://eu-west-1?queue_template=wharf-{{topc}}":                         `queue_template: unknown placeholder {{topc}} in template "wharf-{{topc}}": templates take {{topic}} or {{topic|dashes}}`,
+		"sns://eu-west-1?topic_arn_template=arn:aws:sns:eu-west-1:1:w-{{topc}}": `topic_arn_template: unknown placeholder {{topc}}`,
 	})
 }
 
@@ -537,5 +539,86 @@ func TestBatchResults(t *testing.T) {
 	}
 	if errs[3] == nil || wharf.IsPermanent(errs[3]) || !strings.Contains(errs[3].Error(), "does not mention") {
 		t.Errorf("entry 3, not in the result: %v, want an error to retry", errs[3])
+	}
+}
+
+// TestDottedTopics checks {{topic|dashes}} against the emulator: a message
+// of topic orders.paid lands in queue PREFIX-orders-paid, through SQS and
+// through SNS, while a plain {{topic}} fails it permanently with an error
+// pointing to {{topic|dashes}}.
+func TestDottedTopics(t *testing.T) {
+	t.Parallel()
+	srv := awstest.Start(t)
+	c := sqsClient(t, srv, srv.Endpoint)
+	p := "d" + randomID()
+	q := createQueue(t, c, p+"-orders-paid")
+	ctx := context.Background()
+	creds := awstest.AccessKey + ":" + awstest.SecretKey + "@"
+	base := "sqs://" + creds + awstest.Region + "?endpoint=" + url.QueryEscape(srv.Endpoint) + "&queue_template="
+
+	s, err := Open(ctx, mustURL(t, base+url.QueryEscape(p+"-{{topic|dashes}}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if errs := s.Publish(ctx, []*wharf.Message{msg(1, "orders.paid", "k", "via sqs")}); errs != nil {
+		t.Fatalf("Publish: %v", errs)
+	}
+	if got := drain(t, c, q, false, 1, 10*time.Second); len(got) != 1 || got[0].Topic != "orders.paid" || string(got[0].Payload) != "via sqs" {
+		t.Fatalf("queue %s-orders-paid holds %+v", p, got)
+	}
+
+	plain, err := Open(ctx, mustURL(t, base+url.QueryEscape(p+"-{{topic}}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	errs := plain.Publish(ctx, []*wharf.Message{msg(2, "orders.paid", "k", "dotted")})
+	if len(errs) != 1 || !wharf.IsPermanent(errs[0]) || !strings.Contains(errs[0].Error(), "use {{topic|dashes}} in the template to map dots to dashes") {
+		t.Fatalf("Publish of a dotted topic with {{topic}}: %v, want a permanent error pointing to {{topic|dashes}}", errs)
+	}
+
+	sc := snsClient(t, srv, srv.Endpoint)
+	out, err := sc.CreateTopic(ctx, &sns.CreateTopicInput{Name: aws.String(p + "-orders-paid")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subscribe(t, c, sc, aws.ToString(out.TopicArn), q)
+	arnTemplate := strings.TrimSuffix(aws.ToString(out.TopicArn), "orders-paid")
+	snsBase := "sns://" + creds + awstest.Region + "?endpoint=" + url.QueryEscape(srv.Endpoint) + "&topic_arn_template="
+	ts, err := OpenSNS(ctx, mustURL(t, snsBase+url.QueryEscape(arnTemplate+"{{topic|dashes}}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ts.Close()
+	if errs := ts.Publish(ctx, []*wharf.Message{msg(3, "orders.paid", "k", "via sns")}); errs != nil {
+		t.Fatalf("Publish to SNS: %v", errs)
+	}
+	if got := drain(t, c, q, false, 1, 10*time.Second); len(got) != 1 || string(got[0].Payload) != "via sns" {
+		t.Fatalf("queue holds %+v", got)
+	}
+	plainSNS, err := OpenSNS(ctx, mustURL(t, snsBase+url.QueryEscape(arnTemplate+"{{topic}}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plainSNS.Close()
+	errs = plainSNS.Publish(ctx, []*wharf.Message{msg(4, "orders.paid", "k", "dotted")})
+	if len(errs) != 1 || !wharf.IsPermanent(errs[0]) || !strings.Contains(errs[0].Error(), "use {{topic|dashes}} in the template to map dots to dashes") {
+		t.Fatalf("Publish of a dotted topic with {{topic}} to SNS: %v, want a permanent error pointing to {{topic|dashes}}", errs)
+	}
+}
+
+// TestOptionsTemplateTypo checks New and NewSNS name a mistyped placeholder
+// rather than the characters it gives.
+func TestOptionsTemplateTypo(t *testing.T) {
+	t.Parallel()
+	cfg := aws.Config{Region: awstest.Region}
+	_, err := New(sqs.NewFromConfig(cfg), Options{Template: "wharf-{{topc}}"})
+	if err == nil || !strings.Contains(err.Error(), `unknown placeholder {{topc}} in template "wharf-{{topc}}"`) {
+		t.Fatalf("New: %v, want an error naming {{topc}}", err)
+	}
+	_, err = NewSNS(sns.NewFromConfig(cfg), Options{Template: "arn:aws:sns:us-east-1:1:wharf-{{topc}}"})
+	if err == nil || !strings.Contains(err.Error(), "unknown placeholder {{topc}}") {
+		t.Fatalf("NewSNS: %v, want an error naming {{topc}}", err)
 	}
 }
