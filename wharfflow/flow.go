@@ -385,7 +385,7 @@ func ptrTime(t time.Time) *time.Time {
 // fails the instance alone with the reason, keeping its saved state and
 // enqueueing none of its messages: written with its batch, it would fail
 // every outcome of the batch.
-func encode(def Definition, c claimed, state []byte, o Outcome, started time.Time) wireOutcome {
+func encode(def Definition, c *claimed, state []byte, o *Outcome, started time.Time) wireOutcome {
 	w := encodeOutcome(def, c, state, o, started)
 	if w.Kind == "done" || w.Kind == "fail" {
 		w.Parent = c.parent
@@ -393,7 +393,7 @@ func encode(def Definition, c claimed, state []byte, o Outcome, started time.Tim
 	return w
 }
 
-func encodeOutcome(def Definition, c claimed, state []byte, o Outcome, started time.Time) wireOutcome {
+func encodeOutcome(def Definition, c *claimed, state []byte, o *Outcome, started time.Time) wireOutcome {
 	w := wireOutcome{ID: c.ID, Token: c.Token, State: state, RanStep: c.Step, StartedAt: started}
 	for _, s := range c.Signals {
 		w.Consumed = append(w.Consumed, s.ID)

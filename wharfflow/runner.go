@@ -66,6 +66,7 @@ type Runner struct {
 	// steps counts the step goroutines; closing (under mu) is set before
 	// the claim loop waits for them, after which no continued step starts.
 	steps   sync.WaitGroup
+	workers workers // the goroutines steps run on
 	closing bool
 
 	// starved is set while the claim loop waits for a free slot: an
@@ -262,6 +263,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		if len(ids) > 0 {
 			r.wakeOnce(context.WithoutCancel(runCtx), ids)
 		}
+		r.workers.close()
 		close(r.stopped)
 	}()
 	return nil

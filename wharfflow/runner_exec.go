@@ -41,14 +41,14 @@ func (r *Runner) run(ctx context.Context, c claimed, chain int) {
 		r.keyRunning[c.ckey]++
 	}
 	r.steps.Add(1)
-	go func() {
+	r.workers.do(func() {
 		defer r.steps.Done()
 		in := Input{Instance: c.ID, Flow: c.Flow, Step: c.Step, Attempt: c.Attempt, Signals: c.Signals,
 			Children: c.Children, IdempotencyKey: idempotencyKey(c.ID, c.Step, c.Attempt)}
 		start := time.Now()
 		runCtx, endSpan := r.traceStep(stepCtx, c)
 		state, o := def.run(runCtx, c.State, in)
-		res := result{c: c, w: encode(def, c, state, o, start), emit: o.emit, elapsed: time.Since(start), chain: chain}
+		res := result{c: c, w: encode(def, &c, state, &o, start), emit: o.emit, elapsed: time.Since(start), chain: chain}
 		res.emit = endSpan(res.w, res.emit)
 		if res.w.refused {
 			res.emit = nil // an outcome encode refused commits no message
@@ -82,7 +82,7 @@ func (r *Runner) run(ctx context.Context, c claimed, chain int) {
 		}
 		r.mu.Unlock()
 		r.results <- res
-	}()
+	})
 }
 
 // passBaton hands the slot the ending step of a concurrency key frees to a
