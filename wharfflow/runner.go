@@ -102,7 +102,7 @@ type Runner struct {
 	cancelIDs []int64
 	cancelSig chan struct{}
 	// queued are steps signals leased to the runner while every slot was
-	// taken, waiting (not renewed, at most MaxInFlight) for queueFor before
+	// taken, waiting (not renewed, at most maxPending) for queueFor before
 	// they are handed back; started as slots free, before any claim.
 	queued []queuedStep
 	// ran are the steps signals leased to the runner that it ran (id →

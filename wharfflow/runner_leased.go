@@ -86,8 +86,9 @@ func (r *Runner) queueFor() time.Duration { return min(r.cfg.LeaseTTL/10, 250*ti
 // admitLeased runs the steps the database confirmed signals leased to the
 // runner: not those it runs, queues or ran already (a notification
 // repeated, forged, or read before their outcome committed). With no free
-// slot it queues them for queueFor (at most MaxInFlight), then hands them
-// back; it hands back at once those it will not run: when it is stopping
+// slot it queues them for queueFor (at most maxPending: a burst of signals
+// beyond its slots waits its turn there rather than going through the
+// database twice, a hand-back and a claim), then hands them back; it hands back at once those it will not run: when it is stopping
 // or does not run their flow.
 func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 	read := time.Now()
@@ -95,6 +96,11 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 	queued := false
 	r.mu.Lock()
 	stopping := r.closing || ctx.Err() != nil
+	// The queued steps' tokens by id, for the rows read again.
+	inQueue := make(map[int64]int64, len(r.queued))
+	for _, q := range r.queued {
+		inQueue[q.c.ID] = max(inQueue[q.c.ID], q.c.Token)
+	}
 	for _, c := range rows {
 		s, running := r.inflight[c.ID]
 		if running && s.token >= c.Token {
@@ -103,7 +109,7 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 		if ran, ok := r.ran[c.ID]; ok && ran.token >= c.Token {
 			continue // ran it; its outcome committed after the read began
 		}
-		if slices.ContainsFunc(r.queued, func(q queuedStep) bool { return q.c.ID == c.ID && q.c.Token >= c.Token }) {
+		if tok, ok := inQueue[c.ID]; ok && tok >= c.Token {
 			continue
 		}
 		// The lease began LeaseTTL before its end.
@@ -113,11 +119,12 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 			continue
 		}
 		if !running && r.freeSlots() <= 0 {
-			if len(r.queued) >= r.cfg.MaxInFlight {
+			if len(r.queued) >= maxPending {
 				back = append(back, c)
 				continue
 			}
 			r.queued = append(r.queued, queuedStep{c: c, until: read.Add(r.queueFor())})
+			inQueue[c.ID] = c.Token
 			queued = true
 			continue
 		}
