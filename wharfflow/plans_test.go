@@ -476,3 +476,117 @@ func TestOutcomeWriteJoinsItsInstancesByPrimaryKey(t *testing.T) {
 	require.LessOrEqual(t, total, 3*len(outcomes), "the write's joins removed %d rows for %d outcomes: a join that is not by primary key:\n%s",
 		total, len(outcomes), strings.Join(plans, "\n"))
 }
+
+// The write that frees a concurrency key's slot reserves the key's next
+// waiting steps (batons) through the key's waiting index, in its order,
+// reading a few rows: flow_key_free plans once per session (a generic
+// plan), and on a table never analyzed the planner intersected that index
+// with the claim index's and sorted the key's every waiting row, at every
+// write (188 rows a key, 0.7 ms a write in the keyed workload). Here 500
+// steps wait on one key of limit 1; the write that ends the admitted one
+// hands the slot on and reserves batons; auto_explain reports its nested
+// plans to the session.
+func TestKeyFreeReadsTheWaitingStepsInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	f := wharfflow.New[counter]("probe", nil).
+		Step("one", func(ctx context.Context, s *counter, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Done(nil)
+		})
+	// Unkeyed instances beside them, scheduled later, as a claim index
+	// holds in practice.
+	later := make([]wharfflow.Start, 5000)
+	for i := range later {
+		later[i] = f.Start(counter{}, wharfflow.StartOptions{RunAt: time.Now().Add(time.Hour)})
+	}
+	_, err := b.client.Start(ctx, later...)
+	require.NoError(t, err)
+	keyed := make([]wharfflow.Start, 500)
+	for i := range keyed {
+		keyed[i] = f.Start(counter{}, wharfflow.StartOptions{Options: wharfflow.Options{ConcurrencyKey: "probe-key", ConcurrencyLimit: 1}})
+	}
+	_, err = b.client.Start(ctx, keyed...)
+	require.NoError(t, err)
+
+	conn, plans := explainingConn(t)
+	rows, err := conn.Query(ctx, "SELECT id, lease_token FROM "+b.schema+".claim_flow_steps('plan-test', ARRAY['probe'], 1000, '1 hour') WHERE id > 0")
+	require.NoError(t, err)
+	type lease struct{ ID, Token int64 }
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[lease])
+	require.NoError(t, err)
+	require.Len(t, got, 1, "one step of a key of limit 1 is admitted; the others wait")
+	doc, err := json.Marshal([]map[string]any{{"id": got[0].ID, "token": got[0].Token, "kind": "done", "attempt": 0,
+		"ran_step": "one", "started_at": time.Now()}})
+	require.NoError(t, err)
+	plans.reset()
+	var kinds []string
+	rows, err = conn.Query(ctx, "SELECT kind FROM "+b.schema+".complete_flow_steps('plan-test', $1::jsonb, '1 hour', ARRAY['probe'], 10) WHERE kind <> 'applied'", string(doc))
+	require.NoError(t, err)
+	kinds, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Contains(t, kinds, "leased", "the write hands the slot to the next waiting step")
+	require.Contains(t, kinds, "baton", "and reserves the key's next ones")
+
+	var baton string
+	for _, p := range plans.all() {
+		if strings.Contains(p, "LIMIT n.n") {
+			baton = p
+		}
+	}
+	require.NotEmpty(t, baton, "auto_explain reported no plan of the baton reservation")
+	require.Contains(t, baton, "Index Scan using flow_instances_key_waiting", "the batons are read through the key's waiting index:\n%s", baton)
+	require.NotContains(t, baton, "Sort Key", "in the index's order, not sorted:\n%s", baton)
+}
+
+// noticePlans collects the plans auto_explain sends a session as notices.
+type noticePlans struct {
+	mu    sync.Mutex
+	plans []string
+}
+
+func (n *noticePlans) add(p string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.plans = append(n.plans, p)
+}
+
+func (n *noticePlans) reset() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.plans = nil
+}
+
+func (n *noticePlans) all() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.plans)
+}
+
+// explainingConn opens a connection whose every statement, nested ones
+// too, auto_explain reports (EXPLAIN ANALYZE) to it as a notice.
+func explainingConn(t *testing.T) (*pgx.Conn, *noticePlans) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	plans := &noticePlans{}
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { plans.add(n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LOAD 'auto_explain'"); err != nil {
+		// auto_explain ships with the PostgreSQL server; loading it takes
+		// a superuser, as the tests' databases have.
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("loading auto_explain (a superuser and the server's contrib modules are needed): %v", err)
+		}
+		t.Skipf("auto_explain cannot be loaded here: %v", err)
+	}
+	for _, set := range []string{"auto_explain.log_min_duration = 0", "auto_explain.log_analyze = on",
+		"auto_explain.log_nested_statements = on", "auto_explain.log_level = notice"} {
+		_, err := conn.Exec(ctx, "SET "+set)
+		require.NoError(t, err)
+	}
+	return conn, plans
+}

@@ -690,11 +690,15 @@ END $$;
 -- Returns the rows it changed, by kind: 'converted', 'leased', 'due',
 -- 'baton'. Callers: outcome writes (p_runner the writer) and cancels
 -- (p_runner NULL: no lease, no baton).
+-- Bitmap scans are off for it: its generic plan, made on a table never
+-- analyzed, intersected the key's waiting index with the claim index and
+-- sorted every waiting step of the key at each write, where the waiting
+-- index gives them in order.
 CREATE FUNCTION {{schema}}.flow_key_free(p_keys text[], p_runner text, p_flows text[], p_budget integer, p_lease interval,
                                          p_batons bigint[] DEFAULT NULL, p_baton_tokens bigint[] DEFAULT NULL,
                                          p_baton_started boolean[] DEFAULT NULL)
 RETURNS TABLE (id bigint, kind text)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET enable_bitmapscan = off AS $$
 #variable_conflict use_column
 DECLARE
     v_now    timestamptz := clock_timestamp();
