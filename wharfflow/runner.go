@@ -105,6 +105,9 @@ type Runner struct {
 	// taken, waiting (not renewed, at most maxPending) for queueFor before
 	// they are handed back; started as slots free, before any claim.
 	queued []queuedStep
+	// confirming are the queued steps (id → token) startQueued is
+	// confirming with the database before it starts them; nil when none.
+	confirming map[int64]int64
 	// ran are the steps signals leased to the runner that it ran (id →
 	// token), kept while a read of leased steps (leaseLoop) that began
 	// before their outcome committed may still name them: such a read

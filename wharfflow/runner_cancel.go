@@ -3,6 +3,7 @@ package wharfflow
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -12,7 +13,8 @@ import (
 var errCancelled = errors.New("wharfflow: the instance was cancelled")
 
 // cancelLoop stops the steps whose instances were cancelled while they
-// ran, as 'C' notifications name them (cancel_flow), once the database
+// ran or waited in the runner's queue for a slot, as 'C' notifications
+// name them (cancel_flow), once the database
 // confirms each is cancelled and was leased to the runner at the token it
 // runs: a notification is a hint, which any role may send. Without it a
 // runner learns of a cancel at its next renewal of the step's lease.
@@ -44,6 +46,13 @@ func (r *Runner) cancelLoop(ctx context.Context) {
 				s.cancel(errCancelled)
 			}
 		}
+		// Signalled steps waiting for a slot (admitLeased) do not start:
+		// their instances were cancelled (no key slot to give up: a signal
+		// leases only steps without keys).
+		r.queued = slices.DeleteFunc(r.queued, func(q queuedStep) bool {
+			token, ok := cancelled[q.c.ID]
+			return ok && token == q.c.Token
+		})
 		r.mu.Unlock()
 	}
 }

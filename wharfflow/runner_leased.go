@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // leaseLoop runs the steps the runner's lease notifications name, once the
@@ -112,6 +114,9 @@ func (r *Runner) admitLeased(ctx context.Context, rows []claimed) {
 		if tok, ok := inQueue[c.ID]; ok && tok >= c.Token {
 			continue
 		}
+		if tok, ok := r.confirming[c.ID]; ok && tok >= c.Token {
+			continue // a queued step being confirmed (startQueued)
+		}
 		// The lease began LeaseTTL before its end.
 		c.leased = read.Add(c.left - r.cfg.LeaseTTL)
 		if stopping || r.flows[c.Flow] == nil {
@@ -155,17 +160,82 @@ type queuedStep struct {
 	until time.Time
 }
 
-// startQueued starts queued steps while slots are free. r.mu is held.
+// startQueued starts queued steps while slots are free, once the database
+// confirms each is still leased to the runner at its token: while it
+// waited for a slot its instance may have been cancelled (and Cancel
+// returned) or its lease lost. The slots are reserved meanwhile, one
+// confirmation at a time. r.mu is held.
 func (r *Runner) startQueued(ctx context.Context) {
-	for len(r.queued) > 0 && r.freeSlots() > 0 {
-		q := r.queued[0]
-		r.queued = r.queued[1:]
-		if s, ok := r.inflight[q.c.ID]; ok && s.token >= q.c.Token {
-			continue
-		}
-		r.stats.signalled.Add(1)
-		r.run(ctx, q.c, 0)
+	n := min(len(r.queued), r.freeSlots())
+	if n <= 0 || r.confirming != nil {
+		return
 	}
+	batch := slices.Clone(r.queued[:n])
+	r.queued = r.queued[n:]
+	r.reserved += n
+	r.confirming = make(map[int64]int64, n)
+	for _, q := range batch {
+		r.confirming[q.c.ID] = q.c.Token
+	}
+	r.steps.Add(1) // Stop waits for it
+	go func() {
+		defer r.steps.Done()
+		held, err := r.stillLeased(ctx, batch)
+		var back []claimed
+		r.mu.Lock()
+		r.reserved -= n
+		r.confirming = nil
+		stopping := r.closing || ctx.Err() != nil
+		for _, q := range batch {
+			switch {
+			case err != nil || stopping:
+				back = append(back, q.c) // for any runner's claim
+			case !held[q.c.ID]:
+				// Cancelled, or its lease ended: not the runner's to run.
+			default:
+				if s, ok := r.inflight[q.c.ID]; ok && s.token >= q.c.Token {
+					continue
+				}
+				r.stats.signalled.Add(1)
+				r.run(ctx, q.c, 0)
+			}
+		}
+		if !stopping {
+			r.startQueued(ctx)
+		}
+		r.mu.Unlock()
+		if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("wharfflow: confirming queued signalled steps; handing them back", "err", err)
+		}
+		r.handBack(ctx, back)
+		r.poke()
+	}()
+}
+
+// stillLeased returns which of the queued steps are still leased to the
+// runner at their tokens, running and unexpired.
+func (r *Runner) stillLeased(ctx context.Context, batch []queuedStep) (map[int64]bool, error) {
+	ids, tokens := make([]int64, len(batch)), make([]int64, len(batch))
+	for i, q := range batch {
+		ids[i], tokens[i] = q.c.ID, q.c.Token
+	}
+	// Each id looked up by the primary key (a subquery the planner cannot
+	// flatten), as flow_leased_steps does.
+	rows, err := r.pool.Query(ctx, "SELECT i.id FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token), "+
+		"LATERAL (SELECT f.id, f.lease_token, f.lease_owner, f.status, f.run_at FROM "+r.cfg.Schema+
+		".flow_instances f WHERE f.id = t.id LIMIT 1) AS i "+
+		"WHERE i.lease_token = t.token AND i.lease_owner = $3 AND i.status = 'running' AND i.run_at > clock_timestamp()",
+		ids, tokens, r.cfg.RunnerID)
+	if err != nil {
+		return nil, err
+	}
+	held := make(map[int64]bool, len(batch))
+	var id int64
+	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+		held[id] = true
+		return nil
+	})
+	return held, err
 }
 
 // expireQueued hands back the queued steps whose wait for a slot is over.
