@@ -190,7 +190,7 @@ func (r *Runner) startQueued(ctx context.Context) {
 			switch {
 			case err != nil || stopping:
 				back = append(back, q.c) // for any runner's claim
-			case !held[q.c.ID]:
+			case held[q.c.ID] != q.c.Token:
 				// Cancelled, or its lease ended: not the runner's to run.
 			default:
 				if s, ok := r.inflight[q.c.ID]; ok && s.token >= q.c.Token {
@@ -212,16 +212,16 @@ func (r *Runner) startQueued(ctx context.Context) {
 	}()
 }
 
-// stillLeased returns which of the queued steps are still leased to the
-// runner at their tokens, running and unexpired.
-func (r *Runner) stillLeased(ctx context.Context, batch []queuedStep) (map[int64]bool, error) {
+// stillLeased returns the queued steps still leased to the runner at their
+// tokens, running and unexpired (id → token).
+func (r *Runner) stillLeased(ctx context.Context, batch []queuedStep) (map[int64]int64, error) {
 	ids, tokens := make([]int64, len(batch)), make([]int64, len(batch))
 	for i, q := range batch {
 		ids[i], tokens[i] = q.c.ID, q.c.Token
 	}
 	// Each id looked up by the primary key (a subquery the planner cannot
 	// flatten), as flow_leased_steps does.
-	rows, err := r.pool.Query(ctx, "SELECT i.id FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token), "+
+	rows, err := r.pool.Query(ctx, "SELECT i.id, i.lease_token FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token), "+
 		"LATERAL (SELECT f.id, f.lease_token, f.lease_owner, f.status, f.run_at FROM "+r.cfg.Schema+
 		".flow_instances f WHERE f.id = t.id LIMIT 1) AS i "+
 		"WHERE i.lease_token = t.token AND i.lease_owner = $3 AND i.status = 'running' AND i.run_at > clock_timestamp()",
@@ -229,10 +229,10 @@ func (r *Runner) stillLeased(ctx context.Context, batch []queuedStep) (map[int64
 	if err != nil {
 		return nil, err
 	}
-	held := make(map[int64]bool, len(batch))
-	var id int64
-	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
-		held[id] = true
+	held := make(map[int64]int64, len(batch))
+	var id, token int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &token}, func() error {
+		held[id] = token
 		return nil
 	})
 	return held, err
