@@ -415,31 +415,7 @@ func TestOutcomeWriteJoinsItsInstancesByPrimaryKey(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	cfg, err := pgx.ParseConfig(databaseURL)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	var plans []string
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		plans = append(plans, n.Message)
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "LOAD 'auto_explain'"); err != nil {
-		// auto_explain ships with the PostgreSQL server; loading it takes
-		// a superuser, as the tests' databases have.
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("loading auto_explain (a superuser and the server's contrib modules are needed): %v", err)
-		}
-		t.Skipf("auto_explain cannot be loaded here: %v", err)
-	}
-	for _, set := range []string{"auto_explain.log_min_duration = 0", "auto_explain.log_analyze = on",
-		"auto_explain.log_nested_statements = on", "auto_explain.log_level = notice"} {
-		_, err := conn.Exec(ctx, "SET "+set)
-		require.NoError(t, err)
-	}
+	conn, plans := explainingConn(t)
 	rows, err := conn.Query(ctx, "SELECT id, lease_token FROM "+b.schema+".claim_flow_steps('plan-test', ARRAY['probe'], 300, '1 hour') WHERE id > 0")
 	require.NoError(t, err)
 	var outcomes []map[string]any
@@ -453,20 +429,17 @@ func TestOutcomeWriteJoinsItsInstancesByPrimaryKey(t *testing.T) {
 	require.Len(t, outcomes, 300)
 	doc, err := json.Marshal(outcomes)
 	require.NoError(t, err)
-	mu.Lock()
-	plans = nil
-	mu.Unlock()
+	plans.reset()
 	var applied int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FILTER (WHERE id > 0) FROM "+b.schema+".complete_flow_steps('plan-test', $1::jsonb, '1 hour')",
 		string(doc)).Scan(&applied))
 	require.Equal(t, 300, applied)
 
-	mu.Lock()
-	defer mu.Unlock()
-	require.NotEmpty(t, plans, "auto_explain reported no plan")
+	got := plans.all()
+	require.NotEmpty(t, got, "auto_explain reported no plan")
 	removed := regexp.MustCompile(`Rows Removed by Join Filter: (\d+)`)
 	var total int
-	for _, p := range plans {
+	for _, p := range got {
 		for _, m := range removed.FindAllStringSubmatch(p, -1) {
 			n, err := strconv.Atoi(m[1])
 			require.NoError(t, err)
@@ -474,7 +447,7 @@ func TestOutcomeWriteJoinsItsInstancesByPrimaryKey(t *testing.T) {
 		}
 	}
 	require.LessOrEqual(t, total, 3*len(outcomes), "the write's joins removed %d rows for %d outcomes: a join that is not by primary key:\n%s",
-		total, len(outcomes), strings.Join(plans, "\n"))
+		total, len(outcomes), strings.Join(got, "\n"))
 }
 
 // The write that frees a concurrency key's slot reserves the key's next
