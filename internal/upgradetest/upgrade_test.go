@@ -1,0 +1,298 @@
+package upgradetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testdb"
+	"github.com/wharfhq/wharf/wharfflow"
+	"github.com/wharfhq/wharf/wharfmigrate"
+)
+
+var databaseURL string
+
+func TestMain(m *testing.M) { testdb.Main(m, &databaseURL) }
+
+// releases maps each release that has a fixture to its last migration.
+var releases = []struct {
+	version       string
+	lastMigration int
+}{
+	{"0.1.0", 9},
+}
+
+// writeFixtureEnv names the release whose fixture TestFixtureRecipe writes.
+const writeFixtureEnv = "WHARF_WRITE_UPGRADE_FIXTURE"
+
+func pool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(context.Background(), databaseURL)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// freshSchema returns the name of a schema no one uses, dropped after t.
+func freshSchema(t *testing.T, p *pgxpool.Pool, prefix string) string {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	s := prefix + "_" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		_, _ = p.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+s+" CASCADE")
+	})
+	return s
+}
+
+// migrateTo brings schema to migration version (creating it).
+func migrateTo(t *testing.T, p *pgxpool.Pool, schema string, version int) *wharfmigrate.Migrator {
+	t.Helper()
+	ctx := context.Background()
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	_, err = m.Up(ctx, p)
+	require.NoError(t, err)
+	if m.Latest() > version {
+		_, err = m.DownTo(ctx, p, version)
+		require.NoError(t, err)
+	}
+	return m
+}
+
+// A database each release left behind — pending and retrying messages, a
+// dead letter, flows ready, awaiting, joining (children awaiting) and failed,
+// a signal kept before its await — upgrades to the head and runs to the end:
+// every message delivered once in key order, every instance done, each step's
+// history once, one message per emitting step.
+func TestUpgradeRunsWhatEachReleaseLeftToTheEnd(t *testing.T) {
+	for _, r := range releases {
+		t.Run(r.version, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			p := pool(t)
+			schema := freshSchema(t, p, "upgrade")
+			m := migrateTo(t, p, schema, r.lastMigration)
+			body, err := os.ReadFile(filepath.Join("testdata", r.version+".sql"))
+			require.NoError(t, err, "the fixture of release %s", r.version)
+			_, err = p.Exec(ctx, strings.ReplaceAll(string(body), "{{schema}}", schema))
+			require.NoError(t, err, "loading the fixture of release %s", r.version)
+			applied, err := m.Up(ctx, p)
+			require.NoError(t, err, "migrating from %s to the head", r.version)
+			t.Logf("from %s: applied migrations %v", r.version, applied)
+			runToTheEnd(t, p, schema)
+		})
+	}
+}
+
+// The recipe of the next release's fixture works at the head, and what it
+// leaves runs to the end. With WHARF_WRITE_UPGRADE_FIXTURE=<version> (at the
+// release's commit, once) it also writes testdata/<version>.sql.
+func TestFixtureRecipe(t *testing.T) {
+	ctx := context.Background()
+	p := pool(t)
+	schema := freshSchema(t, p, "upgrade_fixture")
+	m := migrateTo(t, p, schema, 1<<30)
+	require.NoError(t, Build(ctx, p, schema))
+	if version := os.Getenv(writeFixtureEnv); version != "" {
+		last := releases[len(releases)-1]
+		require.Equal(t, last.version, version, "add the release to releases first, with its last migration")
+		require.Equal(t, last.lastMigration, m.Latest(), "write a release's fixture at the release's commit")
+		writeFixture(t, schema, filepath.Join("testdata", version+".sql"))
+	}
+	runToTheEnd(t, p, schema)
+}
+
+var dumpNoise = regexp.MustCompile(`^(--|SET |SELECT pg_catalog\.set_config\('search_path'|\\)`)
+
+// writeFixture dumps schema's data (not its schema: the release's migrations
+// create that) to path, with the schema's name as {{schema}}.
+func writeFixture(t *testing.T, schema, path string) {
+	t.Helper()
+	bin, err := exec.LookPath("pg_dump")
+	if err != nil {
+		found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_dump")
+		require.NotEmpty(t, found, "pg_dump: not on PATH nor in /usr/lib/postgresql/*/bin")
+		bin = found[len(found)-1]
+	}
+	out, err := exec.Command(bin, "--data-only", "--inserts", "--schema="+schema,
+		"--exclude-table-data="+schema+".schema_migrations", "--dbname="+databaseURL).Output()
+	require.NoError(t, err, "pg_dump")
+	var kept []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if dumpNoise.MatchString(line) || (line == "" && (len(kept) == 0 || kept[len(kept)-1] == "")) {
+			continue
+		}
+		kept = append(kept, strings.ReplaceAll(line, schema+".", "{{schema}}."))
+	}
+	header := "-- The data of an outbox and its flows as Wharf " + os.Getenv(writeFixtureEnv) + " left them\n" +
+		"-- (internal/upgradetest.Build, dumped by pg_dump). Written once at the release; never edit.\n" +
+		"-- The migrations fill lanes; the dump has its rows as the relay left them.\n" +
+		"DELETE FROM {{schema}}.lanes;\n"
+	require.NoError(t, os.WriteFile(path, []byte(header+strings.Join(kept, "\n")), 0o644))
+	t.Logf("wrote %s", path)
+}
+
+// recorder records what a relay delivers.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []wharf.Message
+}
+
+func (r *recorder) handle(_ context.Context, m *wharf.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, *m)
+	return nil
+}
+
+// drain runs a relay over schema's outbox until nothing is deliverable and
+// returns what it delivered.
+func drain(t *testing.T, p *pgxpool.Pool, schema string) []wharf.Message {
+	t.Helper()
+	rec := &recorder{}
+	client, err := wharf.NewClient(p, &wharf.Config{Schema: schema, Handler: rec.handle,
+		RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, client.Drain(ctx))
+	return rec.msgs
+}
+
+// runToTheEnd runs what Build left in schema to the end and checks it.
+func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string) {
+	t.Helper()
+	ctx := context.Background()
+
+	// The outbox: every pending message once, in order per key; the retrying
+	// one keeps its attempts; the dead letter is retried with its id.
+	msgs := drain(t, p, schema)
+	require.Len(t, msgs, PendingMessages)
+	last := map[string]int64{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		require.Falsef(t, seen[m.ID], "message %s delivered twice", m.ID)
+		seen[m.ID] = true
+		require.Greaterf(t, m.Seq, last[m.Key], "key %s out of order", m.Key)
+		last[m.Key] = m.Seq
+	}
+	require.Equal(t, 3, msgs[slices.IndexFunc(msgs, func(m wharf.Message) bool { return string(m.Payload) == `{"n": 3}` })].Attempt,
+		"the retrying message's third attempt")
+	client, err := wharf.NewClient(p, &wharf.Config{Schema: schema})
+	require.NoError(t, err)
+	dead, err := client.DeadLetters(ctx, wharf.DeadLetterFilter{})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	n, err := client.RetryDeadLetters(ctx, wharf.DeadLetterFilter{IDs: []string{dead[0].ID}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	retried := drain(t, p, schema)
+	require.Len(t, retried, 1)
+	require.Equal(t, dead[0].ID, retried[0].ID)
+
+	// The flows: pay the awaiting orders (the first twice, one dedup key) and
+	// the ready one without its payment (before it awaits it), pick up every
+	// parcel, retry the failed instances after the fix.
+	flows := NewFlows()
+	fc, err := wharfflow.NewClient(p, schema)
+	require.NoError(t, err)
+	runner, err := wharfflow.NewRunner(p, &wharfflow.Config{Schema: schema, Flows: flows.Definitions()})
+	require.NoError(t, err)
+	require.NoError(t, runner.Start(ctx))
+	defer runner.Stop(ctx) //nolint:errcheck
+	for i := 1; i <= AwaitingOrders+ReadyOrders; i++ {
+		if i == AwaitingOrders+1 {
+			continue // paid before the upgrade
+		}
+		sig := wharfflow.Signal{Flow: "order", Key: fmt.Sprintf("o%d", i), Name: "payment", DedupKey: fmt.Sprintf("psp-%d", i)}
+		for range min(i, 2) {
+			_, err := fc.Send(ctx, sig)
+			require.NoError(t, err)
+		}
+	}
+	failed, err := fc.List(ctx, wharfflow.ListOptions{Flow: "flaky", Status: "failed"})
+	require.NoError(t, err)
+	require.Len(t, failed, FailedFlaky)
+	for _, inst := range failed {
+		require.NoError(t, fc.Retry(ctx, inst.ID))
+	}
+	wantCounts := map[string]int64{
+		"order/done":    AwaitingOrders + ReadyOrders,
+		"shipment/done": JoiningShipments + ReadyShipments,
+		"parcel/done":   2 * (JoiningShipments + ReadyShipments),
+		"flaky/done":    FailedFlaky,
+	}
+	deadline, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		// Parcels await their pickup, including those the ready shipment
+		// spawns after the upgrade; a repeated pickup is deduplicated.
+		awaiting, err := fc.List(ctx, wharfflow.ListOptions{Flow: "parcel", Status: "awaiting"})
+		require.NoError(t, err)
+		for _, inst := range awaiting {
+			// It may end between the list and the signal.
+			_, err := fc.Send(ctx, wharfflow.Signal{Instance: inst.ID, Name: "pickup", DedupKey: fmt.Sprint("pickup-", inst.ID)})
+			if !errors.Is(err, wharfflow.ErrNoInstance) {
+				require.NoError(t, err)
+			}
+		}
+		counts, err := fc.StatusCounts(ctx)
+		require.NoError(t, err)
+		got := map[string]int64{}
+		for _, c := range counts {
+			got[c.Flow+"/"+c.Status] += c.N
+		}
+		if fmt.Sprint(got) == fmt.Sprint(wantCounts) {
+			break
+		}
+		select {
+		case <-deadline.Done():
+			t.Fatalf("flows did not all finish: have %v, want %v", got, wantCounts)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	require.NoError(t, runner.Stop(ctx))
+
+	// History: each step once, but the failed step that was retried.
+	want := map[string]string{
+		"order":    "reserve:await paid:done",
+		"shipment": "pack:spawn joined:done",
+		"parcel":   "wait:await picked:done",
+		"flaky":    "start:fail start:done",
+	}
+	rows, err := p.Query(ctx, `SELECT i.id, i.flow, string_agg(s.step || ':' || s.outcome, ' ' ORDER BY s.finished_at, s.step)
+FROM `+schema+`.flow_instances i LEFT JOIN `+schema+`.flow_steps s ON s.instance_id = i.id GROUP BY i.id, i.flow`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		var flow, history string
+		require.NoError(t, rows.Scan(&id, &flow, &history))
+		require.Equalf(t, want[flow], history, "the history of instance %d (%s)", id, flow)
+	}
+	require.NoError(t, rows.Err())
+	// One orders.shipped message per order.
+	shipped := drain(t, p, schema)
+	var keys []string
+	for _, m := range shipped {
+		require.Equal(t, "orders.shipped", m.Topic)
+		keys = append(keys, m.Key)
+	}
+	slices.Sort(keys)
+	require.Equal(t, []string{"o1", "o2", "o3", "o4", "o5"}, keys)
+}
