@@ -42,7 +42,7 @@ report=$("$apidiff" -m "$baseline" "$module" 2> >(quiet))
 if grep -q '^Incompatible changes:' <<<"$report"; then
   echo "$report"
   echo
-  echo "api: the exported API changed incompatibly since $baseline (above, under "Incompatible changes")."
+  echo "api: the exported API changed incompatibly since $baseline (above, under \"Incompatible changes\")."
   echo "api: if the change is not intended, restore what was removed or changed."
   echo "api: if it is, list it under \"Breaking\" in CHANGELOG.md, then write the baseline again and commit it:"
   echo "api:     scripts/apicheck.sh -update    (or: make api/update)"
