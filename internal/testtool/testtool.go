@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -109,7 +110,11 @@ func ExamplesNeed(tool, addr, why string, examples ...string) {
 	if err := flag.Set("test.skip", pattern); err != nil {
 		panic(err)
 	}
+	run := flag.Lookup("test.run").Value.String()
 	for _, name := range examples {
+		if ok, err := regexp.MatchString(run, name); run != "" && (err != nil || !ok) {
+			continue // not selected by -run: nothing to report
+		}
 		fmt.Printf("--- SKIP: %s\n    %s\n", name, msg)
 		recordName(func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }, "tool", tool, name)
 	}
