@@ -27,6 +27,14 @@ lint: ## go vet, gofmt and golangci-lint (pinned; installed on first use)
 	@command -v golangci-lint >/dev/null 2>&1 || GOFLAGS= $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	golangci-lint run ./...
 
+# api/ is also a directory: the targets always run.
+.PHONY: api api/update
+api: ## fail on an incompatible change of the exported API since the release baseline (api/)
+	GO=$(GO) scripts/apicheck.sh
+
+api/update: ## write the API baseline from the working tree (after listing a breaking change in CHANGELOG.md)
+	GO=$(GO) scripts/apicheck.sh -update
+
 bench: ## testing.B benchmarks of the hot-path pieces
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 

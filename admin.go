@@ -255,12 +255,9 @@ func (l LaneOwner) Expired() bool { return l.Owner != "" && l.LeaseLeft <= 0 }
 // table (see [Count]); the oldest due message is found with one index probe
 // per lane, plus, for a lane whose first message is scheduled for later, a
 // walk over at most StatusScanBound rows of that lane; relays and lanes are
-// small tables. Measured end to end (`wharf status`, 2-core machine): 40-50
-// ms on a 300k-message outbox; 310 ms on a 500k-message one where every lane
-// starts with more than StatusScanBound scheduled messages, the most the
-// walk reads. The probes also walk index entries of delivered rows that
-// vacuum has not removed yet, which is slow (about 0.3 s per 300k such rows)
-// only while a long transaction holds vacuum back.
+// small tables. The probes also walk index entries of delivered rows that
+// vacuum has not removed yet, which is slow only while a long transaction
+// holds vacuum back.
 type Status struct {
 	Schema string
 	// Messages counts every message in the outbox, due or scheduled.

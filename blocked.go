@@ -83,10 +83,7 @@ type Blocked struct {
 // one range scan of at most BlockedScanBound rows of its lane to count the
 // messages behind it: at most 64 x BlockedScanBound + limit x
 // BlockedScanBound index entries (about 330k with the default limit),
-// however large the backlog. Measured (TestBlockedKeysCostLarge, 300k
-// messages over 20k keys, 1200 of them blocked) on a 2-core machine busy
-// with other test suites (load average 6-8): 1.0-3.1 s with limit 100,
-// 2.2-21 s with limit 1000; a 2k-message outbox takes about 4 ms.
+// however large the backlog.
 func (c *Client) BlockedKeys(ctx context.Context, limit int) (*Blocked, error) {
 	if err := c.requirePool(); err != nil {
 		return nil, err

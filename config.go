@@ -35,8 +35,8 @@ type Config struct {
 	// RelayID names this relay in the lanes table. Defaults to host-pid-random.
 	RelayID string
 
-	// FetchBatch is the most rows one fetch reads across all lanes. From 2000
-	// to 20000 the drain rate is the same (BENCHMARKS.md). Defaults to 4000.
+	// FetchBatch is the most rows one fetch reads across all lanes. Defaults
+	// to 4000.
 	FetchBatch int
 	// SinkBatch is the most messages handed to the sink in one Publish call.
 	// Defaults to 1000 (or MaxBuffered, when that is less); at most
@@ -80,12 +80,11 @@ type Config struct {
 	// its limit twice in a row) fetches again as soon as a fetch returns.
 	// Every fetch reads all the relay's lanes, so a relay that kept up and
 	// fetched back to back would spend most of its database time on fetches
-	// of a few rows each: with 5ms, a steady 40k msg/s took 21 % less CPU
-	// on the machine (relay, producers and PostgreSQL) and the p50
-	// commit-to-ack latency went from about 2 to 4ms (BENCHMARKS.md).
-	// It adds at most this much latency, half of it on average. A value
-	// below a fetch's round trip (1µs) fetches back to back. Defaults to 5ms
-	// (PollInterval if that is shorter).
+	// of a few rows each; BENCHMARKS.md in the repository shows the
+	// trade-off between CPU and latency. It adds at most this much latency,
+	// half of it on average. A value below a fetch's round trip (1µs)
+	// fetches back to back. Defaults to 5ms (PollInterval if that is
+	// shorter).
 	FetchInterval time.Duration
 
 	// LeaseTTL is how long a lane lease lasts without renewal: a crashed relay's

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wharfhq/wharf/internal/store"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
@@ -329,7 +330,7 @@ func assignIDs[R rowScanner](msgs []Message, got enqueued, lookup func([]string)
 var ErrDedupRace = errors.New("wharf: dedup key conflict with a message delivered meanwhile")
 
 func wrapEnqueueErr(err error) error {
-	if wharfmigrate.IsUndefinedTable(err) || wharfmigrate.IsUndefinedColumn(err) {
+	if store.IsUndefined(err) {
 		return fmt.Errorf("wharf: enqueue: %w: %w", ErrNotMigrated, err)
 	}
 	return fmt.Errorf("wharf: enqueue: %w", err)

@@ -28,7 +28,10 @@ import (
 
 // amqp091-go stops every goroutine it starts when its connection closes, and
 // the sink waits for its own in Close.
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) {
+	testtool.ExamplesNeed("rabbitmq-server", "127.0.0.1:5672", startHint, "ExampleNew")
+	leakcheck.Main(m)
+}
 
 const (
 	startHint         = "start it with: rabbitmq-server -detached (guest/guest on 127.0.0.1:5672), or point WHARF_TEST_AMQP_URL at one"

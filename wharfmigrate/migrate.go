@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations/*.sql
@@ -207,7 +206,7 @@ func (m *Migrator) DownToIfEmpty(ctx context.Context, conn Conn, target int) ([]
 
 // PlanDownTo returns the migrations DownTo(target) would revert now, in the
 // order it would revert them, and the version applied now.
-func (m *Migrator) PlanDownTo(ctx context.Context, q querier, target int) (applied int, plan []Migration, err error) {
+func (m *Migrator) PlanDownTo(ctx context.Context, q Querier, target int) (applied int, plan []Migration, err error) {
 	if target < 0 || target > m.Latest() {
 		return 0, nil, fmt.Errorf("wharfmigrate: target version %d is outside 0..%d", target, m.Latest())
 	}
@@ -221,7 +220,7 @@ func (m *Migrator) PlanDownTo(ctx context.Context, q querier, target int) (appli
 }
 
 // Version returns the latest applied migration (0 when none is).
-func (m *Migrator) Version(ctx context.Context, q querier) (int, error) {
+func (m *Migrator) Version(ctx context.Context, q Querier) (int, error) {
 	exists, err := m.versionTableExists(ctx, q)
 	if err != nil || !exists {
 		return 0, err
@@ -232,7 +231,7 @@ func (m *Migrator) Version(ctx context.Context, q querier) (int, error) {
 // Contents counts the rows of the outbox and of the dead-letter table, up to
 // 1001 each (enough to say "more than 1000"); 0 for a table that does not
 // exist.
-func (m *Migrator) Contents(ctx context.Context, q querier) (messages, deadLetters int64, err error) {
+func (m *Migrator) Contents(ctx context.Context, q Querier) (messages, deadLetters int64, err error) {
 	if messages, err = m.countUpTo(ctx, q, "outbox", 1001); err != nil {
 		return 0, 0, err
 	}
@@ -240,7 +239,7 @@ func (m *Migrator) Contents(ctx context.Context, q querier) (messages, deadLette
 	return messages, deadLetters, err
 }
 
-func (m *Migrator) countUpTo(ctx context.Context, q querier, table string, limit int) (int64, error) {
+func (m *Migrator) countUpTo(ctx context.Context, q Querier, table string, limit int) (int64, error) {
 	var exists bool
 	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+"."+table).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("wharfmigrate: %w", err)
@@ -408,12 +407,14 @@ func direction(up bool) string {
 	return "down"
 }
 
-type querier interface {
+// Querier is what the read-only calls need: a *pgx.Conn, *pgxpool.Pool,
+// *pgxpool.Conn or pgx.Tx.
+type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (m *Migrator) appliedVersion(ctx context.Context, q querier) (int, error) {
+func (m *Migrator) appliedVersion(ctx context.Context, q Querier) (int, error) {
 	var v int
 	if err := q.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+m.schema+`.schema_migrations`).Scan(&v); err != nil {
 		return 0, fmt.Errorf("wharfmigrate: read version: %w", err)
@@ -422,7 +423,7 @@ func (m *Migrator) appliedVersion(ctx context.Context, q querier) (int, error) {
 }
 
 // Status lists every known migration and when it was applied.
-func (m *Migrator) Status(ctx context.Context, q querier) ([]Status, error) {
+func (m *Migrator) Status(ctx context.Context, q Querier) ([]Status, error) {
 	applied := map[int]time.Time{}
 	exists, err := m.versionTableExists(ctx, q)
 	if err != nil {
@@ -453,7 +454,7 @@ func (m *Migrator) Status(ctx context.Context, q querier) ([]Status, error) {
 	return out, nil
 }
 
-func (m *Migrator) versionTableExists(ctx context.Context, q querier) (bool, error) {
+func (m *Migrator) versionTableExists(ctx context.Context, q Querier) (bool, error) {
 	var exists bool
 	err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+".schema_migrations").Scan(&exists)
 	if err != nil {
@@ -464,7 +465,7 @@ func (m *Migrator) versionTableExists(ctx context.Context, q querier) (bool, err
 
 // Check returns nil when the schema is migrated to this build's latest version,
 // and an error telling the operator to run `wharf migrate up` otherwise.
-func (m *Migrator) Check(ctx context.Context, q querier) error {
+func (m *Migrator) Check(ctx context.Context, q Querier) error {
 	exists, err := m.versionTableExists(ctx, q)
 	if err != nil {
 		return err
@@ -505,17 +506,4 @@ func (m *Migrator) SQL(up bool) string {
 		fmt.Fprintf(&b, "\n-- %03d_%s down\n%s\nDELETE FROM %s.schema_migrations WHERE version = %d;\n", mg.Version, mg.Name, strings.TrimSpace(mg.Down), m.schema, mg.Version)
 	}
 	return b.String()
-}
-
-// IsUndefinedTable reports whether err is PostgreSQL's "relation does not exist".
-func IsUndefinedTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
-}
-
-// IsUndefinedColumn reports whether err is PostgreSQL's "column does not
-// exist": a schema older than the statement (run `wharf migrate up`).
-func IsUndefinedColumn(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42703"
 }

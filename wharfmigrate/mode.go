@@ -30,7 +30,7 @@ var ErrWALLevel = errors.New("WAL mode needs wal_level=logical")
 
 // Mode reports the outbox's mode. An outbox is in WAL mode when its WAL
 // enqueue function exists, which SetWALMode creates.
-func (m *Migrator) Mode(ctx context.Context, q querier) (Mode, error) {
+func (m *Migrator) Mode(ctx context.Context, q Querier) (Mode, error) {
 	var wal bool
 	if err := q.QueryRow(ctx, `SELECT to_regprocedure($1) IS NOT NULL`, m.schema+".enqueue_wal(bytea)").Scan(&wal); err != nil {
 		return "", fmt.Errorf("wharfmigrate: read the outbox's mode: %w", err)
@@ -206,7 +206,7 @@ func (m *Migrator) createSlot(ctx context.Context, tx pgx.Tx) error {
 // SlotState reports the state of the outbox's replication slot: SlotOK,
 // SlotMissing, or SlotLost (invalidated, its wal_status 'lost'). While it is
 // missing or lost, enqueue_wal refuses messages.
-func (m *Migrator) SlotState(ctx context.Context, q querier) (string, error) {
+func (m *Migrator) SlotState(ctx context.Context, q Querier) (string, error) {
 	var state string
 	err := q.QueryRow(ctx, `SELECT coalesce((SELECT CASE WHEN wal_status = 'lost' THEN 'lost' ELSE 'ok' END
 FROM pg_replication_slots WHERE slot_name = $1), 'missing')`, m.schema).Scan(&state)
@@ -223,11 +223,11 @@ FROM pg_replication_slots WHERE slot_name = $1), 'missing')`, m.schema).Scan(&st
 // pg_logical_emit_message is, or can be, revoked from PUBLIC. Run it before
 // migrating, so that a refusal leaves the schema as it was. Each error is
 // one line saying what to do.
-func (m *Migrator) CheckWALMode(ctx context.Context, q querier) error {
+func (m *Migrator) CheckWALMode(ctx context.Context, q Querier) error {
 	return m.checkWALMode(ctx, q)
 }
 
-func (m *Migrator) checkWALMode(ctx context.Context, q querier) error {
+func (m *Migrator) checkWALMode(ctx context.Context, q Querier) error {
 	var level, role string
 	var super, replication, needPub, canCreate bool
 	err := q.QueryRow(ctx, `SELECT current_setting('wal_level'), current_user::text, r.rolsuper, r.rolreplication,
@@ -276,7 +276,7 @@ FROM pg_roles r WHERE r.rolname = current_user`, m.schema).Scan(&level, &role, &
 }
 
 // database is the current database's name ("" if it cannot be read).
-func (m *Migrator) database(ctx context.Context, q querier) string {
+func (m *Migrator) database(ctx context.Context, q Querier) string {
 	var name string
 	_ = q.QueryRow(ctx, `SELECT current_database()`).Scan(&name)
 	return name
@@ -284,7 +284,7 @@ func (m *Migrator) database(ctx context.Context, q querier) string {
 
 // emitOverloads returns the overloads of pg_logical_emit_message that PUBLIC
 // may execute (PostgreSQL 17 added one), as regprocedure text.
-func emitOverloads(ctx context.Context, q querier) ([]string, error) {
+func emitOverloads(ctx context.Context, q Querier) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc p
 WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace
   AND has_function_privilege('public', p.oid, 'EXECUTE')
@@ -336,7 +336,7 @@ var ErrEmitPublic = errors.New("any role can write messages to the outbox: PUBLI
 // pg_logical_emit_message in the connection's database: any role could then
 // write messages that a relay of a WAL outbox delivers with its own
 // credentials. The relay checks it before it streams.
-func CheckEmitRestricted(ctx context.Context, q querier) error {
+func CheckEmitRestricted(ctx context.Context, q Querier) error {
 	public, err := emitOverloads(ctx, q)
 	if err != nil {
 		return err

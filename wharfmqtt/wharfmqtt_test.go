@@ -28,7 +28,10 @@ import (
 
 // paho and autopaho stop every goroutine they start once the connection
 // manager's context ends and Disconnect returned.
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) {
+	testtool.ExamplesNeed("mosquitto", "127.0.0.1:1883", startHint, "ExampleNew")
+	leakcheck.Main(m)
+}
 
 const (
 	defaultAddr    = "127.0.0.1:1883"

@@ -26,7 +26,10 @@ import (
 )
 
 // nats.go stops every goroutine it starts when its connection closes.
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) {
+	testtool.ExamplesNeed("nats-server", "127.0.0.1:4222", startHint, "ExampleNew")
+	leakcheck.Main(m)
+}
 
 const (
 	sharedURL       = "nats://127.0.0.1:4222"

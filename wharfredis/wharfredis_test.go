@@ -28,7 +28,10 @@ import (
 // go-redis stops every goroutine it starts when its client closes; a pool
 // whose dials kept failing probes the server in the background and notices
 // the close only when its 1s sleep ends, which leakcheck waits for.
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) {
+	testtool.ExamplesNeed("redis-server", "127.0.0.1:6379", startHint, "ExampleNew")
+	leakcheck.Main(m)
+}
 
 const (
 	defaultURL      = "redis://127.0.0.1:6379"

@@ -108,7 +108,3 @@ func templateExample(templateOpt string) string {
 	}
 	return "queue_template=wharf-{{topic}}, or wharf-{{topic}}.fifo for FIFO queues"
 }
-
-// Transport reaches the HTTP transport of a client Open made, once the
-// client built it.
-type Transport = awsurl.Transport

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sns/types"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/awsurl"
 )
 
 // TopicSink is a [wharf.Sink] that publishes to Amazon SNS topics. It is
@@ -27,7 +28,7 @@ type TopicSink struct {
 	last   atomic.Value
 	closed atomic.Bool
 	// transport is the HTTP transport of the client Open made (nil for New).
-	transport *Transport
+	transport *awsurl.Transport
 }
 
 var (

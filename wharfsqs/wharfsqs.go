@@ -112,6 +112,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/awsurl"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 )
 
@@ -185,7 +186,7 @@ type Sink struct {
 	last   atomic.Value
 	closed atomic.Bool
 	// transport is the HTTP transport of the client Open made (nil for New).
-	transport *Transport
+	transport *awsurl.Transport
 }
 
 var (

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/wharfhq/wharf/wharfmigrate"
@@ -242,7 +243,9 @@ func (req FetchRequest) ExpectedRows() int {
 
 // IsUndefined reports whether err is PostgreSQL's answer to a statement that
 // names a table or column the schema does not have (not migrated, or an
-// older schema version).
+// older schema version): undefined_table, invalid_schema_name or
+// undefined_column.
 func IsUndefined(err error) bool {
-	return wharfmigrate.IsUndefinedTable(err) || wharfmigrate.IsUndefinedColumn(err)
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000" || pgErr.Code == "42703")
 }

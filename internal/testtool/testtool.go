@@ -18,12 +18,16 @@
 package testtool
 
 import (
+	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // SkipLogEnv names the environment variable holding the file that skips
@@ -81,24 +85,61 @@ func Path(t testing.TB, name, install string, extra ...string) string {
 	return ""
 }
 
+// ExamplesNeed is Missing for the examples of a test binary, which cannot
+// skip themselves: call it from TestMain before m.Run. When nothing answers
+// on the TCP address addr, the examples named (their full function names)
+// are skipped (added to -test.skip, and recorded like Missing's skips), or,
+// under CI=true, left to run and fail. why says how to start the server.
+func ExamplesNeed(tool, addr, why string, examples ...string) {
+	if c, err := net.DialTimeout("tcp", addr, 2*time.Second); err == nil {
+		_ = c.Close()
+		return
+	}
+	msg := fmt.Sprintf("%sneeds %s: nothing answers on %s: %s", SkipPrefix, tool, addr, why)
+	if os.Getenv("CI") == "true" {
+		fmt.Fprintln(os.Stderr, msg+" (CI=true: its examples run and fail)")
+		return
+	}
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	pattern := "^(" + strings.Join(examples, "|") + ")$"
+	if old := flag.Lookup("test.skip").Value.String(); old != "" {
+		pattern = old + "|" + pattern
+	}
+	if err := flag.Set("test.skip", pattern); err != nil {
+		panic(err)
+	}
+	run := flag.Lookup("test.run").Value.String()
+	for _, name := range examples {
+		if ok, err := regexp.MatchString(run, name); run != "" && (err != nil || !ok) {
+			continue // not selected by -run: nothing to report
+		}
+		fmt.Printf("--- SKIP: %s\n    %s\n", name, msg)
+		recordName(func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }, "tool", tool, name)
+	}
+}
+
 // record appends "<kind>\t<tool>\t<package dir>\t<test>" to
 // $WHARF_SKIP_LOG; kind is "tool" (a missing tool) or "long".
-func record(t testing.TB, kind, tool string) {
+func record(t testing.TB, kind, tool string) { recordName(t.Logf, kind, tool, t.Name()) }
+
+func recordName(logf func(format string, args ...any), kind, tool, name string) {
 	file := os.Getenv(SkipLogEnv)
 	if file == "" {
 		return
 	}
 	f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
-		t.Logf("cannot record the skip in %s: %v", file, err)
+		logf("cannot record the skip in %s: %v", file, err)
 		return
 	}
 	defer f.Close()
 	// One write per line: concurrent test binaries append whole lines.
 	clean := strings.NewReplacer("\t", " ", "\n", " ").Replace
-	line := kind + "\t" + clean(tool) + "\t" + packageDir() + "\t" + t.Name() + "\n"
+	line := kind + "\t" + clean(tool) + "\t" + packageDir() + "\t" + name + "\n"
 	if _, err := f.WriteString(line); err != nil {
-		t.Logf("cannot record the skip in %s: %v", file, err)
+		logf("cannot record the skip in %s: %v", file, err)
 	}
 }
 
