@@ -87,7 +87,7 @@ func (h *console) flowSummary(w http.ResponseWriter, r *http.Request) {
 		h.flowFail(w, "flows", err)
 		return
 	}
-	out := map[string]any{"available": missing == "", "message": missing, "statuses": wharfflow.Statuses, "flows": []flowCountsJSON{}}
+	out := map[string]any{"available": missing == "", "message": missing, "statuses": wharfflow.Statuses(), "flows": []flowCountsJSON{}}
 	if missing != "" {
 		writeJSON(w, http.StatusOK, out)
 		return
@@ -155,8 +155,8 @@ func flowRows(is []wharfflow.Instance) []flowRowJSON {
 func (h *console) flowInstances(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	o := wharfflow.ListOptions{Flow: q.Get("flow"), Status: q.Get("status"), Key: q.Get("key")}
-	if o.Status != "" && !slices.Contains(wharfflow.Statuses, o.Status) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("status %q: use one of %s", o.Status, strings.Join(wharfflow.Statuses, ", ")))
+	if o.Status != "" && !slices.Contains(wharfflow.Statuses(), o.Status) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("status %q: use one of %s", o.Status, strings.Join(wharfflow.Statuses(), ", ")))
 		return
 	}
 	if v := q.Get("before"); v != "" {

@@ -206,7 +206,7 @@ func TestFlowsAPIReads(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &sum))
 	require.True(t, sum.Available)
-	require.Equal(t, wharfflow.Statuses, sum.Statuses)
+	require.Equal(t, wharfflow.Statuses(), sum.Statuses)
 	require.Len(t, sum.Flows, 3)
 	require.Equal(t, "checkout", sum.Flows[0].Flow)
 	require.Equal(t, map[string]int64{"done": 1, "awaiting": 1}, sum.Flows[0].Counts)

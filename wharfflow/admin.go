@@ -100,8 +100,12 @@ type ListOptions struct {
 	Before int64
 }
 
-// Statuses are the statuses an instance can have.
-var Statuses = []string{"ready", "running", "awaiting", "joining", "done", "failed", "cancelled"}
+// statuses are the statuses an instance can have.
+var statuses = []string{"ready", "running", "awaiting", "joining", "done", "failed", "cancelled"}
+
+// Statuses returns the statuses an instance can have, in the order of its
+// life: ready, running, awaiting, joining, done, failed, cancelled.
+func Statuses() []string { return slices.Clone(statuses) }
 
 // List returns instances, newest first.
 func (c *Client) List(ctx context.Context, o ListOptions) ([]Instance, error) {
@@ -111,8 +115,8 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Instance, error) {
 	if o.Limit <= 0 {
 		o.Limit = 100
 	}
-	if o.Status != "" && !slices.Contains(Statuses, o.Status) {
-		return nil, fmt.Errorf("wharfflow: unknown status %q: use one of %s", o.Status, strings.Join(Statuses, ", "))
+	if o.Status != "" && !slices.Contains(statuses, o.Status) {
+		return nil, fmt.Errorf("wharfflow: unknown status %q: use one of %s", o.Status, strings.Join(statuses, ", "))
 	}
 	q := "SELECT " + instanceColumns + " FROM " + c.schema + ".flow_instances WHERE ($1 = '' OR flow = $1) AND ($2 = '' OR status = $2) AND ($3 = 0 OR id < $3)" +
 		" AND ($5 = '' OR correlation_key = $5) AND ($6 = 0 OR parent_id = $6) ORDER BY id DESC LIMIT $4"

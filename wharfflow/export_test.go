@@ -3,6 +3,8 @@ package wharfflow
 import (
 	"context"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // LeaseStart is when r took the lease that instance id's running step runs
@@ -29,4 +31,9 @@ func SweepDeadRunners(r *Runner) { r.sweepDeadRunners(context.Background()) }
 // ids, and whether it was addressed to that key.
 func ParseIDs(payload string, key int64) (ids []int64, mine bool, err error) {
 	return parseIDs(payload, key)
+}
+
+// StepsCounter is wharf_flow_steps_total for flow and outcome.
+func (m *Metrics) StepsCounter(flow, outcome string) prometheus.Counter {
+	return m.steps.WithLabelValues(flow, outcome)
 }

@@ -147,7 +147,7 @@ func (f *Flow[S]) Step(name string, fn StepFunc[S]) *Flow[S] {
 func (f *Flow[S]) Name() string { return f.name }
 
 // Start describes a new instance of f with the given state, for
-// Client.StartTx.
+// Client.Start, StartTx and StartSQLTx.
 func (f *Flow[S]) Start(state S, o StartOptions) Start {
 	b, err := json.Marshal(state)
 	return Start{flow: f.name, step: f.first, state: b, opts: o, err: err}

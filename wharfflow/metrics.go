@@ -143,8 +143,3 @@ FROM (SELECT flow, status, run_at FROM ` + schema + `.flow_instances WHERE statu
       SELECT flow, status, run_at FROM ` + schema + `.flow_instances WHERE status = 'failed') i
 GROUP BY flow`
 }
-
-// StepsCounter is wharf_flow_steps_total for flow and outcome.
-func (m *Metrics) StepsCounter(flow, outcome string) prometheus.Counter {
-	return m.steps.WithLabelValues(flow, outcome)
-}

@@ -92,8 +92,8 @@ func newFlowListCmd(g *globals) *cobra.Command {
 			if o.Limit < 1 {
 				return usageError{fmt.Errorf("--limit must be at least 1 (got %d)", o.Limit)}
 			}
-			if o.Status != "" && !slices.Contains(wharfflow.Statuses, o.Status) {
-				return usageError{fmt.Errorf("--status %q: use one of %s", o.Status, strings.Join(wharfflow.Statuses, ", "))}
+			if o.Status != "" && !slices.Contains(wharfflow.Statuses(), o.Status) {
+				return usageError{fmt.Errorf("--status %q: use one of %s", o.Status, strings.Join(wharfflow.Statuses(), ", "))}
 			}
 			c, closeFn, err := g.flowClient(cmd)
 			if err != nil {
@@ -132,7 +132,7 @@ func newFlowListCmd(g *globals) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&o.Flow, "flow", "", "only instances of this flow")
-	fl.StringVar(&o.Status, "status", "", "only instances with this status: "+strings.Join(wharfflow.Statuses, ", "))
+	fl.StringVar(&o.Status, "status", "", "only instances with this status: "+strings.Join(wharfflow.Statuses(), ", "))
 	fl.StringVar(&o.Key, "key", "", "only instances with this correlation key")
 	fl.Int64Var(&o.Parent, "parent", 0, "only the children of this instance")
 	fl.IntVar(&o.Limit, "limit", 100, "most instances to list")
