@@ -1,40 +1,5 @@
 package docstest
 
-// TestDocsCodeBlocks checks every code block of README.md and docs/**/*.md
-// (the docs-check; it runs in `go test ./...`). To run it alone:
-//
-//	TEST_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
-//	  go test -count=1 -run TestDocsCodeBlocks ./internal/docstest
-//
-// Each failure is "file:line: what is wrong: what to do". The rules, by the
-// block's language tag:
-//
-//   - go: the block's lines (common indentation removed; blank lines and
-//     leading whitespace ignored) must appear as a contiguous run in a .go
-//     file that `go test ./...` compiles: write the code in an Example
-//     function or an example_doc_<topic>_test.go file first, then paste it.
-//   - sql: run in document order, per file, in one session, on a database
-//     of its own (docs_<random>, created for the file and dropped after) with
-//     schema wharf migrated to the head and the README's checkout flow
-//     registered. A block preceded by `<!-- docs-test: error -->` must fail.
-//     The database of its own keeps schema wharf free of other tests.
-//   - sh, bash, console: each command (console: the lines starting "$ ") is
-//     checked: wharf and `go run ./cmd/wharf` command lines are parsed by
-//     the real command tree, make targets must exist in the Makefile, paths
-//     given to go run/build/test must exist, `go test` flags must be go
-//     test's, and other programs must be in knownPrograms.
-//   - yaml, yml, json: must parse. A YAML block holding Prometheus rules
-//     (groups: ... rules:) and a promql block are checked by promtool when
-//     it is installed; with CI=true it must be.
-//   - text: not checked.
-//
-// `<!-- docs-test: skip (reason) -->` before a block skips it; the test logs
-// every skip and fails when there are more than maxSkips.
-//
-// Without TEST_DATABASE_URL the test starts a throwaway PostgreSQL from the
-// local server binaries; when that fails too, the sql blocks are skipped
-// (logged), except with CI=true, where that is a failure.
-
 import (
 	"context"
 	"crypto/rand"
@@ -154,6 +119,40 @@ type skipped struct {
 	where, reason string
 }
 
+// TestDocsCodeBlocks checks every code block of README.md and docs/**/*.md
+// (the docs-check; it runs in `go test ./...`). To run it alone:
+//
+//	TEST_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
+//	  go test -count=1 -run TestDocsCodeBlocks ./internal/docstest
+//
+// Each failure is "file:line: what is wrong: what to do". The rules, by the
+// block's language tag:
+//
+//   - go: the block's lines (common indentation removed; blank lines and
+//     leading whitespace ignored) must appear as a contiguous run in a .go
+//     file that `go test ./...` compiles: write the code in an Example
+//     function or an example_doc_<topic>_test.go file first, then paste it.
+//   - sql: run in document order, per file, in one session, on a database
+//     of its own (docs_<random>, created for the file and dropped after) with
+//     schema wharf migrated to the head and the README's checkout flow
+//     registered. A block preceded by `<!-- docs-test: error -->` must fail.
+//     The database of its own keeps schema wharf free of other tests.
+//   - sh, bash, console: each command (console: the lines starting "$ ") is
+//     checked: wharf and `go run ./cmd/wharf` command lines are parsed by
+//     the real command tree, make targets must exist in the Makefile, paths
+//     given to go run/build/test must exist, `go test` flags must be go
+//     test's, and other programs must be in knownPrograms.
+//   - yaml, yml, json: must parse. A YAML block holding Prometheus rules
+//     (groups: ... rules:) and a promql block are checked by promtool when
+//     it is installed; with CI=true it must be.
+//   - text: not checked.
+//
+// `<!-- docs-test: skip (reason) -->` before a block skips it; the test logs
+// every skip and fails when there are more than maxSkips.
+//
+// Without TEST_DATABASE_URL the test starts a throwaway PostgreSQL from the
+// local server binaries; when that fails too, the sql blocks are skipped
+// (logged), except with CI=true, where that is a failure.
 func TestDocsCodeBlocks(t *testing.T) {
 	var (
 		mu    sync.Mutex
@@ -462,18 +461,23 @@ func runSQL(t *testing.T, file string, blocks []Block, fail func(int, string, ..
 	for _, b := range blocks {
 		sql := strings.Join(b.Body, "\n")
 		_, err := conn.Exec(ctx, sql)
+		failedTx := conn.PgConn().TxStatus() == 'E'
 		switch {
 		case b.Directive == "error" && err == nil:
 			fail(b.Line, "the sql block is marked `<!-- docs-test: error -->` but ran without error: make it fail as the text says, or remove the comment")
+		case b.Directive == "error" && failedTx:
+			fail(b.Line, "the sql block fails as marked (%s) but leaves the session in a failed transaction, so a reader's next statements fail too: make the block the one failing statement, outside BEGIN ... COMMIT", sqlError(err))
 		case b.Directive == "error":
-			t.Logf("%s:%d: failed as marked: %v", file, b.Line, err)
+			t.Logf("%s:%d: fails as marked: %s", file, b.Line, sqlError(err))
 		case err != nil:
 			fail(sqlErrorLine(b, sql, err), "sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: %s; fix it so it runs, or put `<!-- docs-test: error -->` before it if it is meant to fail", sqlError(err))
 		}
-		if conn.PgConn().TxStatus() == 'E' {
-			// Like psql, the session stays in the failed transaction; say so
-			// once, so the next block's failure is understood.
-			t.Logf("%s:%d: the session is now in a failed transaction (later blocks fail until ROLLBACK)", file, b.Line)
+		if failedTx {
+			// Reported above; roll back so that the next blocks are
+			// checked on their own.
+			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
@@ -625,8 +629,11 @@ func checkCommandLine(line string) string {
 	if err != nil {
 		return "the line does not parse as a shell command: " + err.Error()
 	}
-	for _, words := range cmds {
+	for i, words := range cmds {
 		if msg := checkWords(words); msg != "" {
+			if i > 0 {
+				msg += " (it follows a |, ;, & or && on the line; to show alternatives, write each command on its own line)"
+			}
 			return msg
 		}
 	}
@@ -655,6 +662,19 @@ func checkWords(words []string) string {
 		return checkGoCommand(args)
 	case prog == "make":
 		return checkMake(args)
+	case prog == "sh" || prog == "bash":
+		for _, a := range args {
+			if a == "-c" {
+				return ""
+			}
+			if !strings.HasPrefix(a, "-") {
+				if _, err := os.Stat(filepath.Join(repoRoot, a)); err != nil && !strings.HasPrefix(a, "$") && !filepath.IsAbs(a) {
+					return fmt.Sprintf("%s %s: %s is not a file of the repository: correct the path", prog, a, a)
+				}
+				return ""
+			}
+		}
+		return ""
 	case strings.Contains(prog, "/"):
 		if strings.HasPrefix(prog, "$") || strings.HasPrefix(prog, "~") || strings.HasPrefix(prog, "/") {
 			return ""

@@ -1,6 +1,7 @@
 package docstest
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -263,4 +264,44 @@ func TestCheckGo(t *testing.T) {
 
 	require.Contains(t, checkGo(t, Block{Line: 1, BodyLine: 2, Body: []string{"undefinedEverywhere()"}}),
 		`its first line "undefinedEverywhere()" is in no .go file of the module`)
+}
+
+func TestSQLBlocks(t *testing.T) {
+	blocks := ParseMarkdown(md(
+		"```sql", // 1
+		"CREATE TABLE orders (id int PRIMARY KEY, status text);",
+		"```",
+		"<!-- docs-test: error -->", // 4
+		"```sql",
+		"SELECT wharf.enqueue('', 'k', '{}');",
+		"```",
+		"```sql", // 8
+		"BEGIN;",
+		"UPDATE orders SET status = 'paid' WHERE id = 42;",
+		"SELECT wharf.enqueue('orders.paid', '42', '{\"order\": 42}', nosuchcolumn);",
+		"COMMIT;",
+		"```",
+		"```sql", // 14: runs, after the harness rolled the failed transaction back
+		"SELECT wharf.start_flow('checkout', '{\"id\": \"o-1\"}', 'o-1');",
+		"SELECT wharf.signal('checkout', 'o-1', 'payment-captured', '{}');",
+		"```",
+		"<!-- docs-test: error -->", // 18, the fence on 19
+		"```sql",
+		"SELECT 1;",
+		"```",
+		"<!-- docs-test: error -->", // 22, the fence on 23
+		"```sql",
+		"BEGIN;",
+		"SELECT 1/0;",
+		"```",
+	))
+	var got []string
+	fail := func(line int, format string, args ...any) {
+		got = append(got, fmt.Sprintf("%d: ", line)+fmt.Sprintf(format, args...))
+	}
+	runSQL(t, "x.md", blocks, fail)
+	require.Len(t, got, 3, "%q", got)
+	require.Contains(t, got[0], `11: sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: column "nosuchcolumn" does not exist (SQLSTATE 42703)`)
+	require.Contains(t, got[1], "19: the sql block is marked `<!-- docs-test: error -->` but ran without error")
+	require.Contains(t, got[2], "23: the sql block fails as marked (division by zero (SQLSTATE 22012)) but leaves the session in a failed transaction")
 }
