@@ -91,7 +91,8 @@ func ParseMarkdown(src string) []Block {
 			continue
 		}
 		indent := indentWidth(line)
-		if m := fenceRE.FindStringSubmatch(line); m != nil && !(m[2][0] == '`' && strings.Contains(m[3], "`")) {
+		// A backtick fence's info string has no backtick (else it is inline code).
+		if m := fenceRE.FindStringSubmatch(line); m != nil && (m[2][0] != '`' || !strings.Contains(m[3], "`")) {
 			b := Block{Line: i + 1, BodyLine: i + 2}
 			if f := strings.Fields(m[3]); len(f) > 0 {
 				b.Tag = strings.ToLower(strings.Trim(f[0], "{}."))
