@@ -30,6 +30,7 @@ import (
 
 	"github.com/wharfhq/wharf/internal/cli"
 	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfflow"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
@@ -143,16 +144,17 @@ type skipped struct {
 //     given to go run/build/test must exist, `go test` flags must be go
 //     test's, and other programs must be in knownPrograms.
 //   - yaml, yml, json: must parse. A YAML block holding Prometheus rules
-//     (groups: ... rules:) and a promql block are checked by promtool when
-//     it is installed; with CI=true it must be.
+//     (groups: ... rules:) and a promql block are checked by
+//     `promtool check rules`.
 //   - text: not checked.
 //
 // `<!-- docs-test: skip (reason) -->` before a block skips it; the test logs
 // every skip and fails when there are more than maxSkips.
 //
 // Without TEST_DATABASE_URL the test starts a throwaway PostgreSQL from the
-// local server binaries; when that fails too, the sql blocks are skipped
-// (logged), except with CI=true, where that is a failure.
+// local server binaries. Without either, each file's sql subtest is skipped
+// for lack of a tool (internal/testtool), and so is its promtool subtest
+// without promtool; with CI=true both fail instead.
 func TestDocsCodeBlocks(t *testing.T) {
 	var (
 		mu    sync.Mutex
@@ -164,11 +166,9 @@ func TestDocsCodeBlocks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fail := func(line int, format string, args ...any) {
-				t.Helper()
-				t.Errorf("%s:%d: %s", file, line, fmt.Sprintf(format, args...))
-			}
+			fail := failer(t, file)
 			var sqlBlocks []Block
+			var rules []promRules // checked by promtool after the other blocks
 			for _, b := range ParseMarkdown(string(src)) {
 				if b.DirectiveErr != "" {
 					fail(b.Line, "%s", b.DirectiveErr)
@@ -212,23 +212,27 @@ func TestDocsCodeBlocks(t *testing.T) {
 					}
 				case "text":
 				case "yaml", "yml":
-					if msg := checkYAML(t, b); msg != "" {
+					msg, r := checkYAML(b)
+					if msg != "" {
 						fail(b.Line, "%s", msg)
+					} else if r != "" {
+						rules = append(rules, promRules{b.Line, "Prometheus rules", r})
 					}
 				case "json":
 					if msg := checkJSON(b); msg != "" {
 						fail(b.Line, "%s", msg)
 					}
 				case "promql":
-					if msg := checkPromQL(t, b); msg != "" {
-						fail(b.Line, "%s", msg)
-					}
+					rules = append(rules, promRules{b.Line, "PromQL expression", promQLRules(b)})
 				default:
 					fail(b.Line, "unknown language tag %q: the docs test checks %s (text is not checked; use it only for output, diagrams and tables of values)", b.Tag, tagList())
 				}
 			}
 			if len(sqlBlocks) > 0 {
-				runSQL(t, file, sqlBlocks, fail)
+				t.Run("sql", func(t *testing.T) { runSQL(t, file, sqlBlocks, failer(t, file)) })
+			}
+			if len(rules) > 0 {
+				t.Run("promtool", func(t *testing.T) { checkRules(t, rules, failer(t, file)) })
 			}
 		})
 	}
@@ -237,6 +241,14 @@ func TestDocsCodeBlocks(t *testing.T) {
 	}
 	if len(skips) > maxSkips {
 		t.Errorf("%d blocks are skipped with `docs-test: skip`, at most %d may be: make some of them checkable", len(skips), maxSkips)
+	}
+}
+
+// failer reports "file:line: message" as an error of t.
+func failer(t *testing.T, file string) func(line int, format string, args ...any) {
+	return func(line int, format string, args ...any) {
+		t.Helper()
+		t.Errorf("%s:%d: %s", file, line, fmt.Sprintf(format, args...))
 	}
 }
 
@@ -443,11 +455,7 @@ func freshDatabase(t *testing.T) string {
 // runSQL runs a file's sql blocks in order in one session.
 func runSQL(t *testing.T, file string, blocks []Block, fail func(int, string, ...any)) {
 	if databaseErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s: its sql blocks cannot run: %v", file, databaseErr)
-		}
-		t.Logf("%s: %d sql blocks NOT checked: %v", file, len(blocks), databaseErr)
-		return
+		testtool.Missing(t, "PostgreSQL", fmt.Sprintf("runs the %d sql blocks of %s: %v", len(blocks), file, databaseErr))
 	}
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, freshDatabase(t))
@@ -509,7 +517,9 @@ func sqlErrorLine(b Block, sql string, err error) int {
 
 // ---- yaml, json, promql ----
 
-func checkYAML(t *testing.T, b Block) string {
+// checkYAML parses a yaml block; rules is the block when it holds
+// Prometheus rules, for promtool.
+func checkYAML(b Block) (msg, rules string) {
 	src := strings.Join(b.Body, "\n")
 	dec := yaml.NewDecoder(strings.NewReader(src))
 	var docs []any
@@ -520,14 +530,14 @@ func checkYAML(t *testing.T, b Block) string {
 			break
 		}
 		if err != nil {
-			return "yaml block does not parse: " + err.Error() + " (a yaml line N is file line " + fmt.Sprint(b.BodyLine) + "+N-1)"
+			return fmt.Sprintf("yaml block does not parse: %v (yaml line N is file line %d+N-1)", err, b.BodyLine), ""
 		}
 		docs = append(docs, v)
 	}
 	if len(docs) == 1 && isPrometheusRules(docs[0]) {
-		return promtool(t, "rules", src)
+		return "", src
 	}
-	return ""
+	return "", ""
 }
 
 func isPrometheusRules(v any) bool {
@@ -564,37 +574,38 @@ func checkJSON(b Block) string {
 	return ""
 }
 
-func checkPromQL(t *testing.T, b Block) string {
+// promQLRules is a rules file recording the block's expression.
+func promQLRules(b Block) string {
 	expr := strings.TrimSpace(strings.Join(b.Body, "\n"))
 	rules, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{
 		"name": "docs", "rules": []any{map[string]any{"record": "docs:expr", "expr": expr}},
 	}}})
 	if err != nil {
-		return err.Error()
+		panic(err) // maps of strings always marshal
 	}
-	return promtool(t, "promql expression", string(rules))
+	return string(rules)
 }
 
-// promtool runs `promtool check rules` on rules; without promtool it logs
-// that the check was not made, or fails with CI=true.
-func promtool(t *testing.T, what, rules string) string {
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			return "promtool is not installed, so the " + what + " cannot be checked: install it (CI must)"
+// promRules is a block for `promtool check rules`.
+type promRules struct {
+	line  int
+	what  string
+	rules string
+}
+
+// checkRules runs `promtool check rules` on each; without promtool the
+// subtest is skipped (failed under CI=true) through testtool.
+func checkRules(t *testing.T, rules []promRules, fail func(int, string, ...any)) {
+	path := testtool.Path(t, "promtool", "checks the Prometheus rules and PromQL in the docs: apt-get install prometheus")
+	for i, r := range rules {
+		f := filepath.Join(t.TempDir(), fmt.Sprintf("rules%d.yaml", i))
+		if err := os.WriteFile(f, []byte(r.rules), 0o600); err != nil {
+			t.Fatal(err)
 		}
-		t.Logf("%s not checked by promtool (not installed); yaml parsed only", what)
-		return ""
+		if out, err := exec.Command(path, "check", "rules", f).CombinedOutput(); err != nil {
+			fail(r.line, "promtool check rules fails on the %s: %s", r.what, strings.Join(strings.Fields(string(out)), " "))
+		}
 	}
-	f := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(f, []byte(rules), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(path, "check", "rules", f).CombinedOutput()
-	if err != nil {
-		return "promtool check rules fails on the " + what + ": " + strings.Join(strings.Fields(string(out)), " ")
-	}
-	return ""
 }
 
 // ---- sh, bash, console ----

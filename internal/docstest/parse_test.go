@@ -305,3 +305,41 @@ func TestSQLBlocks(t *testing.T) {
 	require.Contains(t, got[1], "19: the sql block is marked `<!-- docs-test: error -->` but ran without error")
 	require.Contains(t, got[2], "23: the sql block fails as marked (division by zero (SQLSTATE 22012)) but leaves the session in a failed transaction")
 }
+
+func TestYAMLAndJSONBlocks(t *testing.T) {
+	blocks := ParseMarkdown(md(
+		"```yaml",
+		"sink: 'stdout:'",
+		"routes:",
+		"  - {topic: orders, sink: 'nats://127.0.0.1:4222'}",
+		"```",
+		"```yaml",
+		"a: [1, 2",
+		"```",
+		"```yaml",
+		"groups:",
+		"  - name: wharf",
+		"    rules:",
+		"      - alert: WharfBacklog",
+		"        expr: wharf_outbox_due > 1000",
+		"```",
+		"```json",
+		`{"id": 1}`,
+		`{"id": 2}`,
+		"```",
+		"```json",
+		`{"id": 1, ...}`,
+		"```",
+	))
+	msg, rules := checkYAML(blocks[0])
+	require.Equal(t, "", msg)
+	require.Equal(t, "", rules)
+	msg, _ = checkYAML(blocks[1])
+	require.Contains(t, msg, "yaml block does not parse")
+	msg, rules = checkYAML(blocks[2])
+	require.Equal(t, "", msg)
+	require.Contains(t, rules, "WharfBacklog", "Prometheus rules go to promtool")
+	require.Equal(t, "", checkJSON(blocks[3]), "a stream of JSON values parses")
+	require.Contains(t, checkJSON(blocks[4]), "json block does not parse")
+	require.Contains(t, promQLRules(Block{Body: []string{"sum(rate(wharf_delivered_total[5m]))"}}), "expr: sum(rate(wharf_delivered_total[5m]))")
+}
