@@ -352,8 +352,12 @@ func checkGo(t *testing.T, b Block) string {
 	if best == 0 {
 		return fmt.Sprintf("go block is not compiled code: its first line %q is in no .go file of the module; %s", want[0], how)
 	}
-	return fmt.Sprintf("go block is not compiled code: its first %d lines match %s:%d, but its line %d (%q) does not follow there; %s",
-		best, bestFile, bestAt, wantLine[best], want[best], how)
+	prefix := fmt.Sprintf("its first %d lines match", best)
+	if best == 1 {
+		prefix = "its first line matches"
+	}
+	return fmt.Sprintf("go block is not compiled code: %s %s:%d, but its line %d (%q) does not follow there; %s",
+		prefix, bestFile, bestAt, wantLine[best], want[best], how)
 }
 
 // ---- sql ----
