@@ -482,7 +482,13 @@ func runSQL(t *testing.T, file string, blocks []Block, fail func(int, string, ..
 		case b.Directive == "error":
 			t.Logf("%s:%d: fails as marked: %s", file, b.Line, sqlError(err))
 		case err != nil:
-			fail(sqlErrorLine(b, sql, err), "sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: %s; fix it so it runs, or put `<!-- docs-test: error -->` before it if it is meant to fail", sqlError(err))
+			hint := ""
+			for _, l := range b.Body {
+				if strings.HasPrefix(strings.TrimSpace(l), `\`) {
+					hint = " (psql meta-commands such as \\d are not SQL: show them in a console block, `$ psql -c '\\d wharf.outbox'`)"
+				}
+			}
+			fail(sqlErrorLine(b, sql, err), "sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: %s; fix it so it runs, or put `<!-- docs-test: error -->` before it if it is meant to fail%s", sqlError(err), hint)
 		}
 		if failedTx {
 			// Reported above; roll back so that the next blocks are

@@ -129,6 +129,23 @@ func TestParseDirectives(t *testing.T) {
 	require.Contains(t, blocks[3].DirectiveErr, "unknown directive `docs-test: eror`")
 	require.Equal(t, "", blocks[4].Directive)
 	require.Equal(t, "", blocks[4].DirectiveErr)
+
+	blocks = ParseMarkdown(md(
+		"<!-- docs-test: error -->",
+		"A paragraph, not a block.",
+		"",
+		"```sql",
+		"SELECT 1;",
+		"```",
+		"<!-- docs-test: skip (at the end) -->",
+	))
+	require.Len(t, blocks, 3)
+	require.True(t, blocks[0].Orphan)
+	require.Equal(t, 1, blocks[0].Line)
+	require.Contains(t, blocks[0].DirectiveErr, "`<!-- docs-test: error -->` is not followed by a code block")
+	require.Equal(t, "", blocks[1].Directive)
+	require.True(t, blocks[2].Orphan)
+	require.Equal(t, 7, blocks[2].Line)
 }
 
 func TestShellCommandsSh(t *testing.T) {
@@ -294,16 +311,21 @@ func TestSQLBlocks(t *testing.T) {
 		"BEGIN;",
 		"SELECT 1/0;",
 		"```",
+		"```sql", // 27, the error on 28
+		`\d wharf.outbox`,
+		"```",
 	))
 	var got []string
 	fail := func(line int, format string, args ...any) {
 		got = append(got, fmt.Sprintf("%d: ", line)+fmt.Sprintf(format, args...))
 	}
 	runSQL(t, "x.md", blocks, fail)
-	require.Len(t, got, 3, "%q", got)
+	require.Len(t, got, 4, "%q", got)
 	require.Contains(t, got[0], `11: sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: column "nosuchcolumn" does not exist (SQLSTATE 42703)`)
 	require.Contains(t, got[1], "19: the sql block is marked `<!-- docs-test: error -->` but ran without error")
 	require.Contains(t, got[2], "23: the sql block fails as marked (division by zero (SQLSTATE 22012)) but leaves the session in a failed transaction")
+	require.Contains(t, got[3], "28: sql block")
+	require.Contains(t, got[3], "psql meta-commands such as \\d are not SQL")
 }
 
 func TestYAMLAndJSONBlocks(t *testing.T) {
