@@ -126,6 +126,10 @@ type skipped struct {
 //	TEST_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
 //	  go test -count=1 -run TestDocsCodeBlocks ./internal/docstest
 //
+// (-run 'TestDocsCodeBlocks/README.md' for one file). docs/cli.md is
+// generated (make docs) and checked like the rest, and TestCLIReferenceIsCurrent
+// fails when it is stale.
+//
 // Each failure is "file:line: what is wrong: what to do". The rules, by the
 // block's language tag:
 //
@@ -136,11 +140,17 @@ type skipped struct {
 //   - sql: run in document order, per file, in one session, on a database
 //     of its own (docs_<random>, created for the file and dropped after) with
 //     schema wharf migrated to the head and the README's checkout flow
-//     registered. A block preceded by `<!-- docs-test: error -->` must fail.
-//     The database of its own keeps schema wharf free of other tests.
+//     registered (a runner started and stopped: definitions written, no step
+//     runs). A block is sent as one query string, as psql -c would. A block
+//     preceded by `<!-- docs-test: error -->` must fail, and must not leave
+//     the session in a failed transaction. After an unexpected failure the
+//     test rolls back, so the next blocks are checked on their own. The
+//     database of its own keeps schema wharf free of other tests.
 //   - sh, bash, console: each command (console: the lines starting "$ ") is
-//     checked: wharf and `go run ./cmd/wharf` command lines are parsed by
-//     the real command tree, make targets must exist in the Makefile, paths
+//     checked: wharf, ./wharf and `go run ./cmd/wharf` command lines are
+//     parsed by the real command tree (cli.CheckArgs: commands, flags, flag
+//     values and argument counts; not what a command checks when it runs),
+//     make targets must exist in the Makefile, paths
 //     given to go run/build/test must exist, `go test` flags must be go
 //     test's, and other programs must be in knownPrograms.
 //   - yaml, yml, json: must parse. A YAML block holding Prometheus rules
