@@ -181,7 +181,7 @@ func ParseMarkdown(src string) []Block {
 func (b *Block) applyDirective(prev string) {
 	m := directiveRE.FindStringSubmatch(prev)
 	if m == nil {
-		if strings.Contains(prev, "docs-test") {
+		if strings.HasPrefix(prev, "<!--") && strings.Contains(prev, "docs-test") {
 			b.DirectiveErr = "the comment before the block mentions docs-test but is not `<!-- docs-test: error -->` or `<!-- docs-test: skip (reason) -->` on one line"
 		}
 		return

@@ -146,6 +146,22 @@ func TestParseDirectives(t *testing.T) {
 	require.Equal(t, "", blocks[1].Directive)
 	require.True(t, blocks[2].Orphan)
 	require.Equal(t, 7, blocks[2].Line)
+
+	// Text about the directives is not one.
+	blocks = ParseMarkdown(md(
+		"Put `<!-- docs-test: error -->` before a block that must fail:",
+		"",
+		"```text",
+		"<!-- docs-test: error -->",
+		"```",
+		"<!-- docs-test error -->",
+		"```sql",
+		"SELECT 1;",
+		"```",
+	))
+	require.Len(t, blocks, 2)
+	require.Equal(t, "", blocks[0].DirectiveErr)
+	require.Contains(t, blocks[1].DirectiveErr, "mentions docs-test but is not")
 }
 
 func TestShellCommandsSh(t *testing.T) {
