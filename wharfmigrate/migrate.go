@@ -350,6 +350,13 @@ CREATE TABLE IF NOT EXISTS `+m.schema+`.schema_migrations (
 	if err != nil {
 		return nil, err
 	}
+	if applied > m.Latest() {
+		// A newer build migrated this schema: this one does not know the
+		// newer migrations, so it can neither revert them nor revert
+		// anything they may depend on, and the schema is not "up to date"
+		// for it.
+		return nil, m.newerErr(applied)
+	}
 	steps := plan(applied)
 	if len(steps) == 0 {
 		return nil, nil
@@ -481,9 +488,13 @@ func (m *Migrator) Check(ctx context.Context, q Querier) error {
 		return fmt.Errorf("%w (schema %q is at version %d, this build needs %d)", ErrNotMigrated, m.schema, v, m.Latest())
 	}
 	if v > m.Latest() {
-		return fmt.Errorf("wharfmigrate: schema %q is at version %d, newer than this build (%d): upgrade wharf", m.schema, v, m.Latest())
+		return m.newerErr(v)
 	}
 	return nil
+}
+
+func (m *Migrator) newerErr(v int) error {
+	return fmt.Errorf("wharfmigrate: schema %q is at version %d, newer than this build (%d): upgrade wharf", m.schema, v, m.Latest())
 }
 
 // ErrNotMigrated means the schema is missing or older than this build needs.
