@@ -92,10 +92,18 @@ func TestUpgradeRunsWhatEachReleaseLeftToTheEnd(t *testing.T) {
 			require.NoError(t, err, "the fixture of release %s", r.version)
 			_, err = p.Exec(ctx, strings.ReplaceAll(string(body), "{{schema}}", schema))
 			require.NoError(t, err, "loading the fixture of release %s", r.version)
+			before := takeSnapshot(t, p, schema)
 			applied, err := m.Up(ctx, p)
 			require.NoError(t, err, "migrating from %s to the head", r.version)
 			t.Logf("from %s: applied migrations %v", r.version, applied)
-			runToTheEnd(t, p, schema)
+			if sql := os.Getenv(futureMigrationEnv); sql != "" {
+				// TestUpgradeCatchesHarmfulMigrations: a migration a later
+				// release might bring, which this test must catch.
+				_, err := p.Exec(ctx, strings.ReplaceAll(sql, "{{schema}}", schema))
+				require.NoError(t, err, "the simulated migration")
+			}
+			requirePreserved(t, before, takeSnapshot(t, p, schema))
+			runToTheEnd(t, p, schema, before)
 		})
 	}
 }
@@ -109,13 +117,14 @@ func TestFixtureRecipe(t *testing.T) {
 	schema := freshSchema(t, p, "upgrade_fixture")
 	m := migrateTo(t, p, schema, 1<<30)
 	require.NoError(t, Build(ctx, p, schema))
+	before := takeSnapshot(t, p, schema)
 	if version := os.Getenv(writeFixtureEnv); version != "" {
 		last := releases[len(releases)-1]
 		require.Equal(t, last.version, version, "add the release to releases first, with its last migration")
 		require.Equal(t, last.lastMigration, m.Latest(), "write a release's fixture at the release's commit")
 		writeFixture(t, schema, filepath.Join("testdata", version+".sql"))
 	}
-	runToTheEnd(t, p, schema)
+	runToTheEnd(t, p, schema, before)
 }
 
 var dumpNoise = regexp.MustCompile(`^(--|SET |SELECT pg_catalog\.set_config\('search_path'|\\)`)
@@ -176,7 +185,8 @@ func drain(t *testing.T, p *pgxpool.Pool, schema string) []wharf.Message {
 }
 
 // runToTheEnd runs what Build left in schema to the end and checks it.
-func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string) {
+// before is what the release left, with the ids consumers saw.
+func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string, before snapshot) {
 	t.Helper()
 	ctx := context.Background()
 
@@ -192,6 +202,12 @@ func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string) {
 		require.Greaterf(t, m.Seq, last[m.Key], "key %s out of order", m.Key)
 		last[m.Key] = m.Seq
 	}
+	var ids []string
+	for _, m := range msgs {
+		ids = append(ids, m.ID)
+	}
+	slices.Sort(ids)
+	require.Equal(t, before.pending, ids, "the pending messages keep the ids consumers deduplicate by")
 	require.Equal(t, 3, msgs[slices.IndexFunc(msgs, func(m wharf.Message) bool { return string(m.Payload) == `{"n": 3}` })].Attempt,
 		"the retrying message's third attempt")
 	client, err := wharf.NewClient(p, &wharf.Config{Schema: schema})
@@ -199,6 +215,7 @@ func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string) {
 	dead, err := client.DeadLetters(ctx, wharf.DeadLetterFilter{})
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
+	require.Equal(t, before.dead, []string{dead[0].ID}, "the dead letter keeps its id")
 	n, err := client.RetryDeadLetters(ctx, wharf.DeadLetterFilter{IDs: []string{dead[0].ID}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
