@@ -130,3 +130,8 @@ func canon(t *testing.T, rows, like []map[string]any) []string {
 	slices.Sort(out)
 	return out
 }
+
+func TestNewestPgDump(t *testing.T) {
+	found := []string{"/usr/lib/postgresql/10/bin/pg_dump", "/usr/lib/postgresql/15/bin/pg_dump", "/usr/lib/postgresql/9.6/bin/pg_dump"}
+	require.Equal(t, "/usr/lib/postgresql/15/bin/pg_dump", newestPgDump(found))
+}

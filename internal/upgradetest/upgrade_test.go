@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -137,7 +138,7 @@ func writeFixture(t *testing.T, schema, path string) {
 	if err != nil {
 		found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_dump")
 		require.NotEmpty(t, found, "pg_dump: not on PATH nor in /usr/lib/postgresql/*/bin")
-		bin = found[len(found)-1]
+		bin = newestPgDump(found)
 	}
 	out, err := exec.Command(bin, "--data-only", "--inserts", "--schema="+schema,
 		"--exclude-table-data="+schema+".schema_migrations", "--dbname="+databaseURL).Output()
@@ -155,6 +156,19 @@ func writeFixture(t *testing.T, schema, path string) {
 		"DELETE FROM {{schema}}.lanes;\n"
 	require.NoError(t, os.WriteFile(path, []byte(header+strings.Join(kept, "\n")), 0o644))
 	t.Logf("wrote %s", path)
+}
+
+// newestPgDump returns the pg_dump of the highest PostgreSQL version among
+// /usr/lib/postgresql/<version>/bin/pg_dump paths: Glob sorts them as text,
+// where 9.6 comes after 15, and a pg_dump older than the server refuses to
+// dump it.
+func newestPgDump(found []string) string {
+	major := func(p string) int {
+		v := filepath.Base(filepath.Dir(filepath.Dir(p)))
+		n, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+		return n
+	}
+	return slices.MaxFunc(found, func(a, b string) int { return major(a) - major(b) })
 }
 
 // recorder records what a relay delivers.
