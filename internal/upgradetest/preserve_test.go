@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
 // snapshot is what a release left in a schema: each table's rows as JSON,
@@ -134,4 +136,19 @@ func canon(t *testing.T, rows, like []map[string]any) []string {
 func TestNewestPgDump(t *testing.T) {
 	found := []string{"/usr/lib/postgresql/10/bin/pg_dump", "/usr/lib/postgresql/15/bin/pg_dump", "/usr/lib/postgresql/9.6/bin/pg_dump"}
 	require.Equal(t, "/usr/lib/postgresql/15/bin/pg_dump", newestPgDump(found))
+}
+
+// migrateTo below the head (the path every release's fixture takes once a
+// later migration exists) creates that version forward only, and Up takes it
+// to the head.
+func TestMigrateToBelowTheHead(t *testing.T) {
+	p := pool(t)
+	schema := freshSchema(t, p, "upgrade_below")
+	m, err := wharfmigrate.New(schema)
+	require.NoError(t, err)
+	migrateTo(t, p, schema, m.Latest()-1)
+	applied, err := m.Up(context.Background(), p)
+	require.NoError(t, err)
+	require.Equal(t, []int{m.Latest()}, applied)
+	require.NoError(t, m.Check(context.Background(), p))
 }
