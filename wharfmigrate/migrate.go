@@ -96,8 +96,10 @@ func (m *Migrator) Migrations() []Migration { return append([]Migration(nil), m.
 
 var fileRE = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.(up|down)\.sql$`)
 
-func load(schema string) ([]Migration, error) {
-	entries, err := fs.ReadDir(migrationFS, "migrations")
+func load(schema string) ([]Migration, error) { return loadFS(migrationFS, schema) }
+
+func loadFS(fsys fs.FS, schema string) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, "migrations")
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +111,7 @@ func load(schema string) ([]Migration, error) {
 			return nil, fmt.Errorf("wharfmigrate: bad migration file name %q", e.Name())
 		}
 		v, _ := strconv.Atoi(parts[1])
-		body, err := migrationFS.ReadFile("migrations/" + e.Name())
+		body, err := fs.ReadFile(fsys, "migrations/"+e.Name())
 		if err != nil {
 			return nil, err
 		}
@@ -117,6 +119,11 @@ func load(schema string) ([]Migration, error) {
 		if mg == nil {
 			mg = &Migration{Version: v, Name: parts[2]}
 			byVersion[v] = mg
+		}
+		if mg.Name != parts[2] {
+			// Two branches that each added the next migration, merged:
+			// one file would silently replace the other.
+			return nil, fmt.Errorf("wharfmigrate: migration %d has two names, %s and %s: renumber one of them after the last migration", v, mg.Name, parts[2])
 		}
 		if parts[3] == "up" {
 			mg.Up = r.Replace(string(body))
@@ -350,6 +357,13 @@ CREATE TABLE IF NOT EXISTS `+m.schema+`.schema_migrations (
 	if err != nil {
 		return nil, err
 	}
+	if applied > m.Latest() {
+		// A newer build migrated this schema: this one does not know the
+		// newer migrations, so it can neither revert them nor revert
+		// anything they may depend on, and the schema is not "up to date"
+		// for it.
+		return nil, m.newerErr(applied)
+	}
 	steps := plan(applied)
 	if len(steps) == 0 {
 		return nil, nil
@@ -481,9 +495,13 @@ func (m *Migrator) Check(ctx context.Context, q Querier) error {
 		return fmt.Errorf("%w (schema %q is at version %d, this build needs %d)", ErrNotMigrated, m.schema, v, m.Latest())
 	}
 	if v > m.Latest() {
-		return fmt.Errorf("wharfmigrate: schema %q is at version %d, newer than this build (%d): upgrade wharf", m.schema, v, m.Latest())
+		return m.newerErr(v)
 	}
 	return nil
+}
+
+func (m *Migrator) newerErr(v int) error {
+	return fmt.Errorf("wharfmigrate: schema %q is at version %d, newer than this build (%d): upgrade wharf", m.schema, v, m.Latest())
 }
 
 // ErrNotMigrated means the schema is missing or older than this build needs.

@@ -29,14 +29,20 @@ func ExampleNew() {
 	request.End()
 
 	_, end := tracer.Publish(context.Background(), "wharfkafka", []*wharf.Message{msg}) // what the relay does
+	sent := msg.Headers["traceparent"]                                                  // what the sink sends
 	end(nil)
 
 	for _, s := range spans.GetSpans() {
-		fmt.Println(s.Name, s.SpanKind, "same trace:", s.SpanContext.TraceID() == request.SpanContext().TraceID())
+		fmt.Println(s.Name, s.SpanKind, "same trace:", s.SpanContext.TraceID() == request.SpanContext().TraceID(),
+			"child of the request:", s.Parent.SpanID() == request.SpanContext().SpanID())
 	}
+	publish := spans.GetSpans()[1].SpanContext
+	fmt.Println("the sink sends the publish span's context:",
+		sent == "00-"+publish.TraceID().String()+"-"+publish.SpanID().String()+"-01")
 	// Output:
-	// POST /orders internal same trace: true
-	// orders publish producer same trace: true
+	// POST /orders internal same trace: true child of the request: false
+	// orders publish producer same trace: true child of the request: true
+	// the sink sends the publish span's context: true
 }
 
 // Export spans as the standard OpenTelemetry environment variables say

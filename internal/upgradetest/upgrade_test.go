@@ -11,11 +11,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -60,18 +62,43 @@ func freshSchema(t *testing.T, p *pgxpool.Pool, prefix string) string {
 	return s
 }
 
-// migrateTo brings schema to migration version (creating it).
+// migrateTo brings schema to migration version (creating it), applying the
+// migrations up to version forward only, as the release did: reverting from
+// the head instead would test from whatever the later migrations' down
+// files leave, which need not be the release's schema (a column re-added by
+// a down file lands last, and the fixture's INSERTs are positional).
 func migrateTo(t *testing.T, p *pgxpool.Pool, schema string, version int) *wharfmigrate.Migrator {
 	t.Helper()
 	ctx := context.Background()
 	m, err := wharfmigrate.New(schema)
 	require.NoError(t, err)
-	_, err = m.Up(ctx, p)
-	require.NoError(t, err)
-	if m.Latest() > version {
-		_, err = m.DownTo(ctx, p, version)
+	if version >= m.Latest() {
+		_, err = m.Up(ctx, p)
 		require.NoError(t, err)
+		return m
 	}
+	// The version table as Migrator.Up creates it.
+	_, err = p.Exec(ctx, `CREATE SCHEMA `+schema+`;
+CREATE TABLE `+schema+`.schema_migrations (
+    version    integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now())`)
+	require.NoError(t, err)
+	for _, mg := range m.Migrations() {
+		if mg.Version > version {
+			break
+		}
+		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, mg.Up); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.schema_migrations (version) VALUES ($1)`, mg.Version)
+			return err
+		})
+		require.NoError(t, err, "migration %d", mg.Version)
+	}
+	v, err := m.Version(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, version, v)
 	return m
 }
 
@@ -92,10 +119,18 @@ func TestUpgradeRunsWhatEachReleaseLeftToTheEnd(t *testing.T) {
 			require.NoError(t, err, "the fixture of release %s", r.version)
 			_, err = p.Exec(ctx, strings.ReplaceAll(string(body), "{{schema}}", schema))
 			require.NoError(t, err, "loading the fixture of release %s", r.version)
+			before := takeSnapshot(t, p, schema)
 			applied, err := m.Up(ctx, p)
 			require.NoError(t, err, "migrating from %s to the head", r.version)
 			t.Logf("from %s: applied migrations %v", r.version, applied)
-			runToTheEnd(t, p, schema)
+			if sql := os.Getenv(futureMigrationEnv); sql != "" {
+				// TestUpgradeCatchesHarmfulMigrations: a migration a later
+				// release might bring, which this test must catch.
+				_, err := p.Exec(ctx, strings.ReplaceAll(sql, "{{schema}}", schema))
+				require.NoError(t, err, "the simulated migration")
+			}
+			requirePreserved(t, before, takeSnapshot(t, p, schema))
+			runToTheEnd(t, p, schema, before)
 		})
 	}
 }
@@ -109,13 +144,14 @@ func TestFixtureRecipe(t *testing.T) {
 	schema := freshSchema(t, p, "upgrade_fixture")
 	m := migrateTo(t, p, schema, 1<<30)
 	require.NoError(t, Build(ctx, p, schema))
+	before := takeSnapshot(t, p, schema)
 	if version := os.Getenv(writeFixtureEnv); version != "" {
 		last := releases[len(releases)-1]
 		require.Equal(t, last.version, version, "add the release to releases first, with its last migration")
 		require.Equal(t, last.lastMigration, m.Latest(), "write a release's fixture at the release's commit")
 		writeFixture(t, schema, filepath.Join("testdata", version+".sql"))
 	}
-	runToTheEnd(t, p, schema)
+	runToTheEnd(t, p, schema, before)
 }
 
 var dumpNoise = regexp.MustCompile(`^(--|SET |SELECT pg_catalog\.set_config\('search_path'|\\)`)
@@ -128,7 +164,7 @@ func writeFixture(t *testing.T, schema, path string) {
 	if err != nil {
 		found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_dump")
 		require.NotEmpty(t, found, "pg_dump: not on PATH nor in /usr/lib/postgresql/*/bin")
-		bin = found[len(found)-1]
+		bin = newestPgDump(found)
 	}
 	out, err := exec.Command(bin, "--data-only", "--inserts", "--schema="+schema,
 		"--exclude-table-data="+schema+".schema_migrations", "--dbname="+databaseURL).Output()
@@ -146,6 +182,19 @@ func writeFixture(t *testing.T, schema, path string) {
 		"DELETE FROM {{schema}}.lanes;\n"
 	require.NoError(t, os.WriteFile(path, []byte(header+strings.Join(kept, "\n")), 0o644))
 	t.Logf("wrote %s", path)
+}
+
+// newestPgDump returns the pg_dump of the highest PostgreSQL version among
+// /usr/lib/postgresql/<version>/bin/pg_dump paths: Glob sorts them as text,
+// where 9.6 comes after 15, and a pg_dump older than the server refuses to
+// dump it.
+func newestPgDump(found []string) string {
+	major := func(p string) int {
+		v := filepath.Base(filepath.Dir(filepath.Dir(p)))
+		n, _ := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
+		return n
+	}
+	return slices.MaxFunc(found, func(a, b string) int { return major(a) - major(b) })
 }
 
 // recorder records what a relay delivers.
@@ -176,7 +225,8 @@ func drain(t *testing.T, p *pgxpool.Pool, schema string) []wharf.Message {
 }
 
 // runToTheEnd runs what Build left in schema to the end and checks it.
-func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string) {
+// before is what the release left, with the ids consumers saw.
+func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string, before snapshot) {
 	t.Helper()
 	ctx := context.Background()
 
@@ -192,6 +242,12 @@ func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string) {
 		require.Greaterf(t, m.Seq, last[m.Key], "key %s out of order", m.Key)
 		last[m.Key] = m.Seq
 	}
+	var ids []string
+	for _, m := range msgs {
+		ids = append(ids, m.ID)
+	}
+	slices.Sort(ids)
+	require.Equal(t, before.pending, ids, "the pending messages keep the ids consumers deduplicate by")
 	require.Equal(t, 3, msgs[slices.IndexFunc(msgs, func(m wharf.Message) bool { return string(m.Payload) == `{"n": 3}` })].Attempt,
 		"the retrying message's third attempt")
 	client, err := wharf.NewClient(p, &wharf.Config{Schema: schema})
@@ -199,6 +255,7 @@ func runToTheEnd(t *testing.T, p *pgxpool.Pool, schema string) {
 	dead, err := client.DeadLetters(ctx, wharf.DeadLetterFilter{})
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
+	require.Equal(t, before.dead, []string{dead[0].ID}, "the dead letter keeps its id")
 	n, err := client.RetryDeadLetters(ctx, wharf.DeadLetterFilter{IDs: []string{dead[0].ID}})
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
