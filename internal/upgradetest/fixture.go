@@ -19,6 +19,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,13 +55,20 @@ type Shipment struct {
 //     their count;
 //   - parcel: "wait" awaits the "pickup" signal, under the concurrency key
 //     "dock" (limit 1), and "picked" ends;
-//   - flaky: "start" fails while broken.
+//   - flaky: "start" fails while broken;
+//   - slow: "work" ends, after waiting for Hold when it is set;
+//   - note: "write" ends, under the rate key "mail".
 type Flows struct {
 	Order    *wharfflow.Flow[Order]
 	Shipment *wharfflow.Flow[Shipment]
 	Parcel   *wharfflow.Flow[Parcel]
 	Flaky    *wharfflow.Flow[Order]
+	Slow     *wharfflow.Flow[Order]
+	Note     *wharfflow.Flow[Order]
 	Broken   atomic.Bool
+	// Hold, when set, is where the "slow" flow's step waits, and Running is
+	// closed when it has started.
+	Hold, Running chan struct{}
 }
 
 // NewFlows returns the fixture's flows, with Broken false.
@@ -105,19 +114,40 @@ func NewFlows() *Flows {
 			}
 			return wharfflow.Done(o.ID)
 		})
-	f.Order, f.Shipment, f.Parcel, f.Flaky = order, shipment, parcel, flaky
+	slow := wharfflow.New[Order]("slow", nil).
+		Step("work", func(ctx context.Context, o *Order, in wharfflow.Input) wharfflow.Outcome {
+			if f.Hold != nil {
+				close(f.Running)
+				<-f.Hold
+			}
+			return wharfflow.Done(o.ID)
+		})
+	note := wharfflow.New[Order]("note", nil).
+		Step("write", func(ctx context.Context, o *Order, in wharfflow.Input) wharfflow.Outcome {
+			return wharfflow.Done(o.ID)
+		})
+	f.Order, f.Shipment, f.Parcel, f.Flaky, f.Slow, f.Note = order, shipment, parcel, flaky, slow, note
 	return f
 }
 
 // Definitions are the flows for a runner's Config.
 func (f *Flows) Definitions() []wharfflow.Definition {
-	return []wharfflow.Definition{f.Order, f.Shipment, f.Parcel, f.Flaky}
+	return []wharfflow.Definition{f.Order, f.Shipment, f.Parcel, f.Flaky, f.Slow, f.Note}
 }
+
+// RateLimits are the fixture runners' rate limits.
+var RateLimits = map[string]wharfflow.RateLimit{"mail": {PerSecond: 1000, Burst: 10}}
 
 // The fixture's contents, as Build leaves them.
 const (
-	// Pending outbox messages, on keys k0..k2; the fourth is retrying.
-	PendingMessages = 30
+	// Pending outbox messages, on keys k0..k2; {"n": 3} is retrying.
+	KeyedMessages = 30
+	// Pending messages of other shapes: two without a key, one with
+	// headers, one with a dedup key, one scheduled in the past, one a
+	// killed relay was delivering; and one scheduled for 2100, which stays.
+	OtherMessages, ScheduledMessages = 6, 1
+	// Delivered when the relay drains what the release left.
+	PendingMessages = KeyedMessages + OtherMessages
 	// Orders awaiting their payment, and orders started but not yet run
 	// (the first of them has its payment signal already, twice with one
 	// dedup key).
@@ -127,45 +157,91 @@ const (
 	JoiningShipments, ReadyShipments = 2, 1
 	// Failed instances of flaky.
 	FailedFlaky = 2
+	// The order whose payment came before it awaited it.
+	EarlyPaidOrder = "o5"
+	// A slow instance running when its runner was killed; notes under a
+	// rate key done, and one ready; an order cancelled while it awaited.
+	RunningSlow, DoneNotes, ReadyNotes, CancelledOrders = 1, 2, 1, 1
 )
 
 // Build fills schema, migrated to the release under test, as that release
-// leaves an outbox and its flows: a runner ran the flows until instances
-// were awaiting, joining and failed, then stopped; more were started; the
-// outbox holds pending messages, one retrying, and a dead letter.
-func Build(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	for i := 0; i < PendingMessages; i++ {
+// leaves an outbox and its flows when its processes are killed: a relay
+// holds lanes and a message in flight; a runner holds a running step; before
+// that, a runner ran flows until instances were done, awaiting, joining,
+// failed and cancelled, and more were started; the outbox holds pending
+// messages of every shape, one retrying, and a dead letter.
+//
+// What a kill leaves is what the database holds while those processes
+// still run: dump it before calling stop, which ends them.
+func Build(ctx context.Context, pool *pgxpool.Pool, schema string) (stop func(), err error) {
+	// A relay is delivering the first message when it is killed; it
+	// delivers nothing else (one handler call at a time).
+	if _, err := pool.Exec(ctx, "SELECT "+schema+`.enqueue('orders', 'held', '{"held":true}')`); err != nil {
+		return nil, err
+	}
+	inHandler := make(chan struct{})
+	var once sync.Once
+	relay, err := wharf.NewClient(pool, &wharf.Config{Schema: schema, RelayID: "upgrade-fixture-killed", HandlerConcurrency: 1,
+		Handler: func(ctx context.Context, m *wharf.Message) error {
+			once.Do(func() { close(inHandler) })
+			<-ctx.Done()
+			return ctx.Err()
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if err := relay.Start(ctx); err != nil {
+		return nil, err
+	}
+	select {
+	case <-inHandler:
+	case <-time.After(2 * time.Minute):
+		return nil, errors.New("the relay's handler did not start")
+	}
+	for i := 0; i < KeyedMessages; i++ {
 		if _, err := pool.Exec(ctx, "SELECT "+schema+".enqueue('orders', $1, $2::jsonb)",
 			fmt.Sprintf("k%d", i%3), fmt.Sprintf(`{"n":%d}`, i)); err != nil {
-			return fmt.Errorf("enqueue: %w", err)
+			return nil, fmt.Errorf("enqueue: %w", err)
 		}
 	}
-	// A relay failed the fourth message twice; another went to the dead
+	for _, q := range []string{
+		`SELECT {{schema}}.enqueue('audit', NULL, '{"unkeyed":1}')`,
+		`SELECT {{schema}}.enqueue('audit', NULL, '{"unkeyed":2}')`,
+		`SELECT {{schema}}.enqueue('orders', 'h1', '{"headers":true}', '{"trace":"t-1","tenant":"acme"}')`,
+		`SELECT {{schema}}.enqueue('orders', 'd1', '{"dedup":true}', '{}', NULL, 'evt-1')`,
+		`SELECT {{schema}}.enqueue('orders', 'p1', '{"scheduled":"past"}', '{}', now() - interval '1 hour')`,
+		`SELECT {{schema}}.enqueue('orders', 'f1', '{"scheduled":"2100"}', '{}', '2100-01-01T00:00:00Z')`,
+	} {
+		if _, err := pool.Exec(ctx, strings.ReplaceAll(q, "{{schema}}", schema)); err != nil {
+			return nil, fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	// A relay failed message {"n": 3} twice; another went to the dead
 	// letters after twelve attempts.
 	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.retries (id, lane, attempts, next_attempt_at, last_error, nonce)
-SELECT id, lane, 2, now(), 'earlier failure', nonce FROM `+schema+`.outbox ORDER BY id OFFSET 3 LIMIT 1`); err != nil {
-		return fmt.Errorf("retry: %w", err)
+SELECT id, lane, 2, now(), 'earlier failure', nonce FROM `+schema+`.outbox WHERE convert_from(payload, 'UTF8')::jsonb = '{"n": 3}'`); err != nil {
+		return nil, fmt.Errorf("retry: %w", err)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.dead_letters (id, nonce, topic, key, payload, created_at, attempts, last_error)
 VALUES (1000000, 77, 'orders', 'k0', '"dead"', now(), 12, 'gave up')`); err != nil {
-		return fmt.Errorf("dead letter: %w", err)
+		return nil, fmt.Errorf("dead letter: %w", err)
 	}
-
 	flows := NewFlows()
 	flows.Broken.Store(true)
 	client, err := wharfflow.NewClient(pool, schema)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	runner, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: flows.Definitions(), RunnerID: "upgrade-fixture"})
+	runner, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: flows.Definitions(),
+		RunnerID: "upgrade-fixture", RateLimits: RateLimits})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := runner.Start(ctx); err != nil {
-		return err
+		return nil, err
 	}
 	var starts []wharfflow.Start
-	for i := 1; i <= AwaitingOrders; i++ {
+	for i := 1; i <= AwaitingOrders+CancelledOrders; i++ {
 		starts = append(starts, flows.Order.Start(Order{ID: fmt.Sprintf("o%d", i)}, wharfflow.StartOptions{Key: fmt.Sprintf("o%d", i)}))
 	}
 	for i := 1; i <= JoiningShipments; i++ {
@@ -175,42 +251,81 @@ VALUES (1000000, 77, 'orders', 'k0', '"dead"', now(), 12, 'gave up')`); err != n
 	for i := 1; i <= FailedFlaky; i++ {
 		starts = append(starts, flows.Flaky.Start(Order{ID: fmt.Sprintf("f%d", i)}, wharfflow.StartOptions{Key: fmt.Sprintf("f%d", i)}))
 	}
-	if _, err := client.Start(ctx, starts...); err != nil {
-		return err
+	for i := 1; i <= DoneNotes; i++ {
+		starts = append(starts, flows.Note.Start(Order{ID: fmt.Sprintf("n%d", i)}, wharfflow.StartOptions{Options: wharfflow.Options{RateKey: "mail"}}))
 	}
-	want := map[string]int64{
-		"order/awaiting":   AwaitingOrders,
+	if _, err := client.Start(ctx, starts...); err != nil {
+		return nil, err
+	}
+	if err := waitCounts(ctx, client, map[string]int64{
+		"order/awaiting":   AwaitingOrders + CancelledOrders,
 		"shipment/joining": JoiningShipments,
 		"parcel/awaiting":  2 * JoiningShipments,
 		"flaky/failed":     FailedFlaky,
+		"note/done":        DoneNotes,
+	}); err != nil {
+		return nil, err
 	}
-	if err := waitCounts(ctx, client, want); err != nil {
-		return err
+	// The last awaiting order is cancelled.
+	cancelled, err := client.List(ctx, wharfflow.ListOptions{Flow: "order", Key: fmt.Sprintf("o%d", AwaitingOrders+CancelledOrders)})
+	if err != nil || len(cancelled) != 1 {
+		return nil, fmt.Errorf("the order to cancel: %v (%d found)", err, len(cancelled))
+	}
+	if _, err := client.Cancel(ctx, cancelled[0].ID); err != nil {
+		return nil, err
 	}
 	if err := runner.Stop(ctx); err != nil {
-		return err
+		return nil, err
 	}
 
 	// Started while no runner ran.
 	starts = nil
-	for i := AwaitingOrders + 1; i <= AwaitingOrders+ReadyOrders; i++ {
+	for i := AwaitingOrders + CancelledOrders + 1; i <= AwaitingOrders+CancelledOrders+ReadyOrders; i++ {
 		starts = append(starts, flows.Order.Start(Order{ID: fmt.Sprintf("o%d", i)}, wharfflow.StartOptions{Key: fmt.Sprintf("o%d", i)}))
 	}
 	for i := JoiningShipments + 1; i <= JoiningShipments+ReadyShipments; i++ {
 		id := fmt.Sprintf("s%d", i)
 		starts = append(starts, flows.Shipment.Start(Shipment{ID: id, Items: []string{id + "-a", id + "-b"}}, wharfflow.StartOptions{Key: id}))
 	}
+	for i := DoneNotes + 1; i <= DoneNotes+ReadyNotes; i++ {
+		starts = append(starts, flows.Note.Start(Order{ID: fmt.Sprintf("n%d", i)}, wharfflow.StartOptions{Options: wharfflow.Options{RateKey: "mail"}}))
+	}
 	if _, err := client.Start(ctx, starts...); err != nil {
-		return err
+		return nil, err
 	}
 	// The payment of the first ready order arrives before it awaits, twice.
-	paid := wharfflow.Signal{Flow: "order", Key: fmt.Sprintf("o%d", AwaitingOrders+1), Name: "payment", DedupKey: "psp-early"}
+	paid := wharfflow.Signal{Flow: "order", Key: EarlyPaidOrder, Name: "payment", DedupKey: "psp-early"}
 	for range 2 {
 		if _, err := client.Send(ctx, paid); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+
+	// What a kill leaves: a runner in the middle of a step (and the relay
+	// above in the middle of delivering its message), holding leases.
+	flows.Hold, flows.Running = make(chan struct{}), make(chan struct{})
+	// It runs the slow flow only, leaving the ready instances above ready.
+	killed, err := wharfflow.NewRunner(pool, &wharfflow.Config{Schema: schema, Flows: []wharfflow.Definition{flows.Slow},
+		RunnerID: "upgrade-fixture-killed"})
+	if err != nil {
+		return nil, err
+	}
+	if err := killed.Start(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := client.Start(ctx, flows.Slow.Start(Order{ID: "w1"}, wharfflow.StartOptions{Key: "w1"})); err != nil {
+		return nil, err
+	}
+	select {
+	case <-flows.Running:
+	case <-time.After(2 * time.Minute):
+		return nil, errors.New("the slow step did not start")
+	}
+	return func() {
+		close(flows.Hold)
+		_ = relay.StopAndCancel(ctx)
+		_ = killed.Stop(ctx)
+	}, nil
 }
 
 // waitCounts waits until the instances counted by flow and status include

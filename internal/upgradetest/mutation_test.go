@@ -31,6 +31,7 @@ UPDATE {{schema}}.retries SET nonce = nonce # 1`,
 		"a pending message deleted": `DELETE FROM {{schema}}.outbox WHERE id = 1`,
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			cmd := exec.Command(os.Args[0], "-test.run=^TestUpgradeRunsWhatEachReleaseLeftToTheEnd$", "-test.count=1")
 			cmd.Env = append(os.Environ(), futureMigrationEnv+"="+sql, "TEST_DATABASE_URL="+databaseURL)
 			out, err := cmd.CombinedOutput()
