@@ -269,7 +269,7 @@ VALUES (1000000, 77, 'orders', 'k0', '"dead"', now(), 12, 'gave up')`); err != n
 	// The last awaiting order is cancelled.
 	cancelled, err := client.List(ctx, wharfflow.ListOptions{Flow: "order", Key: fmt.Sprintf("o%d", AwaitingOrders+CancelledOrders)})
 	if err != nil || len(cancelled) != 1 {
-		return nil, fmt.Errorf("the order to cancel: %v (%d found)", err, len(cancelled))
+		return nil, fmt.Errorf("the order to cancel (%d found): %w", len(cancelled), err)
 	}
 	if _, err := client.Cancel(ctx, cancelled[0].ID); err != nil {
 		return nil, err
