@@ -97,7 +97,7 @@ func TestVersionAndPrint(t *testing.T) {
 	t.Parallel()
 	code, out, _ := run("version")
 	require.Equal(t, 0, code)
-	require.Regexp(t, `^wharf \S+ \(go[^,]*, schema version 9\)\n$`, out)
+	require.Regexp(t, `^wharf \S+ \(development build, go[^,]*, schema version 9\)\n$`, out)
 
 	code, out, _ = run("--schema", "shop", "migrate", "print", "--down")
 	require.Equal(t, 0, code)
