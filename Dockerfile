@@ -9,7 +9,7 @@
 #       wharf relay --sink nats://nats:4222 --admin-addr :9090
 #
 # scripts/build-release.sh runs the same build command without a container
-# engine; keep the two in step.
+# engine; keep the two in step. Both take the version from the VERSION file.
 
 FROM golang:1.26 AS build
 WORKDIR /src
@@ -17,7 +17,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -buildvcs=auto -trimpath -ldflags=-s -o /wharf ./cmd/wharf
+RUN CGO_ENABLED=0 go build -buildvcs=auto -trimpath -ldflags="-s -X github.com/wharfhq/wharf/internal/cli.Version=$(cat VERSION)" -o /wharf ./cmd/wharf
 
 # distroless/static: CA certificates and tzdata, no shell, no package manager.
 # The nonroot tag runs as uid/gid 65532.

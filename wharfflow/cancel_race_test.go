@@ -13,12 +13,15 @@ import (
 	"github.com/wharfhq/wharf/wharfflow"
 )
 
-// lockWaiters counts this database's backends waiting for a lock.
+// lockWaiters counts the backends waiting for a lock in a statement on b's
+// schema. The other tests of the package run beside this one in the same
+// database, each in its own schema, and their waits are not counted.
 func lockWaiters(t *testing.T, b *testBundle) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND datname = current_database() AND query NOT LIKE '%pg_stat_activity%'`).Scan(&n))
+WHERE wait_event_type = 'Lock' AND datname = current_database() AND query NOT LIKE '%pg_stat_activity%'
+AND strpos(query, $1 || '.') > 0`, b.schema).Scan(&n))
 	return n
 }
 

@@ -33,7 +33,7 @@ func holdRow(t *testing.T, b *testBundle, id int64) (waitBlocked func(), unlock 
 		require.Eventually(t, func() bool {
 			var n int
 			require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query LIKE '%complete_flow_steps%' AND datname = current_database()`).Scan(&n))
+WHERE wait_event_type = 'Lock' AND strpos(query, $1 || '.complete_flow_steps') > 0 AND datname = current_database()`, b.schema).Scan(&n))
 			return n > 0
 		}, 30*time.Second, 5*time.Millisecond, "the outcome write never waited for the held row")
 	}

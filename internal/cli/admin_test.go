@@ -26,8 +26,10 @@ func TestMain(m *testing.M) {
 		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	code := testdb.Run(m, &databaseURL)
-	if releaseDir != "" {
-		_ = os.RemoveAll(releaseDir)
+	for _, dir := range []string{releaseDir, ldflagsDir} {
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }

@@ -97,7 +97,7 @@ func TestVersionAndPrint(t *testing.T) {
 	t.Parallel()
 	code, out, _ := run("version")
 	require.Equal(t, 0, code)
-	require.Regexp(t, `^wharf \S+ \(go[^,]*, schema version 9\)\n$`, out)
+	require.Regexp(t, `^wharf \S+ \(development build, go[^,]*, schema version 9\)\n$`, out)
 
 	code, out, _ = run("--schema", "shop", "migrate", "print", "--down")
 	require.Equal(t, 0, code)
@@ -298,11 +298,23 @@ func TestConfigValidateChecksTheDatabaseAndSinks(t *testing.T) {
 
 func TestVersionLine(t *testing.T) {
 	t.Parallel()
+	platform := runtime.GOOS + "/" + runtime.GOARCH
 	bi := &debug.BuildInfo{GoVersion: "go1.99", Main: debug.Module{Path: "github.com/wharfhq/wharf", Version: "v1.2.3"},
 		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.time", Value: "2026-11-22T20:03:44Z"}, {Key: "vcs.modified", Value: "true"}}}
-	require.Equal(t, "wharf v1.2.3 (revision 0123456789ab 2026-11-22T20:03:44Z (modified), go1.99 "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 9)", versionLine(bi, true))
-	require.Equal(t, "wharf (devel) ("+runtime.Version()+" "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 9)", versionLine(nil, false))
+	require.Equal(t, "wharf v1.2.3 (revision 0123456789ab 2026-11-22T20:03:44Z (modified), go1.99 "+platform+", schema version 9)", versionLine(bi, true))
+	// go build in a checkout stamps a pseudo-version: a development build.
+	bi.Main.Version = "v0.0.0-20261122200344-0123456789ab"
+	require.Equal(t, "wharf v0.0.0-20261122200344-0123456789ab (development build, revision 0123456789ab 2026-11-22T20:03:44Z (modified), go1.99 "+platform+", schema version 9)", versionLine(bi, true))
+	bi.Main.Version = "v0.1.1-0.20261122200344-0123456789ab+dirty"
+	require.Contains(t, versionLine(bi, true), "(development build, revision 0123456789ab")
+	require.Equal(t, "wharf (devel) (development build, "+runtime.Version()+" "+platform+", schema version 9)", versionLine(nil, false))
 	bi.Main.Version = "(devel)"
 	bi.Settings = nil
-	require.Equal(t, "wharf (devel) (go1.99 "+runtime.GOOS+"/"+runtime.GOARCH+", schema version 9)", versionLine(bi, true))
+	require.Equal(t, "wharf (devel) (development build, go1.99 "+platform+", schema version 9)", versionLine(bi, true))
+	for _, v := range []string{"0.1.0", "v0.1.0", "v1.2.3-rc.1"} {
+		require.Truef(t, isRelease(v), "%s is a release version", v)
+	}
+	for _, v := range []string{"(devel)", "", "v0.0.0-20261122200344-0123456789ab", "v0.1.1-0.20261122200344-0123456789ab", "v0.1.0+dirty"} {
+		require.Falsef(t, isRelease(v), "%s is no release version", v)
+	}
 }

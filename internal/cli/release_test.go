@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +24,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/wharfhq/wharf"
+	"github.com/wharfhq/wharf/internal/testdb"
 	"github.com/wharfhq/wharf/internal/testtool"
 )
 
@@ -60,8 +64,33 @@ func wharfCommand(t *testing.T, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// releaseBinary builds wharf with scripts/build-release.sh, once per test
-// run, and returns its path.
+// versionFile is the VERSION file's version, which release builds print.
+func versionFile(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "VERSION"))
+	require.NoError(t, err)
+	v := strings.TrimSpace(string(b))
+	require.Regexp(t, `^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`, v, "VERSION holds a semantic version without a v")
+	return v
+}
+
+// gitCheckout reports whether the module root is a git checkout whose
+// revision go build records: a .git directory (go build finds no repository
+// in a git worktree or submodule, whose .git is a file).
+func gitCheckout(t *testing.T) bool {
+	t.Helper()
+	if _, err := exec.LookPath("git"); err != nil {
+		return false
+	}
+	fi, err := os.Stat(filepath.Join(repoRoot(t), ".git"))
+	return err == nil && fi.IsDir()
+}
+
+// hostPlatform is the GOOS/GOARCH release name of this machine.
+func hostPlatform() string { return runtime.GOOS + "-" + runtime.GOARCH }
+
+// releaseBinary builds wharf for this machine with scripts/build-release.sh,
+// once per test run, and returns its path.
 func releaseBinary(t *testing.T) string {
 	t.Helper()
 	releaseOnce.Do(func() {
@@ -75,29 +104,55 @@ func releaseBinary(t *testing.T) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "scripts", "build-release.sh"), dir)
+		cmd.Env = append(os.Environ(), "WHARF_RELEASE_PLATFORMS="+runtime.GOOS+"/"+runtime.GOARCH)
 		out, err := cmd.CombinedOutput()
 		releaseOut, releaseErr = string(out), err
-		releaseBin = filepath.Join(dir, "wharf")
+		releaseBin = filepath.Join(dir, "wharf-"+versionFile(t)+"-"+hostPlatform())
 	})
 	require.NoError(t, releaseErr, "scripts/build-release.sh:\n%s", releaseOut)
 	return releaseBin
 }
 
-// The release build runs `wharf version`, which names the revision it was
-// built from when the source is a git checkout.
+// requireSums checks that dir/SHA256SUMS lists exactly names, with their
+// files' SHA-256 sums, in the format of sha256sum.
+func requireSums(t *testing.T, dir string, names []string) {
+	t.Helper()
+	sums, err := os.ReadFile(filepath.Join(dir, "SHA256SUMS"))
+	require.NoError(t, err)
+	var want strings.Builder
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		require.NoError(t, err)
+		fmt.Fprintf(&want, "%x  %s\n", sha256.Sum256(b), n)
+	}
+	require.Equal(t, want.String(), string(sums))
+}
+
+// The release build prints the VERSION file's version and the revision it
+// was built from when the source is a git checkout; the script names the
+// binary after the version and platform and writes its checksum.
 func TestReleaseBinaryRunsVersion(t *testing.T) {
 	testtool.Long(t, "builds the release binary (every dependency compiled again)")
 	t.Parallel()
 	bin := releaseBinary(t)
+	version := versionFile(t)
 	out, err := exec.Command(bin, "version").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	require.Regexp(t, `^wharf \S+ \(.*go1\.\S+ \S+/\S+, schema version 9\)\n$`, string(out))
+	require.Regexp(t, `^wharf `+regexp.QuoteMeta(version)+` \(.*go1\.\S+ \S+/\S+, schema version 9\)\n$`, string(out))
+	require.NotContains(t, string(out), "development build")
 	require.Contains(t, releaseOut, strings.TrimSpace(string(out)), "the script runs the binary it built")
-	if _, err := exec.LookPath("git"); err == nil {
-		if exec.Command("git", "-C", repoRoot(t), "rev-parse", "--git-dir").Run() == nil {
-			require.Regexp(t, `^wharf v\S+ \(revision [0-9a-f]{12} `, string(out), "a build from a git checkout records the revision")
-		}
+	if gitCheckout(t) {
+		require.Regexp(t, `^wharf \S+ \(revision [0-9a-f]{12} `, string(out), "a build from a git checkout records the revision")
 	}
+	name := filepath.Base(bin)
+	entries, err := os.ReadDir(releaseDir)
+	require.NoError(t, err)
+	var files []string
+	for _, e := range entries {
+		files = append(files, e.Name())
+	}
+	require.ElementsMatch(t, []string{name, "SHA256SUMS"}, files)
+	requireSums(t, releaseDir, []string{name})
 	// A static binary: no dynamic loader needed (the distroless static
 	// image has none).
 	f, err := os.ReadFile(bin)
@@ -105,22 +160,153 @@ func TestReleaseBinaryRunsVersion(t *testing.T) {
 	require.NotContains(t, string(f[:min(len(f), 4096)]), "/lib64/ld-linux", "the binary must be static")
 }
 
+// scriptBuildLine is the build command of scripts/build-release.sh and of
+// the Dockerfile's build stage.
+var scriptBuildLine = regexp.MustCompile(`(?m)^\s*(?:RUN )?(CGO_ENABLED=0 go build .*)$`)
+
+// releaseLDFlags are the script's -ldflags, with the VERSION file read.
+func releaseLDFlags(t *testing.T) string {
+	t.Helper()
+	script, err := os.ReadFile(filepath.Join(repoRoot(t), "scripts", "build-release.sh"))
+	require.NoError(t, err)
+	line := scriptBuildLine.FindStringSubmatch(string(script))
+	require.NotNil(t, line)
+	flags := regexp.MustCompile(`-ldflags="([^"]*)"`).FindStringSubmatch(line[1])
+	require.NotNil(t, flags, "the build line has no -ldflags=\"...\": %s", line[1])
+	require.Contains(t, flags[1], "$(cat VERSION)")
+	return strings.ReplaceAll(flags[1], "$(cat VERSION)", versionFile(t))
+}
+
+var (
+	ldflagsOnce sync.Once
+	ldflagsBin  string
+	ldflagsOut  string
+	ldflagsErr  error
+)
+
+// ldflagsBinary builds ./cmd/wharf with the release script's -ldflags, once
+// per test run. It leaves out the script's CGO_ENABLED=0 and -trimpath,
+// which only change how the packages compile (and would compile every
+// dependency again: minutes), not what -ldflags stamp; the long test builds
+// with the script itself.
+func ldflagsBinary(t *testing.T) string {
+	t.Helper()
+	flags := releaseLDFlags(t)
+	ldflagsOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "wharf-ldflags-")
+		if err != nil {
+			ldflagsErr = err
+			return
+		}
+		ldflagsDir = dir
+		ldflagsBin = filepath.Join(dir, "wharf")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "go", "build", "-buildvcs=auto", "-ldflags="+flags, "-o", ldflagsBin, "./cmd/wharf")
+		cmd.Dir = repoRoot(t)
+		out, err := cmd.CombinedOutput()
+		ldflagsOut, ldflagsErr = string(out), err
+	})
+	require.NoError(t, ldflagsErr, "go build -ldflags=%q:\n%s", flags, ldflagsOut)
+	return ldflagsBin
+}
+
+var ldflagsDir string // removed by TestMain
+
+// A binary built with the release script's -ldflags prints the VERSION
+// file's version, not "development build", and still its revision; this
+// test binary, built without them, is a development build.
+func TestReleaseFlagsSetTheVersion(t *testing.T) {
+	t.Parallel()
+	version := versionFile(t)
+	out, err := exec.Command(ldflagsBinary(t), "version").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Regexp(t, `^wharf `+regexp.QuoteMeta(version)+` \(.*go1\.\S+ \S+/\S+, schema version 9\)\n$`, string(out))
+	require.NotContains(t, string(out), "development build")
+	if gitCheckout(t) {
+		require.Regexp(t, `^wharf \S+ \(revision [0-9a-f]{12} `, string(out), "a build from a git checkout records the revision")
+	}
+
+	res, err := wharfCommand(t, "version").CombinedOutput()
+	require.NoError(t, err, "%s", res)
+	if !testtool.IsLong() {
+		require.Regexp(t, `^wharf \S+ \(development build, `, string(res))
+	}
+}
+
+// scripts/build-release.sh builds every platform with its build line, names
+// each binary wharf-<version>-<os>-<arch>, lists their sums in
+// SHA256SUMS and runs this machine's binary as a check. The compiler is
+// replaced by a stand-in that records each build and writes the binary of
+// TestReleaseFlagsSetTheVersion (compiling four platforms takes many
+// minutes; CI runs the real script).
+func TestReleaseScriptNamesAndSums(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	version := versionFile(t)
+	bin := ldflagsBinary(t)
+	realGo, err := exec.LookPath("go")
+	require.NoError(t, err)
+	stubDir := t.TempDir()
+	builds := filepath.Join(stubDir, "builds.log")
+	stub := `#!/bin/sh
+if [ "$1" = build ]; then
+  echo "$CGO_ENABLED $GOOS/$GOARCH $*" >> "$WHARF_STUB_BUILDS"
+  while [ $# -gt 0 ]; do
+    if [ "$1" = -o ]; then cp "$WHARF_STUB_BINARY" "$2"; fi
+    shift
+  done
+  exit 0
+fi
+exec "$WHARF_STUB_GO" "$@"
+`
+	require.NoError(t, os.WriteFile(filepath.Join(stubDir, "go"), []byte(stub), 0o755))
+	dist := filepath.Join(t.TempDir(), "dist")
+	cmd := exec.Command("bash", filepath.Join(root, "scripts", "build-release.sh"), dist)
+	cmd.Env = append(testdb.CleanEnv(), "PATH="+stubDir+string(os.PathListSeparator)+os.Getenv("PATH"),
+		"WHARF_STUB_GO="+realGo, "WHARF_STUB_BINARY="+bin, "WHARF_STUB_BUILDS="+builds)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var names []string
+	var wantBuilds []string
+	for _, p := range []string{"linux/amd64", "linux/arm64", "darwin/amd64", "darwin/arm64"} {
+		names = append(names, "wharf-"+version+"-"+strings.Replace(p, "/", "-", 1))
+		wantBuilds = append(wantBuilds, "0 "+p+" build -buildvcs=auto -trimpath -ldflags="+releaseLDFlags(t)+" -o ")
+	}
+	log, err := os.ReadFile(builds)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(log)), "\n")
+	require.Len(t, lines, len(wantBuilds), "%s", log)
+	for i, l := range lines {
+		require.True(t, strings.HasPrefix(l, wantBuilds[i]), "build %d: %s\nwant it to start with %s", i, l, wantBuilds[i])
+		require.True(t, strings.HasSuffix(l, " ./cmd/wharf"), l)
+	}
+	entries, err := os.ReadDir(dist)
+	require.NoError(t, err)
+	var files []string
+	for _, e := range entries {
+		files = append(files, e.Name())
+	}
+	require.ElementsMatch(t, append([]string{"SHA256SUMS"}, names...), files)
+	requireSums(t, dist, names)
+	require.Contains(t, string(out), "wharf "+version+" (", "the script runs this machine's binary")
+}
+
 // The Dockerfile's build stage and scripts/build-release.sh run the same
 // build command.
 func TestDockerfileAndReleaseScriptBuildAlike(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
-	buildLine := regexp.MustCompile(`(?m)^(?:RUN )?(CGO_ENABLED=0 go build .*)$`)
 	docker, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
 	require.NoError(t, err)
 	script, err := os.ReadFile(filepath.Join(root, "scripts", "build-release.sh"))
 	require.NoError(t, err)
-	d := buildLine.FindStringSubmatch(string(docker))
-	s := buildLine.FindStringSubmatch(string(script))
+	d := scriptBuildLine.FindStringSubmatch(string(docker))
+	s := scriptBuildLine.FindStringSubmatch(string(script))
 	require.NotNil(t, d)
 	require.NotNil(t, s)
 	require.Equal(t, strings.Replace(d[1], "-o /wharf", `-o "$out/wharf"`, 1), s[1])
-	require.Contains(t, d[1], "-trimpath -ldflags=-s")
+	require.Contains(t, d[1], `-trimpath -ldflags="-s -X github.com/wharfhq/wharf/internal/cli.Version=$(cat VERSION)"`)
 	require.Regexp(t, `(?m)^FROM gcr.io/distroless/static\S*:nonroot$`, string(docker))
 	require.Regexp(t, `(?m)^USER 65532:65532$`, string(docker))
 }

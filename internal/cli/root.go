@@ -29,7 +29,10 @@ import (
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
 
-// Version is set at build time with -ldflags "-X github.com/wharfhq/wharf/internal/cli.Version=v1.2.3".
+// Version is the release version of a release build: scripts/build-release.sh
+// and the Dockerfile set it from the VERSION file with -ldflags
+// "-X github.com/wharfhq/wharf/internal/cli.Version=0.1.0". Any other build
+// leaves it empty and is a development build.
 var Version = ""
 
 // usageError marks a mistake in the command line itself (exit status 2).
@@ -620,15 +623,18 @@ func newVersionCmd(g *globals) *cobra.Command {
 	}
 }
 
-// versionLine describes the build: the module version (go install
-// ...@v1.2.3 stamps it; a build in a git checkout stamps a pseudo-version),
-// the VCS revision and time when the build recorded them, the Go version and
-// platform, and the schema version this build needs. "(devel)" stands for
-// a build that recorded no version. -ldflags "-X ...cli.Version=v1.2.3"
-// overrides the version.
+// versionLine describes the build: its version, the VCS revision and time
+// when the build recorded them, the Go version and platform, and the schema
+// version this build needs. The version is Version in a release build, else
+// the module version `go install ...@v1.2.3` stamps; any other build (go build
+// or go run in a checkout, which stamps a pseudo-version, or a tree without
+// VCS, "(devel)") says it is a development build.
 func versionLine(bi *debug.BuildInfo, ok bool) string {
 	v := moduleVersionOf(bi, ok)
 	var details []string
+	if !isRelease(v) {
+		details = append(details, "development build")
+	}
 	goVersion := runtime.Version()
 	if ok && bi != nil {
 		if bi.GoVersion != "" {
@@ -669,6 +675,16 @@ func moduleVersionOf(bi *debug.BuildInfo, ok bool) string {
 	}
 	return "(devel)"
 }
+
+// releaseVersion is a semantic version, with or without its "v", that is
+// not a Go pseudo-version (v0.0.0-20261207213000-0123456789ab, what a build
+// in a checkout stamps) nor marked +dirty.
+var (
+	releaseVersion = regexp.MustCompile(`^v?[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
+	pseudoVersion  = regexp.MustCompile(`[0-9]{14}-[0-9a-f]{12}$`)
+)
+
+func isRelease(v string) bool { return releaseVersion.MatchString(v) && !pseudoVersion.MatchString(v) }
 
 func latestMigration() int {
 	m, err := wharfmigrate.New(wharfmigrate.DefaultSchema)
