@@ -153,7 +153,7 @@ func Example_gettingStarted() {
 		panic(err)
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, cents integer NOT NULL)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, cents integer NOT NULL, status text NOT NULL DEFAULT 'new')`); err != nil {
 		panic(err)
 	}
 	if err := run(ctx, pool, schema); err != nil {
