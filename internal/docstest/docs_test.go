@@ -1,40 +1,5 @@
 package docstest
 
-// TestDocsCodeBlocks checks every code block of README.md and docs/**/*.md
-// (the docs-check; it runs in `go test ./...`). To run it alone:
-//
-//	TEST_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
-//	  go test -count=1 -run TestDocsCodeBlocks ./internal/docstest
-//
-// Each failure is "file:line: what is wrong: what to do". The rules, by the
-// block's language tag:
-//
-//   - go: the block's lines (common indentation removed; blank lines and
-//     leading whitespace ignored) must appear as a contiguous run in a .go
-//     file that `go test ./...` compiles: write the code in an Example
-//     function or an example_doc_<topic>_test.go file first, then paste it.
-//   - sql: run in document order, per file, in one session, on a database
-//     of its own (docs_<random>, created for the file and dropped after) with
-//     schema wharf migrated to the head and the README's checkout flow
-//     registered. A block preceded by `<!-- docs-test: error -->` must fail.
-//     The database of its own keeps schema wharf free of other tests.
-//   - sh, bash, console: each command (console: the lines starting "$ ") is
-//     checked: wharf and `go run ./cmd/wharf` command lines are parsed by
-//     the real command tree, make targets must exist in the Makefile, paths
-//     given to go run/build/test must exist, `go test` flags must be go
-//     test's, and other programs must be in knownPrograms.
-//   - yaml, yml, json: must parse. A YAML block holding Prometheus rules
-//     (groups: ... rules:) and a promql block are checked by promtool when
-//     it is installed; with CI=true it must be.
-//   - text: not checked.
-//
-// `<!-- docs-test: skip (reason) -->` before a block skips it; the test logs
-// every skip and fails when there are more than maxSkips.
-//
-// Without TEST_DATABASE_URL the test starts a throwaway PostgreSQL from the
-// local server binaries; when that fails too, the sql blocks are skipped
-// (logged), except with CI=true, where that is a failure.
-
 import (
 	"context"
 	"crypto/rand"
@@ -65,6 +30,7 @@ import (
 
 	"github.com/wharfhq/wharf/internal/cli"
 	"github.com/wharfhq/wharf/internal/pgembed"
+	"github.com/wharfhq/wharf/internal/testtool"
 	"github.com/wharfhq/wharf/wharfflow"
 	"github.com/wharfhq/wharf/wharfmigrate"
 )
@@ -154,6 +120,51 @@ type skipped struct {
 	where, reason string
 }
 
+// TestDocsCodeBlocks checks every code block of README.md and docs/**/*.md
+// (the docs-check; it runs in `go test ./...`). To run it alone:
+//
+//	TEST_DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' \
+//	  go test -count=1 -run TestDocsCodeBlocks ./internal/docstest
+//
+// (-run 'TestDocsCodeBlocks/README.md' for one file). docs/cli.md is
+// generated (make docs) and checked like the rest, and TestCLIReferenceIsCurrent
+// fails when it is stale.
+//
+// Each failure is "file:line: what is wrong: what to do". The rules, by the
+// block's language tag:
+//
+//   - go: the block's lines (common indentation removed; blank lines and
+//     leading whitespace ignored) must appear as a contiguous run in a .go
+//     file that `go test ./...` compiles: write the code in an Example
+//     function or an example_doc_<topic>_test.go file first, then paste it.
+//   - sql: run in document order, per file, in one session, on a database
+//     of its own (docs_<random>, created for the file and dropped after) with
+//     schema wharf migrated to the head and the README's checkout flow
+//     registered (a runner started and stopped: definitions written, no step
+//     runs). A block is sent as one query string, as psql -c would. A block
+//     preceded by `<!-- docs-test: error -->` must fail, and must not leave
+//     the session in a failed transaction. After an unexpected failure the
+//     test rolls back, so the next blocks are checked on their own. The
+//     database of its own keeps schema wharf free of other tests.
+//   - sh, bash, console: each command (console: the lines starting "$ ") is
+//     checked: wharf, ./wharf and `go run ./cmd/wharf` command lines are
+//     parsed by the real command tree (cli.CheckArgs: commands, flags, flag
+//     values and argument counts; not what a command checks when it runs),
+//     make targets must exist in the Makefile, paths
+//     given to go run/build/test must exist, `go test` flags must be go
+//     test's, and other programs must be in knownPrograms.
+//   - yaml, yml, json: must parse. A YAML block holding Prometheus rules
+//     (groups: ... rules:) and a promql block are checked by
+//     `promtool check rules`.
+//   - text: not checked.
+//
+// `<!-- docs-test: skip (reason) -->` before a block skips it; the test logs
+// every skip and fails when there are more than maxSkips.
+//
+// Without TEST_DATABASE_URL the test starts a throwaway PostgreSQL from the
+// local server binaries. Without either, each file's sql subtest is skipped
+// for lack of a tool (internal/testtool), and so is its promtool subtest
+// without promtool; with CI=true both fail instead.
 func TestDocsCodeBlocks(t *testing.T) {
 	var (
 		mu    sync.Mutex
@@ -165,11 +176,9 @@ func TestDocsCodeBlocks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fail := func(line int, format string, args ...any) {
-				t.Helper()
-				t.Errorf("%s:%d: %s", file, line, fmt.Sprintf(format, args...))
-			}
+			fail := failer(t, file)
 			var sqlBlocks []Block
+			var rules []promRules // checked by promtool after the other blocks
 			for _, b := range ParseMarkdown(string(src)) {
 				if b.DirectiveErr != "" {
 					fail(b.Line, "%s", b.DirectiveErr)
@@ -213,23 +222,27 @@ func TestDocsCodeBlocks(t *testing.T) {
 					}
 				case "text":
 				case "yaml", "yml":
-					if msg := checkYAML(t, b); msg != "" {
+					msg, r := checkYAML(b)
+					if msg != "" {
 						fail(b.Line, "%s", msg)
+					} else if r != "" {
+						rules = append(rules, promRules{b.Line, "Prometheus rules", r})
 					}
 				case "json":
 					if msg := checkJSON(b); msg != "" {
 						fail(b.Line, "%s", msg)
 					}
 				case "promql":
-					if msg := checkPromQL(t, b); msg != "" {
-						fail(b.Line, "%s", msg)
-					}
+					rules = append(rules, promRules{b.Line, "PromQL expression", promQLRules(b)})
 				default:
 					fail(b.Line, "unknown language tag %q: the docs test checks %s (text is not checked; use it only for output, diagrams and tables of values)", b.Tag, tagList())
 				}
 			}
 			if len(sqlBlocks) > 0 {
-				runSQL(t, file, sqlBlocks, fail)
+				t.Run("sql", func(t *testing.T) { runSQL(t, file, sqlBlocks, failer(t, file)) })
+			}
+			if len(rules) > 0 {
+				t.Run("promtool", func(t *testing.T) { checkRules(t, rules, failer(t, file)) })
 			}
 		})
 	}
@@ -238,6 +251,14 @@ func TestDocsCodeBlocks(t *testing.T) {
 	}
 	if len(skips) > maxSkips {
 		t.Errorf("%d blocks are skipped with `docs-test: skip`, at most %d may be: make some of them checkable", len(skips), maxSkips)
+	}
+}
+
+// failer reports "file:line: message" as an error of t.
+func failer(t *testing.T, file string) func(line int, format string, args ...any) {
+	return func(line int, format string, args ...any) {
+		t.Helper()
+		t.Errorf("%s:%d: %s", file, line, fmt.Sprintf(format, args...))
 	}
 }
 
@@ -341,8 +362,12 @@ func checkGo(t *testing.T, b Block) string {
 	if best == 0 {
 		return fmt.Sprintf("go block is not compiled code: its first line %q is in no .go file of the module; %s", want[0], how)
 	}
-	return fmt.Sprintf("go block is not compiled code: its first %d lines match %s:%d, but its line %d (%q) does not follow there; %s",
-		best, bestFile, bestAt, wantLine[best], want[best], how)
+	prefix := fmt.Sprintf("its first %d lines match", best)
+	if best == 1 {
+		prefix = "its first line matches"
+	}
+	return fmt.Sprintf("go block is not compiled code: %s %s:%d, but its line %d (%q) does not follow there; %s",
+		prefix, bestFile, bestAt, wantLine[best], want[best], how)
 }
 
 // ---- sql ----
@@ -444,11 +469,7 @@ func freshDatabase(t *testing.T) string {
 // runSQL runs a file's sql blocks in order in one session.
 func runSQL(t *testing.T, file string, blocks []Block, fail func(int, string, ...any)) {
 	if databaseErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s: its sql blocks cannot run: %v", file, databaseErr)
-		}
-		t.Logf("%s: %d sql blocks NOT checked: %v", file, len(blocks), databaseErr)
-		return
+		testtool.Missing(t, "PostgreSQL", fmt.Sprintf("runs the %d sql blocks of %s: %v", len(blocks), file, databaseErr))
 	}
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, freshDatabase(t))
@@ -462,18 +483,29 @@ func runSQL(t *testing.T, file string, blocks []Block, fail func(int, string, ..
 	for _, b := range blocks {
 		sql := strings.Join(b.Body, "\n")
 		_, err := conn.Exec(ctx, sql)
+		failedTx := conn.PgConn().TxStatus() == 'E'
 		switch {
 		case b.Directive == "error" && err == nil:
 			fail(b.Line, "the sql block is marked `<!-- docs-test: error -->` but ran without error: make it fail as the text says, or remove the comment")
+		case b.Directive == "error" && failedTx:
+			fail(b.Line, "the sql block fails as marked (%s) but leaves the session in a failed transaction, so a reader's next statements fail too: make the block the one failing statement, outside BEGIN ... COMMIT", sqlError(err))
 		case b.Directive == "error":
-			t.Logf("%s:%d: failed as marked: %v", file, b.Line, err)
+			t.Logf("%s:%d: fails as marked: %s", file, b.Line, sqlError(err))
 		case err != nil:
-			fail(sqlErrorLine(b, sql, err), "sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: %s; fix it so it runs, or put `<!-- docs-test: error -->` before it if it is meant to fail", sqlError(err))
+			hint := ""
+			for _, l := range b.Body {
+				if strings.HasPrefix(strings.TrimSpace(l), `\`) {
+					hint = " (psql meta-commands such as \\d are not SQL: show them in a console block, `$ psql -c '\\d wharf.outbox'`)"
+				}
+			}
+			fail(sqlErrorLine(b, sql, err), "sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: %s; fix it so it runs, or put `<!-- docs-test: error -->` before it if it is meant to fail%s", sqlError(err), hint)
 		}
-		if conn.PgConn().TxStatus() == 'E' {
-			// Like psql, the session stays in the failed transaction; say so
-			// once, so the next block's failure is understood.
-			t.Logf("%s:%d: the session is now in a failed transaction (later blocks fail until ROLLBACK)", file, b.Line)
+		if failedTx {
+			// Reported above; roll back so that the next blocks are
+			// checked on their own.
+			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
@@ -505,7 +537,9 @@ func sqlErrorLine(b Block, sql string, err error) int {
 
 // ---- yaml, json, promql ----
 
-func checkYAML(t *testing.T, b Block) string {
+// checkYAML parses a yaml block; rules is the block when it holds
+// Prometheus rules, for promtool.
+func checkYAML(b Block) (msg, rules string) {
 	src := strings.Join(b.Body, "\n")
 	dec := yaml.NewDecoder(strings.NewReader(src))
 	var docs []any
@@ -516,14 +550,14 @@ func checkYAML(t *testing.T, b Block) string {
 			break
 		}
 		if err != nil {
-			return "yaml block does not parse: " + err.Error() + " (a yaml line N is file line " + fmt.Sprint(b.BodyLine) + "+N-1)"
+			return fmt.Sprintf("yaml block does not parse: %v (yaml line N is file line %d+N-1)", err, b.BodyLine), ""
 		}
 		docs = append(docs, v)
 	}
 	if len(docs) == 1 && isPrometheusRules(docs[0]) {
-		return promtool(t, "rules", src)
+		return "", src
 	}
-	return ""
+	return "", ""
 }
 
 func isPrometheusRules(v any) bool {
@@ -560,37 +594,38 @@ func checkJSON(b Block) string {
 	return ""
 }
 
-func checkPromQL(t *testing.T, b Block) string {
+// promQLRules is a rules file recording the block's expression.
+func promQLRules(b Block) string {
 	expr := strings.TrimSpace(strings.Join(b.Body, "\n"))
 	rules, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{
 		"name": "docs", "rules": []any{map[string]any{"record": "docs:expr", "expr": expr}},
 	}}})
 	if err != nil {
-		return err.Error()
+		panic(err) // maps of strings always marshal
 	}
-	return promtool(t, "promql expression", string(rules))
+	return string(rules)
 }
 
-// promtool runs `promtool check rules` on rules; without promtool it logs
-// that the check was not made, or fails with CI=true.
-func promtool(t *testing.T, what, rules string) string {
-	path, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			return "promtool is not installed, so the " + what + " cannot be checked: install it (CI must)"
+// promRules is a block for `promtool check rules`.
+type promRules struct {
+	line  int
+	what  string
+	rules string
+}
+
+// checkRules runs `promtool check rules` on each; without promtool the
+// subtest is skipped (failed under CI=true) through testtool.
+func checkRules(t *testing.T, rules []promRules, fail func(int, string, ...any)) {
+	path := testtool.Path(t, "promtool", "checks the Prometheus rules and PromQL in the docs: apt-get install prometheus")
+	for i, r := range rules {
+		f := filepath.Join(t.TempDir(), fmt.Sprintf("rules%d.yaml", i))
+		if err := os.WriteFile(f, []byte(r.rules), 0o600); err != nil {
+			t.Fatal(err)
 		}
-		t.Logf("%s not checked by promtool (not installed); yaml parsed only", what)
-		return ""
+		if out, err := exec.Command(path, "check", "rules", f).CombinedOutput(); err != nil {
+			fail(r.line, "promtool check rules fails on the %s: %s", r.what, strings.Join(strings.Fields(string(out)), " "))
+		}
 	}
-	f := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(f, []byte(rules), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(path, "check", "rules", f).CombinedOutput()
-	if err != nil {
-		return "promtool check rules fails on the " + what + ": " + strings.Join(strings.Fields(string(out)), " ")
-	}
-	return ""
 }
 
 // ---- sh, bash, console ----
@@ -625,8 +660,11 @@ func checkCommandLine(line string) string {
 	if err != nil {
 		return "the line does not parse as a shell command: " + err.Error()
 	}
-	for _, words := range cmds {
+	for i, words := range cmds {
 		if msg := checkWords(words); msg != "" {
+			if i > 0 {
+				msg += " (it follows a |, ;, & or && on the line; to show alternatives, write each command on its own line)"
+			}
 			return msg
 		}
 	}
@@ -655,6 +693,19 @@ func checkWords(words []string) string {
 		return checkGoCommand(args)
 	case prog == "make":
 		return checkMake(args)
+	case prog == "sh" || prog == "bash":
+		for _, a := range args {
+			if a == "-c" {
+				return ""
+			}
+			if !strings.HasPrefix(a, "-") {
+				if _, err := os.Stat(filepath.Join(repoRoot, a)); err != nil && !strings.HasPrefix(a, "$") && !filepath.IsAbs(a) {
+					return fmt.Sprintf("%s %s: %s is not a file of the repository: correct the path", prog, a, a)
+				}
+				return ""
+			}
+		}
+		return ""
 	case strings.Contains(prog, "/"):
 		if strings.HasPrefix(prog, "$") || strings.HasPrefix(prog, "~") || strings.HasPrefix(prog, "/") {
 			return ""

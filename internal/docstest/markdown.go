@@ -37,6 +37,9 @@ type Block struct {
 	DirectiveErr string
 	// Unclosed: the file ended inside the block.
 	Unclosed bool
+	// Orphan: not a block but a docs-test directive that no block
+	// follows, at Line; DirectiveErr says so.
+	Orphan bool
 }
 
 var (
@@ -72,8 +75,16 @@ func isBlank(s string) bool { return strings.TrimSpace(s) == "" }
 func ParseMarkdown(src string) []Block {
 	lines := strings.Split(strings.ReplaceAll(src, "\r\n", "\n"), "\n")
 	var blocks []Block
-	prevBlank := true  // the previous line is blank (or the file starts)
-	lastText := ""     // the last non-blank line outside code blocks
+	prevBlank := true // the previous line is blank (or the file starts)
+	lastText := ""    // the last non-blank line outside code blocks
+	lastLine := 0     // its line
+	// orphan reports a docs-test directive that no code block follows.
+	orphan := func() {
+		if directiveRE.MatchString(lastText) {
+			blocks = append(blocks, Block{Line: lastLine, Orphan: true,
+				DirectiveErr: "`" + lastText + "` is not followed by a code block: put it on the line before the block's fence (blank lines between are fine), or remove it"})
+		}
+	}
 	listContent := -1  // the text column of the list item we are in, or -1
 	inComment := false // inside a multi-line HTML comment
 	for i := 0; i < len(lines); i++ {
@@ -82,7 +93,7 @@ func ParseMarkdown(src string) []Block {
 			if strings.Contains(line, "-->") {
 				inComment = false
 			}
-			lastText = strings.TrimSpace(line)
+			lastText, lastLine = strings.TrimSpace(line), i+1
 			prevBlank = false
 			continue
 		}
@@ -91,7 +102,8 @@ func ParseMarkdown(src string) []Block {
 			continue
 		}
 		indent := indentWidth(line)
-		if m := fenceRE.FindStringSubmatch(line); m != nil && !(m[2][0] == '`' && strings.Contains(m[3], "`")) {
+		// A backtick fence's info string has no backtick (else it is inline code).
+		if m := fenceRE.FindStringSubmatch(line); m != nil && (m[2][0] != '`' || !strings.Contains(m[3], "`")) {
 			b := Block{Line: i + 1, BodyLine: i + 2}
 			if f := strings.Fields(m[3]); len(f) > 0 {
 				b.Tag = strings.ToLower(strings.Trim(f[0], "{}."))
@@ -158,16 +170,18 @@ func ParseMarkdown(src string) []Block {
 		if strings.HasPrefix(t, "<!--") && !strings.Contains(t, "-->") {
 			inComment = true
 		}
-		lastText = t
+		orphan()
+		lastText, lastLine = t, i+1
 		prevBlank = false
 	}
+	orphan()
 	return blocks
 }
 
 func (b *Block) applyDirective(prev string) {
 	m := directiveRE.FindStringSubmatch(prev)
 	if m == nil {
-		if strings.Contains(prev, "docs-test") {
+		if strings.HasPrefix(prev, "<!--") && strings.Contains(prev, "docs-test") {
 			b.DirectiveErr = "the comment before the block mentions docs-test but is not `<!-- docs-test: error -->` or `<!-- docs-test: skip (reason) -->` on one line"
 		}
 		return

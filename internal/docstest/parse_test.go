@@ -1,6 +1,7 @@
 package docstest
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -128,6 +129,39 @@ func TestParseDirectives(t *testing.T) {
 	require.Contains(t, blocks[3].DirectiveErr, "unknown directive `docs-test: eror`")
 	require.Equal(t, "", blocks[4].Directive)
 	require.Equal(t, "", blocks[4].DirectiveErr)
+
+	blocks = ParseMarkdown(md(
+		"<!-- docs-test: error -->",
+		"A paragraph, not a block.",
+		"",
+		"```sql",
+		"SELECT 1;",
+		"```",
+		"<!-- docs-test: skip (at the end) -->",
+	))
+	require.Len(t, blocks, 3)
+	require.True(t, blocks[0].Orphan)
+	require.Equal(t, 1, blocks[0].Line)
+	require.Contains(t, blocks[0].DirectiveErr, "`<!-- docs-test: error -->` is not followed by a code block")
+	require.Equal(t, "", blocks[1].Directive)
+	require.True(t, blocks[2].Orphan)
+	require.Equal(t, 7, blocks[2].Line)
+
+	// Text about the directives is not one.
+	blocks = ParseMarkdown(md(
+		"Put `<!-- docs-test: error -->` before a block that must fail:",
+		"",
+		"```text",
+		"<!-- docs-test: error -->",
+		"```",
+		"<!-- docs-test error -->",
+		"```sql",
+		"SELECT 1;",
+		"```",
+	))
+	require.Len(t, blocks, 2)
+	require.Equal(t, "", blocks[0].DirectiveErr)
+	require.Contains(t, blocks[1].DirectiveErr, "mentions docs-test but is not")
 }
 
 func TestShellCommandsSh(t *testing.T) {
@@ -263,4 +297,87 @@ func TestCheckGo(t *testing.T) {
 
 	require.Contains(t, checkGo(t, Block{Line: 1, BodyLine: 2, Body: []string{"undefinedEverywhere()"}}),
 		`its first line "undefinedEverywhere()" is in no .go file of the module`)
+}
+
+func TestSQLBlocks(t *testing.T) {
+	blocks := ParseMarkdown(md(
+		"```sql", // 1
+		"CREATE TABLE orders (id int PRIMARY KEY, status text);",
+		"```",
+		"<!-- docs-test: error -->", // 4
+		"```sql",
+		"SELECT wharf.enqueue('', 'k', '{}');",
+		"```",
+		"```sql", // 8
+		"BEGIN;",
+		"UPDATE orders SET status = 'paid' WHERE id = 42;",
+		"SELECT wharf.enqueue('orders.paid', '42', '{\"order\": 42}', nosuchcolumn);",
+		"COMMIT;",
+		"```",
+		"```sql", // 14: runs, after the harness rolled the failed transaction back
+		"SELECT wharf.start_flow('checkout', '{\"id\": \"o-1\"}', 'o-1');",
+		"SELECT wharf.signal('checkout', 'o-1', 'payment-captured', '{}');",
+		"```",
+		"<!-- docs-test: error -->", // 18, the fence on 19
+		"```sql",
+		"SELECT 1;",
+		"```",
+		"<!-- docs-test: error -->", // 22, the fence on 23
+		"```sql",
+		"BEGIN;",
+		"SELECT 1/0;",
+		"```",
+		"```sql", // 27, the error on 28
+		`\d wharf.outbox`,
+		"```",
+	))
+	var got []string
+	fail := func(line int, format string, args ...any) {
+		got = append(got, fmt.Sprintf("%d: ", line)+fmt.Sprintf(format, args...))
+	}
+	runSQL(t, "x.md", blocks, fail)
+	require.Len(t, got, 4, "%q", got)
+	require.Contains(t, got[0], `11: sql block (run in order after the file's earlier blocks, on schema wharf with the checkout flow registered) fails: column "nosuchcolumn" does not exist (SQLSTATE 42703)`)
+	require.Contains(t, got[1], "19: the sql block is marked `<!-- docs-test: error -->` but ran without error")
+	require.Contains(t, got[2], "23: the sql block fails as marked (division by zero (SQLSTATE 22012)) but leaves the session in a failed transaction")
+	require.Contains(t, got[3], "28: sql block")
+	require.Contains(t, got[3], "psql meta-commands such as \\d are not SQL")
+}
+
+func TestYAMLAndJSONBlocks(t *testing.T) {
+	blocks := ParseMarkdown(md(
+		"```yaml",
+		"sink: 'stdout:'",
+		"routes:",
+		"  - {topic: orders, sink: 'nats://127.0.0.1:4222'}",
+		"```",
+		"```yaml",
+		"a: [1, 2",
+		"```",
+		"```yaml",
+		"groups:",
+		"  - name: wharf",
+		"    rules:",
+		"      - alert: WharfBacklog",
+		"        expr: wharf_outbox_due > 1000",
+		"```",
+		"```json",
+		`{"id": 1}`,
+		`{"id": 2}`,
+		"```",
+		"```json",
+		`{"id": 1, ...}`,
+		"```",
+	))
+	msg, rules := checkYAML(blocks[0])
+	require.Equal(t, "", msg)
+	require.Equal(t, "", rules)
+	msg, _ = checkYAML(blocks[1])
+	require.Contains(t, msg, "yaml block does not parse")
+	msg, rules = checkYAML(blocks[2])
+	require.Equal(t, "", msg)
+	require.Contains(t, rules, "WharfBacklog", "Prometheus rules go to promtool")
+	require.Equal(t, "", checkJSON(blocks[3]), "a stream of JSON values parses")
+	require.Contains(t, checkJSON(blocks[4]), "json block does not parse")
+	require.Contains(t, promQLRules(Block{Body: []string{"sum(rate(wharf_delivered_total[5m]))"}}), "expr: sum(rate(wharf_delivered_total[5m]))")
 }
