@@ -65,7 +65,7 @@ func (m *Migrator) Mode(ctx context.Context, q Querier) (Mode, error) {
 //
 // The slot keeps the WAL it has not confirmed: a WAL outbox whose relays are
 // stopped for long fills the disk unless max_slot_wal_keep_size bounds it
-// (which invalidates the slot instead; see the README).
+// (which invalidates the slot instead; see docs/wal.md).
 func (m *Migrator) SetWALMode(ctx context.Context, conn Conn) error {
 	_, err := m.SetWALModeReport(ctx, conn)
 	return err

@@ -152,7 +152,7 @@ each, its rate and WAL bytes per message beside Wharf's. Not with soak.`,
 	fl.IntVar(&o.PayloadBytes, "payload-bytes", 200, "payload size in bytes")
 	fl.IntVar(&o.Relays, "relays", 1, "relays to run (baseline runs them for its drain phase only)")
 	fl.BoolVar(&o.InProcess, "in-process", true, "run the relay in this process to measure latency (only with --relays 1; default true when --relays is 1)")
-	fl.StringVar(&o.Sink, "sink", "null:", "sink URL: null:, stdout:, file:///path.jsonl (see README)")
+	fl.StringVar(&o.Sink, "sink", "null:", "sink URL: null:, stdout:, file:///path.jsonl (docs/relay.md, Sinks)")
 	fl.Float64Var(&o.PoisonPercent, "poison-percent", 0, "steady, sweep, soak (relay in this process): this share of the messages fails every attempt and is dead-lettered (3 attempts, 50ms first backoff unless --relay-arg sets --max-attempts or --retry-backoff)")
 	fl.StringArrayVar(&o.RelayArgs, "relay-arg", nil, "extra relay flag, repeatable, e.g. --relay-arg=--fetch-batch=8000 (applies to in-process and process relays)")
 	fl.StringVar(&f.jsonPath, "json", "", "write the result as JSON to this file")

@@ -259,7 +259,7 @@ func checkAutovacuum(ctx context.Context, g *globals) (ok, note string, err erro
 	case !on:
 		return "", "autovacuum is off: a table outbox's delivered rows stay as dead tuples and the table and its indexes grow until VACUUM runs (set autovacuum = on, or vacuum the outbox on a schedule)", nil
 	case time.Duration(naptime)*time.Second > maxNaptime:
-		return "", fmt.Sprintf("autovacuum_naptime is %s: a table outbox busy at thousands of messages per second is vacuumed at most once per naptime, over every row delivered since, and that vacuum slows the relay's removals for a second or so each time; set autovacuum_naptime = 5s (README: Operate, Autovacuum)", shown), nil
+		return "", fmt.Sprintf("autovacuum_naptime is %s: a table outbox busy at thousands of messages per second is vacuumed at most once per naptime, over every row delivered since, and that vacuum slows the relay's removals for a second or so each time; set autovacuum_naptime = 5s (docs/operating.md, Autovacuum)", shown), nil
 	}
 	return "naptime " + shown, "", nil
 }

@@ -36,7 +36,7 @@ type relayFlags struct {
 
 func (f *relayFlags) register(cmd *cobra.Command, sinkDefault string) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.sink, "sink", sinkDefault, "where messages go: stdout:, file:///path.jsonl, null:, kafka://, nats://, amqp://, redis://, mqtt://, https:// (see README); with --route, where unrouted topics go")
+	fl.StringVar(&f.sink, "sink", sinkDefault, "where messages go: stdout:, file:///path.jsonl, null:, kafka://, nats://, amqp://, redis://, mqtt://, https:// (docs/relay.md, Sinks); with --route, where unrouted topics go")
 	fl.StringArrayVar(&f.routes, "route", nil, "PATTERN=SINK_URL: send topics matching PATTERN (orders.*, hooks.**) to that sink; repeatable, first match wins (YAML: routes)")
 	fl.BoolVar(&f.drain, "drain", false, "exit 0 once nothing deliverable is left: nothing due, in flight or waiting for a retry (messages scheduled for later stay)")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 0, "with --drain: stop after this long and exit 1, naming what is left (default: wait as long as it takes)")
