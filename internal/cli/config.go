@@ -42,7 +42,9 @@ environment variables, then the --config file), prints each with where it came f
     with create_stream=true creates its stream) and its hosts accept a connection.
 
 --offline skips the database and the sinks. Exit status: 0 when everything is valid,
-2 for a bad setting, 1 when the database or a sink cannot be reached.`,
+2 for a flag or a value out of range, 1 when the config file or an environment
+variable does not parse (or names an unknown setting), or the database or a sink
+cannot be reached.`,
 		Example: `  wharf config validate --config /etc/wharf/wharf.yaml
   WHARF_SINK=nats://nats:4222 wharf config validate --offline`,
 		Args: noArgs,
