@@ -88,7 +88,6 @@ func runSignups(ctx context.Context, pool *pgxpool.Pool, schema string) (stop fu
 	runner, err := wharfflow.NewRunner(pool, &wharfflow.Config{
 		Schema: schema,
 		Flows:  []wharfflow.Definition{signup},
-		Logger: testLogger(),
 	})
 	if err != nil {
 		return nil, err
@@ -321,7 +320,6 @@ func runCRMSync(ctx context.Context, pool *pgxpool.Pool, schema string) (*wharff
 		ConcurrencyLimits: map[string]int{"tenant:t-7": 2},
 		// At most 10 steps a second on "crm-api", 20 saved up.
 		RateLimits: map[string]wharfflow.RateLimit{"crm-api": {PerSecond: 10, Burst: 20}},
-		Logger:     testLogger(),
 	})
 	if err != nil {
 		return nil, err
