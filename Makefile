@@ -16,6 +16,10 @@ test/race: ## every test with the race detector, long tests included (CI runs it
 test/long: ## the long tests too (soaks, sweeps), without the race detector
 	WHARF_LONG_TESTS=1 GO=$(GO) scripts/test.sh -timeout 30m
 
+.PHONY: docs # docs/ is a directory
+docs: ## regenerate docs/cli.md from the command tree (a test fails when it is stale)
+	$(GO) run ./internal/cli/gendocs docs/cli.md
+
 screenshots: ## regenerate docs/img/console-*.png in chromium (the only test that writes docs)
 	WHARF_UPDATE_SCREENSHOTS=1 $(GO) test -count=1 -run 'TestConsoleInBrowser$$' ./wharfconsole
 
