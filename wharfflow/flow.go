@@ -63,10 +63,14 @@ type ChildResult struct {
 type Options struct {
 	// Priority orders due steps: higher first. Defaults to 0.
 	Priority int
-	// ConcurrencyKey, when set, admits at most ConcurrencyLimit running
+	// ConcurrencyKey, when set, admits at most the key's limit of running
 	// steps of instances with this key at once (across runners).
 	ConcurrencyKey string
-	// ConcurrencyLimit defaults to 1: one step at a time per key.
+	// ConcurrencyLimit proposes the key's limit; defaults to 1: one step at
+	// a time per key. The limit is the key's, not the instance's: it is
+	// Config.ConcurrencyLimits[key] when a runner sets it, or else the
+	// ConcurrencyLimit of the first instance of the key a claim sees;
+	// instances started later with another value follow the key's.
 	ConcurrencyLimit int
 	// RateKey, when set, takes one token per step from the key's token
 	// bucket (Config.RateLimits), and is paused by RateLimited.
@@ -76,8 +80,9 @@ type Options struct {
 // StartOptions are Options plus what only a top-level start has.
 type StartOptions struct {
 	// Key is the correlation key: at most one instance of the flow with this
-	// key is active (not done or cancelled); starting another returns the
-	// active one's id. Signals may address the instance by it.
+	// key is active (not done, failed or cancelled: a failed instance gives
+	// its key up); starting another returns the active one's id. Signals may
+	// address the instance by it.
 	Key string
 	// RunAt, when set, is when the first step may run.
 	RunAt time.Time
