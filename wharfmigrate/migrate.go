@@ -196,7 +196,9 @@ func (m *Migrator) DownTo(ctx context.Context, conn Conn, target int) ([]int, er
 
 // ErrNotEmpty is returned by [Migrator.DownToIfEmpty] when the outbox or
 // the dead-letter table holds rows and a migration to revert drops them
-// (version 1) or the message ids consumers deduplicate by (version 2).
+// (version 1) or the message ids consumers deduplicate by (version 2), or
+// when flow instances have not ended and a migration to revert drops the
+// flow tables (version 7).
 var ErrNotEmpty = errors.New("the outbox is not empty")
 
 // DownToIfEmpty is DownTo that refuses, with an error wrapping ErrNotEmpty,
@@ -261,9 +263,28 @@ func (m *Migrator) countUpTo(ctx context.Context, q Querier, table string, limit
 	return n, nil
 }
 
-// requireEmpty locks the outbox and the dead-letter table against writes
-// until the step's transaction ends and refuses while either holds rows.
-func (m *Migrator) requireEmpty(ctx context.Context, tx pgx.Tx) error {
+// requireEmpty refuses a run whose reverts would drop what is still to be
+// done. When one of them drops messages or their ids (a migration without
+// KeepsMessages), it locks the outbox and the dead-letter table against
+// writes until the step's transaction ends and refuses while either holds
+// rows. When one drops the flow tables, it locks them likewise and refuses
+// while an instance has not ended (ready, running, awaiting, joining or
+// failed): its state, pending signals and children would be lost.
+func (m *Migrator) requireEmpty(ctx context.Context, tx pgx.Tx, steps []step) error {
+	if slices.ContainsFunc(steps, func(s step) bool { return !s.up && !s.mg.KeepsMessages }) {
+		if err := m.requireNoMessages(ctx, tx); err != nil {
+			return err
+		}
+	}
+	if slices.ContainsFunc(steps, func(s step) bool { return !s.up && s.mg.DropsFlows() }) {
+		return m.requireNoLiveFlows(ctx, tx)
+	}
+	return nil
+}
+
+var dropsFlowInstances = regexp.MustCompile(`(?i)DROP\s+TABLE\s+(IF\s+EXISTS\s+)?\S+\.flow_instances\b`)
+
+func (m *Migrator) requireNoMessages(ctx context.Context, tx pgx.Tx) error {
 	for _, table := range []string{"outbox", "dead_letters"} {
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+"."+table).Scan(&exists); err != nil {
@@ -285,6 +306,55 @@ func (m *Migrator) requireEmpty(ctx context.Context, tx pgx.Tx) error {
 	}
 	return nil
 }
+
+func (m *Migrator) requireNoLiveFlows(ctx context.Context, tx pgx.Tx) error {
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+".flow_instances").Scan(&exists); err != nil {
+		return fmt.Errorf("wharfmigrate: %w", err)
+	}
+	if !exists {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+m.schema+`.flow_instances IN SHARE MODE`); err != nil {
+		return fmt.Errorf("wharfmigrate: lock flow_instances: %w", err)
+	}
+	var live int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+m.schema+`.flow_instances
+WHERE status NOT IN ('done', 'cancelled') LIMIT 1001) t`).Scan(&live); err != nil {
+		return fmt.Errorf("wharfmigrate: count flow instances: %w", err)
+	}
+	if live > 0 {
+		verb := "have"
+		if live == 1 {
+			verb = "has"
+		}
+		return liveFlowsError{fmt.Sprintf("schema %s holds %s that %s not ended (ready, running, awaiting, joining or failed); reverting the flows migration would drop them with their signals (let them finish or cancel them with wharf flow cancel, or pass --force)",
+			m.schema, plural(live, "flow instance"), verb)}
+	}
+	return nil
+}
+
+// liveFlowsError is the ErrNotEmpty of a revert that would drop live flows.
+type liveFlowsError struct{ msg string }
+
+func (e liveFlowsError) Error() string { return e.msg }
+func (e liveFlowsError) Unwrap() error { return ErrNotEmpty }
+
+// LiveFlows counts the flow instances that have not ended (at most 1001),
+// or 0 when the schema has no flow tables.
+func (m *Migrator) LiveFlows(ctx context.Context, q Querier) (int64, error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, m.schema+".flow_instances").Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
+	var live int64
+	err := q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+m.schema+`.flow_instances
+WHERE status NOT IN ('done', 'cancelled') LIMIT 1001) t`).Scan(&live)
+	return live, err
+}
+
+// DropsFlows reports whether reverting mg drops the flow tables.
+func (mg Migration) DropsFlows() bool { return dropsFlowInstances.MatchString(mg.Down) }
 
 func plural(n int64, what string) string {
 	switch {
@@ -319,7 +389,7 @@ func (m *Migrator) run(ctx context.Context, conn Conn, plan func(applied int) []
 
 // runGuarded applies the plan one step per transaction; guard, when set, runs
 // in each step's transaction before the step and can refuse it.
-func (m *Migrator) runGuarded(ctx context.Context, conn Conn, plan func(applied int) []step, guard func(context.Context, pgx.Tx) error) ([]int, error) {
+func (m *Migrator) runGuarded(ctx context.Context, conn Conn, plan func(applied int) []step, guard func(context.Context, pgx.Tx, []step) error) ([]int, error) {
 	var done []int
 	for {
 		tx, err := conn.Begin(ctx)
@@ -343,7 +413,7 @@ func (m *Migrator) runGuarded(ctx context.Context, conn Conn, plan func(applied 
 
 // stepTx applies the first step of the plan computed under the lock, so two
 // migrators running at once never apply the same migration twice.
-func (m *Migrator) stepTx(ctx context.Context, tx pgx.Tx, plan func(applied int) []step, guard func(context.Context, pgx.Tx) error) (*step, error) {
+func (m *Migrator) stepTx(ctx context.Context, tx pgx.Tx, plan func(applied int) []step, guard func(context.Context, pgx.Tx, []step) error) (*step, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, "wharfmigrate:"+m.schema); err != nil {
 		return nil, fmt.Errorf("wharfmigrate: lock: %w", err)
 	}
@@ -368,11 +438,10 @@ CREATE TABLE IF NOT EXISTS `+m.schema+`.schema_migrations (
 	if len(steps) == 0 {
 		return nil, nil
 	}
-	// The guard stands for the whole run: when any revert ahead would lose
-	// messages, it is checked before the first step, so a refused run
-	// changes nothing.
-	if guard != nil && slices.ContainsFunc(steps, func(s step) bool { return !s.up && !s.mg.KeepsMessages }) {
-		if err := guard(ctx, tx); err != nil {
+	// The guard stands for the whole run: it is checked before the first
+	// step against every revert ahead, so a refused run changes nothing.
+	if guard != nil {
+		if err := guard(ctx, tx, steps); err != nil {
 			return nil, err
 		}
 	}

@@ -364,6 +364,37 @@ func TestMigrateDown(t *testing.T) {
 	require.Equal(t, "schema "+b.schema+" is at version 0: nothing to revert\n", out)
 }
 
+// migrate down refuses to revert the flows migration while an instance has
+// not ended, in its dry run and for real, and --force reverts it anyway.
+func TestMigrateDownRefusesToDropLiveFlows(t *testing.T) {
+	t.Parallel()
+	b := newSchema(t)
+	ctx := context.Background()
+	s := session{}
+	_, err := b.pool.Exec(ctx, `INSERT INTO `+b.schema+`.flow_definitions (flow, first_step, steps, runner) VALUES ('payout', 'charge', '{charge}', 'r')`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `SELECT `+b.schema+`.start_flow('payout', '{"amount": 100}', 'p-1')`)
+	require.NoError(t, err)
+
+	code, out, errOut := s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "3")...)
+	require.Equal(t, 1, code, "a dry run that would be refused fails")
+	requireOneLineError(t, errOut, "dry run: this migrate down would be refused: flow instances have not ended")
+	require.Contains(t, out, "1 flow instance not ended: it would be refused")
+	// Reverting 9 and 8 keeps the flow tables.
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--dry-run", "--steps", "2")...)
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, out, "flow instance")
+
+	code, _, errOut = s.run(b.cmd("migrate", "down", "--steps", "3")...)
+	require.Equal(t, 1, code)
+	requireOneLineError(t, errOut, "refusing to migrate down: schema "+b.schema+" holds 1 flow instance that has not ended")
+	require.Equal(t, 1, b.count(t, "flow_instances"), "a refused down changes nothing")
+
+	code, out, errOut = s.run(b.cmd("migrate", "down", "--steps", "3", "--force")...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "schema "+b.schema+" migrated down: reverted [9 8 7], now at version 6\n", out)
+}
+
 // wharf status shows the flows on a schema with the flow tables: steps due,
 // running, awaiting a signal, joining, failed (with the command that lists
 // those), and the live runners.

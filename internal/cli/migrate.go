@@ -159,8 +159,11 @@ messages would be delivered under other ids. So when either is to be reverted it
 refuses while the outbox or the dead-letter table holds rows: deliver, cancel ('wharf
 outbox cancel') or purge ('wharf dead purge') them first, or pass --force to lose them.
 Reverting version 6 (the nonce's default), 5 (the late-commit index), 4 (the xid column's statistics setting)
-or 3 (leases per relay back to leases per lane) keeps every message and is not refused. The check runs in each step's transaction with both tables locked, so
-nothing enqueued meanwhile is lost unseen. --dry-run prints what would be reverted and
+or 3 (leases per relay back to leases per lane) keeps every message and is not refused.
+Reverting version 7 drops the flow tables: it is refused while a flow instance has not
+ended (ready, running, awaiting, joining or failed); let them finish or cancel them. The
+checks run in each step's transaction with the tables locked, so nothing written
+meanwhile is lost unseen. --dry-run prints what would be reverted and
 whether it would be refused, and exits with status 1 when it would be.`,
 		Example: `  wharf migrate down --dry-run
   wharf migrate down                       # one step
@@ -230,6 +233,16 @@ whether it would be refused, and exits with status 1 when it would be.`,
 						return errors.New("dry run: this migrate down would be refused: the outbox is not empty (deliver, cancel or purge them first, or pass --force)")
 					}
 				}
+				if live, err := m.LiveFlows(ctx, pool); err != nil {
+					return err
+				} else if live > 0 && slices.ContainsFunc(plan, wharfmigrate.Migration.DropsFlows) {
+					if force {
+						fmt.Fprintf(g.stdout, "%s not ended: --force: they would be lost\n", countOf(live, "flow instance"))
+					} else {
+						fmt.Fprintf(g.stdout, "%s not ended: it would be refused: pass --force to revert anyway and lose them\n", countOf(live, "flow instance"))
+						return errors.New("dry run: this migrate down would be refused: flow instances have not ended (let them finish or cancel them, or pass --force)")
+					}
+				}
 				return nil
 			}
 			var done []int
@@ -239,7 +252,10 @@ whether it would be refused, and exits with status 1 when it would be.`,
 				done, err = m.DownToIfEmpty(ctx, pool, target)
 			}
 			if errors.Is(err, wharfmigrate.ErrNotEmpty) {
-				return fmt.Errorf("refusing to migrate down: %w (deliver, cancel or purge them first, or pass --force)", err)
+				if strings.HasPrefix(err.Error(), wharfmigrate.ErrNotEmpty.Error()) {
+					return fmt.Errorf("refusing to migrate down: %w (deliver, cancel or purge them first, or pass --force)", err)
+				}
+				return fmt.Errorf("refusing to migrate down: %w", err) // live flows: the error says what to do
 			}
 			if err != nil {
 				return err
