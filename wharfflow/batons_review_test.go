@@ -40,7 +40,7 @@ func (b *testBundle) countWhere(t *testing.T, ids []int64, cond string) int {
 }
 
 // A step of a concurrency key that returns RateLimited on that key pauses
-// every step on the key (docs/flows.md, Flow control: "every step on the key
+// every step on the key (docs/flows-design.md, Flow control: "every step on the key
 // ... is moved to until by the claim without running"). With batons, the
 // runner starts the key's next reserved step the moment the rate-limited step
 // returns, before its write records the pause, and the write
@@ -237,8 +237,7 @@ func TestKeyedRetryLeasedByAWriteKeepsItsSignals(t *testing.T) {
 // as a deploy with a new Config.ConcurrencyLimits does; a dead runner's
 // lease ended), the write leases the runner the baton and one more step for
 // the one slot freed, and release runs both: the runner runs more than
-// MaxInFlight steps (docs/flows.md: "a runner never runs more than
-// MaxInFlight steps").
+// MaxInFlight steps, which Config.MaxInFlight promises it never does.
 //
 // Found by the second review of the flows rework; fixed: a runner with MaxInFlight 1 never runs two steps at once.
 func TestBatonNamedWithoutASlotKeepsMaxInFlight(t *testing.T) {

@@ -21,6 +21,6 @@
 // The schema is migrations 7 and 8 of wharfmigrate (`wharf migrate up`);
 // `wharf migrate roles` creates a producer role that may start and signal
 // flows, a flow runner role and a flow reader role. The
-// design, its guarantees and its measured costs are in docs/flows.md; the
+// guide is docs/flows.md, its design and costs docs/flows-design.md; the
 // operators' commands are `wharf flow list|show|signal|cancel|retry`.
 package wharfflow

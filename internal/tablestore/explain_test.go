@@ -30,7 +30,7 @@ const (
 	explainBatch   = 4000
 	explainPerLane = explainBatch / wharfmigrate.Lanes // 62
 	explainOwner   = "explain-relay"
-	explainDocPath = "../../docs/plans.md"
+	explainDocPath = "testdata/plans.md" // generated; not a user page
 	explainCommand = "WHARF_EXPLAIN=1 TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go test -run TestExplainHotPath -count=1 -v ./internal/tablestore"
 )
 
@@ -66,7 +66,7 @@ type explainResult struct {
 	warnings   []string // many buffers for few rows: dead index entries, typically
 }
 
-// TestExplainHotPath regenerates docs/plans.md: EXPLAIN (ANALYZE, BUFFERS)
+// TestExplainHotPath regenerates testdata/plans.md: EXPLAIN (ANALYZE, BUFFERS)
 // plans of every hot-path statement on a 1,000,000-message backlog, and fails
 // when a statement that touches the outbox scans it sequentially or pushes more
 // than its batch through a scan, sort or hash. Building the backlog takes
@@ -80,7 +80,7 @@ type explainResult struct {
 func TestExplainHotPath(t *testing.T) {
 	t.Parallel()
 	// The plans are checked on every run; WHARF_EXPLAIN=1 also rewrites
-	// docs/plans.md from them.
+	// testdata/plans.md from them.
 	writeDoc := os.Getenv("WHARF_EXPLAIN") == "1"
 	url := os.Getenv("TEST_DATABASE_URL") // set by TestMain (internal/testdb)
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
@@ -355,6 +355,7 @@ FROM generate_series($1::bigint, $2::bigint) AS i`, c*chunk+1, (c+1)*chunk, expl
 	doc := explainDoc(shape, results)
 	require.NoError(t, os.MkdirAll("docs", 0o755))
 	if writeDoc {
+		require.NoError(t, os.MkdirAll("testdata", 0o755))
 		require.NoError(t, os.WriteFile(explainDocPath, []byte(doc), 0o644))
 		phase("wrote " + explainDocPath)
 	}

@@ -4,7 +4,7 @@ import "strings"
 
 // queries holds the relay's SQL statements on the table outbox, with the schema filled
 // in once. The hot-path statements (fetch, load, ack) and their plans are
-// described in docs/architecture.md and docs/plans.md.
+// described in docs/architecture.md (their plans: TestExplainHotPath).
 type queries struct {
 	fetch  string
 	load   string
@@ -81,7 +81,7 @@ func newQueries(schema string) queries {
 ), fin AS MATERIALIZED (
     -- One row per transaction that was in progress at the previous read and
     -- has finished since. Rows, not an array: an array here is flattened
-    -- into a hash join over the whole outbox (docs/plans.md).
+    -- into a hash join over the whole outbox (TestExplainHotPath).
     SELECT x FROM unnest($5::text[]::xid8[]) AS x, s WHERE pg_visible_in_snapshot(x, s.snap)
 )
 SELECT ` + cols + `, NULL::text AS snap, NULL::timestamptz AS now
