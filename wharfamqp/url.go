@@ -12,6 +12,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/cloudevents"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // urlConfig is what an amqp:// URL says.
@@ -132,7 +133,7 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			}
 			pass.Set(k, v)
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the amqp sink takes exchange, routing_key_template, mandatory, strict_order, confirm_timeout, max_in_flight, max_message_size, dial_timeout, name, ce, ce_source, heartbeat and, with amqps, cacertfile, certfile, keyfile and server_name_indication", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the amqp sink takes exchange, routing_key_template, mandatory, strict_order, confirm_timeout, max_in_flight, max_message_size, dial_timeout, name, ce, ce_source, heartbeat and, with amqps, cacertfile, certfile, keyfile and server_name_indication", urlmask.Option(u, k), k)
 		}
 	}
 	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {

@@ -110,6 +110,7 @@ import (
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // HeaderMessageID is the record header that carries [wharf.Message.ID].
@@ -630,7 +631,7 @@ func parseURL(u *url.URL) (opts Options, tlsOn bool, err error) {
 			opts.CloudEventsSource = v
 		case "tls_ca", "tls_cert", "tls_key", "sasl", "sasl_user", "sasl_password_env": // read by Open
 		default:
-			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression, ce, ce_source, tls, tls_ca, tls_cert, tls_key, sasl, sasl_user and sasl_password_env", shown, k)
+			return opts, false, fmt.Errorf("sink URL %q: unknown option %q: the kafka sink takes topic_template, client_id, max_message_bytes, delivery_timeout, compression, ce, ce_source, tls, tls_ca, tls_cert, tls_key, sasl, sasl_user and sasl_password_env", urlmask.Option(u, k), k)
 		}
 	}
 	if _, cerr := cloudevents.NewConfig(opts.CloudEvents, opts.CloudEventsSource); cerr != nil {

@@ -87,6 +87,7 @@ import (
 	"github.com/wharfhq/wharf/internal/awsurl"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/envelope"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // TopicPlaceholder is replaced by the wharf topic in Options.StreamTemplate.
@@ -507,7 +508,7 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			}
 			c.opts.MaxRecordBytes = n
 		default:
-			return c, fmt.Errorf("sink URL %q: unknown option %q: the kinesis sink takes stream_template, endpoint, profile, format, max_record_bytes, ce and ce_source", shown, k)
+			return c, fmt.Errorf("sink URL %q: unknown option %q: the kinesis sink takes stream_template, endpoint, profile, format, max_record_bytes, ce and ce_source", urlmask.Option(u, k), k)
 		}
 	}
 	ce, err := cloudevents.NewConfig(c.opts.CloudEvents, c.opts.CloudEventsSource)

@@ -121,6 +121,7 @@ import (
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // The user properties the sink sets.
@@ -737,7 +738,7 @@ func parseURL(u *url.URL) (urlConfig, error) {
 			}
 			cfg.tlsFiles.Set(tlsNames, k, v)
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the mqtt sink takes topic_template, client_id, session_expiry, ack_timeout, max_in_flight, max_payload, require_subscribers, ce, ce_source and, with mqtts, tls_ca, tls_cert and tls_key", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the mqtt sink takes topic_template, client_id, session_expiry, ack_timeout, max_in_flight, max_payload, require_subscribers, ce, ce_source and, with mqtts, tls_ca, tls_cert and tls_key", urlmask.Option(u, k), k)
 		}
 	}
 	if _, err := cloudevents.NewConfig(cfg.opts.CloudEvents, cfg.opts.CloudEventsSource); err != nil {

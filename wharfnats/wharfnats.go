@@ -123,6 +123,7 @@ import (
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // HeaderKey is the NATS header that carries [wharf.Message.Key] (absent for
@@ -699,7 +700,7 @@ func parseURL(u *url.URL) (urlConfig, error) {
 		case "tls_ca", "tls_cert", "tls_key":
 			cfg.tlsFiles.Set(tlsNames, k, v)
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name, ce, ce_source, tls, tls_ca, tls_cert and tls_key", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the nats sink takes subject_template, stream, create_stream, ack_timeout, strict_order, allow_system_subjects, name, ce, ce_source, tls, tls_ca, tls_cert and tls_key", urlmask.Option(u, k), k)
 		}
 	}
 	if cfg.tlsFiles.Any() {

@@ -97,6 +97,7 @@ import (
 
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/cloudevents"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // Attributes the sink adds to every message.
@@ -557,7 +558,7 @@ func parseURLEnv(u *url.URL, emulatorHost string) (urlConfig, error) {
 		case "ce_source":
 			cfg.opts.CloudEventsSource = v
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the pubsub sink takes topic_template, endpoint, publish_timeout, max_message_bytes, ce and ce_source", shown, k)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the pubsub sink takes topic_template, endpoint, publish_timeout, max_message_bytes, ce and ce_source", urlmask.Option(u, k), k)
 		}
 	}
 	// An emulator (pstest, gcloud's) takes any project ID, e.g. "test".

@@ -160,6 +160,7 @@ import (
 	"github.com/wharfhq/wharf"
 	"github.com/wharfhq/wharf/internal/cloudevents"
 	"github.com/wharfhq/wharf/internal/tlsfiles"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // Entry field names (see the package documentation).
@@ -772,7 +773,7 @@ func parseURL(u *url.URL) (urlConfig, error) {
 				return cfg, fmt.Errorf("sink URL %q: %s is a TLS option: use rediss://", shown, k)
 			}
 		default:
-			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the redis sink takes %s", shown, k, validOptions)
+			return cfg, fmt.Errorf("sink URL %q: unknown option %q: the redis sink takes %s", urlmask.Option(u, k), k, validOptions)
 		}
 	}
 	if _, err := wharf.ParseTopicTemplate(cfg.opts.StreamTemplate); err != nil {

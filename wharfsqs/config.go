@@ -8,6 +8,7 @@ import (
 
 	"github.com/wharfhq/wharf/internal/awsurl"
 	"github.com/wharfhq/wharf/internal/cloudevents"
+	"github.com/wharfhq/wharf/internal/urlmask"
 )
 
 // errStructuredBase64 refuses body=base64 with ce=structured: the JSON
@@ -80,7 +81,7 @@ func parseAWSURL(u *url.URL, scheme, templateOpt string, extra func(k, v string)
 				return c, fmt.Errorf("sink URL %q: %w", shown, err)
 			}
 			if !ok {
-				return c, fmt.Errorf("sink URL %q: unknown option %q: the %s sink takes %s", shown, k, scheme, optionList(scheme, templateOpt))
+				return c, fmt.Errorf("sink URL %q: unknown option %q: the %s sink takes %s", urlmask.Option(u, k), k, scheme, optionList(scheme, templateOpt))
 			}
 		}
 	}
