@@ -199,7 +199,13 @@ func newFlowShowCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "result\t%s\n", oneLine(string(d.Result), 200))
 			}
 			if d.Error != "" {
-				fmt.Fprintf(w, "error\t%s\n", oneLine(d.Error, 200))
+				// A retried or retrying instance keeps the error of its
+				// last failed attempt: say it is not the current status.
+				label := "error"
+				if d.Status != "failed" {
+					label = "last error"
+				}
+				fmt.Fprintf(w, "%s\t%s\n", label, oneLine(d.Error, 200))
 			}
 			if err := w.Flush(); err != nil {
 				return err

@@ -79,12 +79,17 @@ func TestFlowCommands(t *testing.T) {
 	require.Contains(t, out, "card network down")
 	require.Contains(t, out, "paid")
 	require.Contains(t, out, "charge")
+	require.Regexp(t, `(?m)^error\s+attempt 1 of 1: card network down`, out, "a failed instance's error is its status")
 
 	healthy.Store(true)
 	code, out, errOut = s.run(b.cmd("flow", "retry", fmt.Sprint(ids[0]))...)
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, fmt.Sprintf("instance %d will run its failed step again\n", ids[0]), out)
 	waitStatus(ids[0], "done")
+	code, out, errOut = s.run(b.cmd("flow", "show", fmt.Sprint(ids[0]))...)
+	require.Equal(t, 0, code, errOut)
+	require.NotRegexp(t, `(?m)^(last )?error\s`, out, "a done instance shows no error; its history keeps the failed attempt")
+	require.Contains(t, out, "attempt 1 of 1: card network down")
 
 	code, out, errOut = s.run(b.cmd("flow", "cancel", fmt.Sprint(ids[1]))...)
 	require.Equal(t, 0, code, errOut)
